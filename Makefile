@@ -1,0 +1,61 @@
+# rbd-owner — see README.md. `make test` is the one command CI runs.
+SHELL       := /bin/bash
+GO          ?= go
+BASE_VERSION := 0.1.0
+# vX.Y.Z tags win; otherwise BASE_VERSION~git<commits>.<sha> (sorts before the release in dpkg and rpm)
+VERSION     ?= $(shell v=$$(git describe --tags --exact-match --match 'v[0-9]*' 2>/dev/null) && echo $${v\#v} || \
+                 echo "$(BASE_VERSION)~git$$(git rev-list --count HEAD 2>/dev/null || echo 0).$$(git rev-parse --short=8 HEAD 2>/dev/null || echo unknown)")
+# go-ceph's build tag follows the installed librados (pacific on Debian 12); evaluated lazily,
+# after `deps` may have installed it
+CEPH_TAG     = $(shell tests/ceph/build-tag)
+LDFLAGS     := -s -w -X github.com/rbd-owner/rbd-owner/agent/version.Version=$(VERSION)
+ARCH        := amd64
+
+.PHONY: all build test unit e2e lab bench package package-check lint deps clean
+all: build
+
+deps:
+	@tests/deps
+
+build: deps
+	@mkdir -p bin
+	CGO_ENABLED=1 $(GO) build -tags "$(CEPH_TAG)" -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-owner ./agent/cmd/rbd-owner
+
+# Everything: lint, the Go tests with -race against a throwaway Ceph cluster, the package build.
+test: deps lint unit
+	@echo "make test: all passed"
+
+unit: deps
+	@tests/go-test
+
+e2e:
+	@echo "e2e: the two-node lab on a real kernel does not exist yet (issue 6)"
+
+lab:
+	@echo "lab: the two-node lab on a real kernel does not exist yet (issue 6)"; exit 1
+
+bench: deps
+	@tests/go-test -run '^$$' -bench . -benchtime 200x ./agent/...
+
+# CEPH_MIN: the Ceph release (major.minor) of the librados-dev the binary was built against; the
+# packages depend on librados2/librbd1 at least that new (go-ceph is compiled for its API).
+package: build
+	@test -f udev/60-rbd-owner.rules || { echo "package: udev/60-rbd-owner.rules is missing" >&2; exit 1; }
+	@mkdir -p dist
+	@rm -f "dist/rbd-owner_$(VERSION)_$(ARCH).deb" "dist/rbd-owner-$(VERSION).x86_64.rpm"
+	@ceph_min=$$(dpkg-query -W -f='$${Version}' librados-dev 2>/dev/null | sed -n 's/^\([0-9]*:\)\{0,1\}\([0-9][0-9]*\.[0-9][0-9]*\).*/\2/p'); \
+	  export VERSION="$(VERSION)" ARCH=$(ARCH) CEPH_MIN="$${ceph_min:-16.2}" && set -x && \
+	  $(GO) tool nfpm package --config nfpm.yaml --packager deb --target "dist/rbd-owner_$(VERSION)_$(ARCH).deb" && \
+	  $(GO) tool nfpm package --config nfpm.yaml --packager rpm --target "dist/rbd-owner-$(VERSION).x86_64.rpm"
+
+# Checks the built packages: contents, conffile, units (systemd-analyze verify), and a real
+# dpkg -i / purge on this machine, which it leaves as it found it. Needs root.
+package-check: package
+	@tests/package-check "dist/rbd-owner_$(VERSION)_$(ARCH).deb" "dist/rbd-owner-$(VERSION).x86_64.rpm"
+
+lint: deps
+	@out=$$(gofmt -l agent); [ -z "$$out" ] || { echo "gofmt needed:"; echo "$$out"; exit 1; }
+	$(GO) vet -tags "$(CEPH_TAG)" ./...
+
+clean:
+	rm -rf bin dist

@@ -1,0 +1,166 @@
+// Package cephconn opens RADOS connections with a deadline on every cluster call and turns
+// librados return codes into errors that callers can branch on. It is, with the packages
+// built on it, the only place that imports go-ceph.
+package cephconn
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ceph/go-ceph/rados"
+)
+
+// Options says how to reach one cluster as one cephx identity.
+type Options struct {
+	// User is the cephx id without the "client." prefix (e.g. "rbd-owner").
+	User string
+	// Keyring is the path of a keyring file holding the user's key.
+	Keyring string
+	// ConfFile is an optional ceph.conf; Monitors override its mon_host.
+	ConfFile string
+	// Monitors are "host:port" or Ceph address vectors; optional when ConfFile names them.
+	Monitors []string
+	// Timeout bounds every call into the cluster: connecting, monitor commands and OSD
+	// operations (client_mount_timeout, rados_mon_op_timeout, rados_osd_op_timeout).
+	// Zero means 10 seconds.
+	Timeout time.Duration
+}
+
+// DefaultTimeout bounds cluster calls when Options.Timeout is zero.
+const DefaultTimeout = 10 * time.Second
+
+// Connect opens and connects a RADOS handle. The caller owns it and must Shutdown it.
+func Connect(o Options) (*rados.Conn, error) {
+	if o.User == "" {
+		return nil, errors.New("connect: no cephx user given")
+	}
+	if strings.HasPrefix(o.User, "client.") {
+		return nil, fmt.Errorf("connect: user %q: give the id without the \"client.\" prefix", o.User)
+	}
+	if o.ConfFile == "" && len(o.Monitors) == 0 {
+		return nil, errors.New("connect: neither a ceph.conf nor monitor addresses given")
+	}
+	timeout := o.Timeout
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	conn, err := rados.NewConnWithUser(o.User)
+	if err != nil {
+		return nil, fmt.Errorf("connect as client.%s: %w", o.User, err)
+	}
+	fail := func(what string, err error) (*rados.Conn, error) {
+		conn.Shutdown()
+		return nil, Classify(fmt.Errorf("connect as client.%s: %s: %w", o.User, what, err), "connect", "mon 'profile rbd'")
+	}
+	if o.ConfFile != "" {
+		if err := conn.ReadConfigFile(o.ConfFile); err != nil {
+			return fail("read "+o.ConfFile, err)
+		}
+	}
+	secs := strconv.FormatFloat(timeout.Seconds(), 'f', -1, 64)
+	opts := [][2]string{
+		{"client_mount_timeout", secs},
+		{"rados_mon_op_timeout", secs},
+		{"rados_osd_op_timeout", secs},
+		// the agent must not write a log file or an admin socket of its own
+		{"log_file", ""},
+		{"admin_socket", ""},
+	}
+	if len(o.Monitors) > 0 {
+		opts = append(opts, [2]string{"mon_host", strings.Join(o.Monitors, ",")})
+	}
+	if o.Keyring != "" {
+		opts = append(opts, [2]string{"keyring", o.Keyring})
+	}
+	for _, kv := range opts {
+		if err := conn.SetConfigOption(kv[0], kv[1]); err != nil {
+			return fail("set "+kv[0], err)
+		}
+	}
+	if err := conn.Connect(); err != nil {
+		return fail("connect", err)
+	}
+	return conn, nil
+}
+
+// Errors callers branch on (with errors.Is).
+var (
+	// ErrUnavailable: the cluster did not answer within the deadline, or the connection is gone.
+	ErrUnavailable = errors.New("cluster unavailable")
+	// ErrNotFound: the pool, namespace, image or object does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrPermission: cephx refused the operation; the PermissionError says which cap is missing.
+	ErrPermission = errors.New("permission denied")
+	// ErrBlocklisted: this client has been blocklisted (fenced) by the cluster.
+	ErrBlocklisted = errors.New("client blocklisted")
+)
+
+// PermissionError names the operation that was refused and the cap that allows it.
+type PermissionError struct {
+	Op  string // what was attempted, e.g. "blocklist 10.0.0.1:0/123"
+	Cap string // the cap the agent's user needs, e.g. `mon 'allow command "osd blocklist"'`
+	Err error
+}
+
+func (e *PermissionError) Error() string {
+	return fmt.Sprintf("%v (the agent's cephx user needs %s)", e.Err, e.Cap)
+}
+func (e *PermissionError) Unwrap() error       { return e.Err }
+func (e *PermissionError) Is(target error) bool { return target == ErrPermission }
+
+// Code returns the negative errno carried by a go-ceph error, or 0.
+func Code(err error) int {
+	var ce interface{ ErrorCode() int }
+	if errors.As(err, &ce) {
+		return ce.ErrorCode()
+	}
+	return 0
+}
+
+// Classify wraps err so that errors.Is finds ErrUnavailable, ErrNotFound, ErrPermission or
+// ErrBlocklisted when the librados code says so. op and cap describe what was attempted and
+// which cap permits it, for the PermissionError. Other errors are returned unchanged.
+func Classify(err error, op, cap string) error {
+	if err == nil {
+		return nil
+	}
+	switch -Code(err) {
+	case int(syscall.ETIMEDOUT), int(syscall.ENOTCONN), int(syscall.ECONNREFUSED), int(syscall.EHOSTUNREACH):
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	case int(syscall.ENOENT):
+		return fmt.Errorf("%w: %w", ErrNotFound, err)
+	case int(syscall.EPERM), int(syscall.EACCES):
+		return &PermissionError{Op: op, Cap: cap, Err: err}
+	case int(syscall.ESHUTDOWN):
+		return fmt.Errorf("%w: %w", ErrBlocklisted, err)
+	}
+	return err
+}
+
+// BlocklistCap is the cap the agent's user needs to fence.
+const BlocklistCap = `mon 'allow command "osd blocklist"'`
+
+// Blocklist adds addr ("ip:port/nonce", or "ip:0/0" for every client of a host) to the
+// cluster's blocklist for expire, through the monitors, and returns when the entry ends.
+// Adding an address that is already listed only moves its expiry: it is safe to repeat.
+func Blocklist(conn *rados.Conn, addr string, expire time.Duration) (time.Time, error) {
+	if addr == "" || strings.ContainsAny(addr, "\"\\ \t\n") {
+		return time.Time{}, fmt.Errorf("blocklist %q: not a client address", addr)
+	}
+	if expire < time.Second {
+		return time.Time{}, fmt.Errorf("blocklist %s: expiry %s is too short", addr, expire)
+	}
+	// The monitor wants expire as a JSON float: "600" is refused with EINVAL, "600.0" accepted.
+	cmd := fmt.Sprintf(`{"prefix":"osd blocklist","blocklistop":"add","addr":%q,"expire":%.1f}`,
+		addr, expire.Seconds())
+	until := time.Now().Add(expire)
+	if _, status, err := conn.MonCommand([]byte(cmd)); err != nil {
+		return time.Time{}, Classify(fmt.Errorf("blocklist %s: %w (%s)", addr, err, strings.TrimSpace(status)),
+			"blocklist "+addr, BlocklistCap)
+	}
+	return until, nil
+}

@@ -1,0 +1,93 @@
+package claim
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/cephconn"
+)
+
+// Errors callers branch on with errors.Is. cephconn.ErrUnavailable and cephconn.ErrPermission
+// (a *cephconn.PermissionError naming the missing cap) come through as well.
+var (
+	// ErrClaimedElsewhere: another node holds the image (a *HeldError says who).
+	ErrClaimedElsewhere = errors.New("claimed by another node")
+	// ErrFenced: this node's hold is gone or was fenced (taken over, force-released, blocklisted).
+	ErrFenced = errors.New("claim lost")
+	// ErrNotFound: the image (or pool, or namespace) does not exist.
+	ErrNotFound = cephconn.ErrNotFound
+	// ErrNoClaim: the image has no claim record.
+	ErrNoClaim = errors.New("no claim")
+	// ErrBusy: the image has watchers that no claim explains (mapped or opened behind the
+	// agent's back), or a change could not be written after many concurrent retries.
+	ErrBusy = errors.New("busy")
+	// ErrInvalid: the request is malformed or conflicts with what this node already holds.
+	ErrInvalid = errors.New("invalid request")
+)
+
+// HeldError says who holds an image that was asked for.
+type HeldError struct {
+	Image   Image
+	Access  Access
+	Epoch   uint64
+	Holders []Holder
+	Now     time.Time
+	// Reason adds why a takeover was not done, when one was asked for.
+	Reason string
+}
+
+func (e *HeldError) Is(target error) bool { return target == ErrClaimedElsewhere }
+
+// Owner is the first holder (the only one for rwo).
+func (e *HeldError) Owner() Holder {
+	if len(e.Holders) == 0 {
+		return Holder{}
+	}
+	return e.Holders[0]
+}
+
+func (e *HeldError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s is held (%s) by ", e.Image, e.Access)
+	for i, h := range e.Holders {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "node %s (host %s, addr %s) at epoch %d since %s, lease renewed %s ago",
+			h.NodeID, orDash(h.Hostname), orDash(h.NodeAddr), h.Epoch, h.AcquiredAt.UTC().Format(time.RFC3339),
+			e.Now.Sub(h.RenewedAt).Round(time.Second))
+		if h.Expired(e.Now) {
+			b.WriteString(" (expired)")
+		} else {
+			fmt.Fprintf(&b, " (expires in %s)", h.LeaseExpiry().Sub(e.Now).Round(time.Second))
+		}
+	}
+	if e.Reason != "" {
+		b.WriteString("; ")
+		b.WriteString(e.Reason)
+	}
+	return b.String()
+}
+
+// LostError says that this node no longer holds an image at the epoch it had.
+type LostError struct {
+	Image  Image
+	Epoch  uint64
+	Record *Record // the record as found (nil if it is gone)
+	Why    string
+}
+
+func (e *LostError) Is(target error) bool { return target == ErrFenced }
+
+func (e *LostError) Error() string {
+	return fmt.Sprintf("claim on %s at epoch %d is lost: %s", e.Image, e.Epoch, e.Why)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

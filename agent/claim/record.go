@@ -1,0 +1,207 @@
+package claim
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// FormatVersion is the version of the claim record's JSON layout.
+const FormatVersion = 1
+
+// ObjectPrefix starts the name of every claim object; the image's name follows it.
+// The object lives in the image's own pool and namespace.
+const ObjectPrefix = "rbd-owner.claim."
+
+// Access is how an image is shared.
+type Access string
+
+// The access modes.
+const (
+	// RWO: one holder, read-write. The default.
+	RWO Access = "rwo"
+	// ROX: any number of holders, all read-only; no writer.
+	ROX Access = "rox"
+	// RWX: several read-write holders, recorded (block-mode live migration); never mixed with rwo.
+	RWX Access = "rwx"
+)
+
+// ParseAccess accepts "rwo", "rox" or "rwx" ("" means rwo).
+func ParseAccess(s string) (Access, error) {
+	switch Access(s) {
+	case "", RWO:
+		return RWO, nil
+	case ROX, RWX:
+		return Access(s), nil
+	}
+	return "", fmt.Errorf("access %q: want rwo, rox or rwx", s)
+}
+
+// Image names the image a claim is for.
+type Image struct {
+	Pool      string `json:"pool"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"image"`
+}
+
+func (i Image) String() string {
+	if i.Namespace == "" {
+		return i.Pool + "/" + i.Name
+	}
+	return i.Pool + "/" + i.Namespace + "/" + i.Name
+}
+
+// Object is the name of the image's claim object.
+func (i Image) Object() string { return ObjectPrefix + i.Name }
+
+func (i Image) validate() error {
+	for _, f := range [][2]string{{"pool", i.Pool}, {"image", i.Name}, {"namespace", i.Namespace}} {
+		if f[1] == "" && f[0] != "namespace" {
+			return fmt.Errorf("%s name is empty", f[0])
+		}
+		if strings.ContainsAny(f[1], "/@\x00") || len(f[1]) > 255 {
+			return fmt.Errorf("%s name %q is not valid", f[0], f[1])
+		}
+	}
+	return nil
+}
+
+// Holder is one node's hold on an image.
+type Holder struct {
+	NodeID   string `json:"node_id"`
+	Hostname string `json:"hostname"`
+	// NodeAddr is the node's source address toward the monitors (fenced as ip:0/0 when no
+	// mapping address is known yet).
+	NodeAddr string `json:"node_addr"`
+	// ClientAddr is the mapping's own client address (from sysfs), the exact thing to fence.
+	ClientAddr string `json:"client_addr"`
+	Device     string `json:"device"`
+	ReadOnly   bool   `json:"read_only"`
+	// Epoch is the record's epoch when this holder got the image: its fencing token.
+	Epoch        uint64    `json:"epoch"`
+	AcquiredAt   time.Time `json:"acquired_at"`
+	RenewedAt    time.Time `json:"renewed_at"`
+	LeaseSeconds int64     `json:"lease_seconds"`
+	AgentVersion string    `json:"agent_version"`
+	// Fenced is set once an admin blocklisted this holder; it can no longer renew.
+	Fenced bool `json:"fenced,omitempty"`
+}
+
+// LeaseExpiry is when the holder's lease runs out unless renewed.
+func (h Holder) LeaseExpiry() time.Time {
+	return h.RenewedAt.Add(time.Duration(h.LeaseSeconds) * time.Second)
+}
+
+// Expired says whether the lease had run out at now.
+func (h Holder) Expired(now time.Time) bool { return now.After(h.LeaseExpiry()) }
+
+// fenceAddr is the address that cuts this holder off: its mapping's, else its whole host's.
+func (h Holder) fenceAddr() string {
+	if h.ClientAddr != "" {
+		return h.ClientAddr
+	}
+	if h.NodeAddr != "" {
+		if strings.Contains(h.NodeAddr, ":") && !strings.HasPrefix(h.NodeAddr, "[") && strings.Count(h.NodeAddr, ":") > 1 {
+			return "[" + h.NodeAddr + "]:0/0" // IPv6
+		}
+		return h.NodeAddr + ":0/0"
+	}
+	return ""
+}
+
+// Fence is one blocklisting done to take an image from a holder.
+type Fence struct {
+	NodeID  string    `json:"node_id"`
+	Addr    string    `json:"addr"`
+	Epoch   uint64    `json:"epoch"`
+	At      time.Time `json:"at"`
+	Expires time.Time `json:"expires"`
+	By      string    `json:"by"`
+}
+
+// maxFences bounds the fence history kept in a record.
+const maxFences = 8
+
+// Record is the claim object's content (JSON). Epoch only ever grows: it is raised every time
+// a holder is added, so that every holder's Epoch is unique for the life of the record.
+type Record struct {
+	Format      int    `json:"format"`
+	ClusterFSID string `json:"cluster_fsid"`
+	Image
+	ImageID string `json:"image_id"`
+	// Access is the mode of the current holders; empty when free.
+	Access    Access    `json:"access"`
+	Epoch     uint64    `json:"epoch"`
+	Holders   []Holder  `json:"holders"`
+	Fences    []Fence   `json:"fences,omitempty"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Holder returns node's holder entry, or nil.
+func (r *Record) Holder(node string) *Holder {
+	if r == nil {
+		return nil
+	}
+	for i := range r.Holders {
+		if r.Holders[i].NodeID == node {
+			return &r.Holders[i]
+		}
+	}
+	return nil
+}
+
+// Free says whether no node holds the image.
+func (r *Record) Free() bool { return r == nil || len(r.Holders) == 0 }
+
+func (r *Record) without(node string) {
+	kept := r.Holders[:0]
+	for _, h := range r.Holders {
+		if h.NodeID != node {
+			kept = append(kept, h)
+		}
+	}
+	r.Holders = kept
+	if len(r.Holders) == 0 {
+		r.Access = ""
+	}
+}
+
+func (r *Record) addFence(f Fence) {
+	r.Fences = append(r.Fences, f)
+	if len(r.Fences) > maxFences {
+		r.Fences = r.Fences[len(r.Fences)-maxFences:]
+	}
+}
+
+func (r *Record) clone() *Record {
+	c := *r
+	c.Holders = append([]Holder(nil), r.Holders...)
+	c.Fences = append([]Fence(nil), r.Fences...)
+	return &c
+}
+
+// maxRecordSize bounds what is read from a claim object; records are far smaller.
+const maxRecordSize = 64 << 10
+
+func decode(data []byte) (*Record, error) {
+	var r Record
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("claim record is not valid JSON: %w", err)
+	}
+	if r.Format != FormatVersion {
+		return nil, fmt.Errorf("claim record has format %d, this agent reads %d", r.Format, FormatVersion)
+	}
+	return &r, nil
+}
+
+func encode(r *Record) ([]byte, error) {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if len(b) >= maxRecordSize {
+		return nil, fmt.Errorf("claim record too large (%d bytes)", len(b))
+	}
+	return append(b, '\n'), nil
+}
