@@ -35,14 +35,14 @@ lab:
 	@echo "lab: the two-node lab on a real kernel does not exist yet (issue 6)"; exit 1
 
 bench: deps
-	@tests/go-test -run '^$$' -bench . -benchtime 200x ./agent/...
+	@RACE= tests/go-test -run '^$$' -bench . -benchtime 300x ./agent/...
 
 # CEPH_MIN: the Ceph release (major.minor) of the librados-dev the binary was built against; the
 # packages depend on librados2/librbd1 at least that new (go-ceph is compiled for its API).
 package: build
 	@test -f udev/60-rbd-owner.rules || { echo "package: udev/60-rbd-owner.rules is missing" >&2; exit 1; }
 	@mkdir -p dist
-	@rm -f "dist/rbd-owner_$(VERSION)_$(ARCH).deb" "dist/rbd-owner-$(VERSION).x86_64.rpm"
+	@rm -f dist/rbd-owner_*.deb dist/rbd-owner-*.rpm
 	@ceph_min=$$(dpkg-query -W -f='$${Version}' librados-dev 2>/dev/null | sed -n 's/^\([0-9]*:\)\{0,1\}\([0-9][0-9]*\.[0-9][0-9]*\).*/\2/p'); \
 	  export VERSION="$(VERSION)" ARCH=$(ARCH) CEPH_MIN="$${ceph_min:-16.2}" && set -x && \
 	  $(GO) tool nfpm package --config nfpm.yaml --packager deb --target "dist/rbd-owner_$(VERSION)_$(ARCH).deb" && \

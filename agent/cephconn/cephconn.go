@@ -109,7 +109,7 @@ type PermissionError struct {
 func (e *PermissionError) Error() string {
 	return fmt.Sprintf("%v (the agent's cephx user needs %s)", e.Err, e.Cap)
 }
-func (e *PermissionError) Unwrap() error       { return e.Err }
+func (e *PermissionError) Unwrap() error        { return e.Err }
 func (e *PermissionError) Is(target error) bool { return target == ErrPermission }
 
 // Code returns the negative errno carried by a go-ceph error, or 0.

@@ -87,5 +87,4 @@ func fakeClientAddr(n int) string {
 	return "127.0.0.2:0/" + strconv.Itoa(1000+n)
 }
 
-
 func writeFile(path string, b []byte) error { return os.WriteFile(path, b, 0o600) }

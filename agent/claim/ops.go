@@ -443,7 +443,6 @@ func (s *Store) RemoveOrphan(ctx context.Context, img Image) (bool, error) {
 	return false, fmt.Errorf("remove orphan %s: %w", img, ErrBusy)
 }
 
-
 // Hostname is os.Hostname without an error ("" when unknown).
 func Hostname() string {
 	h, _ := os.Hostname()

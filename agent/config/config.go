@@ -1,0 +1,275 @@
+// Package config reads and validates /etc/rbd-owner/config.yaml. Unknown keys and bad values
+// are refused with a message that names the key.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// DefaultPath is where the packaged config lives.
+const DefaultPath = "/etc/rbd-owner/config.yaml"
+
+// Takeover policies.
+const (
+	TakeoverManual           = "manual"
+	TakeoverAfterLeaseExpiry = "after-lease-expiry"
+)
+
+// Config is the agent's configuration.
+type Config struct {
+	NodeID         string    `yaml:"node_id"`
+	Socket         string    `yaml:"socket"`
+	StateDir       string    `yaml:"state_dir"`
+	Clusters       []Cluster `yaml:"clusters"`
+	LeaseDuration  Duration  `yaml:"lease_duration"`
+	RenewInterval  Duration  `yaml:"renew_interval"`
+	TakeoverPolicy string    `yaml:"takeover_policy"`
+	FenceExpiry    Duration  `yaml:"fence_expiry"`
+	MapTimeout     Duration  `yaml:"map_timeout"`
+	MountTimeout   Duration  `yaml:"mount_timeout"`
+	MapOptions     []string  `yaml:"map_options"`
+}
+
+// Cluster is one Ceph cluster the node maps images from.
+type Cluster struct {
+	ID         string   `yaml:"id"`
+	Monitors   []string `yaml:"monitors"`
+	User       string   `yaml:"user"`
+	Keyring    string   `yaml:"keyring"`
+	MapOptions []string `yaml:"map_options"`
+}
+
+// Duration is a time.Duration written as "60s", "5m", "168h".
+type Duration time.Duration
+
+// UnmarshalYAML parses a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return err
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration (write e.g. 60s, 5m, 168h)", n.Line, s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// D is the value as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// Defaults.
+const (
+	DefaultSocket   = "/run/rbd-owner/rbd-owner.sock"
+	DefaultStateDir = "/var/lib/rbd-owner"
+)
+
+// Load reads and validates the file at path. machineID is the path of the machine-id file
+// used when node_id is not set ("" means /etc/machine-id).
+func Load(path, machineID string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c, err := Parse(data, machineID)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes and validates a config document and fills in the defaults.
+func Parse(data []byte, machineID string) (*Config, error) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return nil, withKey(data, err)
+	}
+	if err := c.fill(machineID); err != nil {
+		return nil, err
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+var lineRe = regexp.MustCompile(`line (\d+): `)
+var keyRe = regexp.MustCompile(`^\s*(?:-\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*:`)
+
+// withKey rewrites a YAML error so that it starts with the key on the line it names.
+func withKey(data []byte, err error) error {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	msg = strings.ReplaceAll(msg, "unmarshal errors:\n  ", "")
+	m := lineRe.FindStringSubmatch(msg)
+	if m == nil {
+		return errors.New(msg)
+	}
+	n, _ := strconv.Atoi(m[1])
+	lines := strings.Split(string(data), "\n")
+	if n >= 1 && n <= len(lines) {
+		if k := keyRe.FindStringSubmatch(lines[n-1]); k != nil {
+			return fmt.Errorf("%s: %s", k[1], msg)
+		}
+	}
+	return errors.New(msg)
+}
+
+func (c *Config) fill(machineID string) error {
+	if c.Socket == "" {
+		c.Socket = DefaultSocket
+	}
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir
+	}
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = Duration(60 * time.Second)
+	}
+	if c.RenewInterval == 0 {
+		c.RenewInterval = Duration(c.LeaseDuration.D() / 3)
+	}
+	if c.TakeoverPolicy == "" {
+		c.TakeoverPolicy = TakeoverManual
+	}
+	if c.FenceExpiry == 0 {
+		c.FenceExpiry = Duration(7 * 24 * time.Hour)
+	}
+	if c.MapTimeout == 0 {
+		c.MapTimeout = Duration(30 * time.Second)
+	}
+	if c.MountTimeout == 0 {
+		c.MountTimeout = Duration(30 * time.Second)
+	}
+	if c.NodeID == "" {
+		if machineID == "" {
+			machineID = "/etc/machine-id"
+		}
+		b, err := os.ReadFile(machineID)
+		if err != nil {
+			return fmt.Errorf("node_id: not set and %s unreadable: %w", machineID, err)
+		}
+		c.NodeID = strings.TrimSpace(string(b))
+		if c.NodeID == "" {
+			return fmt.Errorf("node_id: not set and %s is empty", machineID)
+		}
+	}
+	return nil
+}
+
+func (c *Config) validate() error {
+	if strings.ContainsAny(c.NodeID, " \t\n\x00/") || len(c.NodeID) > 128 {
+		return fmt.Errorf("node_id: %q must be a single word of at most 128 characters", c.NodeID)
+	}
+	if !strings.HasPrefix(c.Socket, "/") {
+		return fmt.Errorf("socket: %q must be an absolute path", c.Socket)
+	}
+	if !strings.HasPrefix(c.StateDir, "/") {
+		return fmt.Errorf("state_dir: %q must be an absolute path", c.StateDir)
+	}
+	if c.LeaseDuration.D() < 5*time.Second {
+		return fmt.Errorf("lease_duration: %s is too short (at least 5s)", c.LeaseDuration.D())
+	}
+	if c.RenewInterval.D() <= 0 || c.RenewInterval.D()*2 > c.LeaseDuration.D() {
+		return fmt.Errorf("renew_interval: %s must be positive and at most half of lease_duration (%s)", c.RenewInterval.D(), c.LeaseDuration.D())
+	}
+	switch c.TakeoverPolicy {
+	case TakeoverManual, TakeoverAfterLeaseExpiry:
+	default:
+		return fmt.Errorf("takeover_policy: %q: want %s or %s", c.TakeoverPolicy, TakeoverManual, TakeoverAfterLeaseExpiry)
+	}
+	if c.FenceExpiry.D() < time.Hour {
+		return fmt.Errorf("fence_expiry: %s is too short: a fenced node must stay fenced until it has rebooted (at least 1h)", c.FenceExpiry.D())
+	}
+	if c.MapTimeout.D() < time.Second {
+		return fmt.Errorf("map_timeout: %s is too short (at least 1s)", c.MapTimeout.D())
+	}
+	if c.MountTimeout.D() < time.Second {
+		return fmt.Errorf("mount_timeout: %s is too short (at least 1s)", c.MountTimeout.D())
+	}
+	if err := checkOptions("map_options", c.MapOptions); err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	for i, cl := range c.Clusters {
+		key := fmt.Sprintf("clusters[%d]", i)
+		switch {
+		case cl.ID == "" || strings.ContainsAny(cl.ID, " \t\n\x00/,="):
+			return fmt.Errorf("%s.id: %q must be a non-empty word without '/', ',' or '='", key, cl.ID)
+		case seen[cl.ID]:
+			return fmt.Errorf("%s.id: %q is listed twice", key, cl.ID)
+		case len(cl.Monitors) == 0:
+			return fmt.Errorf("%s.monitors: at least one monitor address is needed", key)
+		case cl.User == "":
+			return fmt.Errorf("%s.user: the agent's cephx id is needed", key)
+		case strings.HasPrefix(cl.User, "client."):
+			return fmt.Errorf("%s.user: %q: give the id without the \"client.\" prefix", key, cl.User)
+		case strings.ContainsAny(cl.User, " \t\n\x00,="):
+			return fmt.Errorf("%s.user: %q is not a valid cephx id", key, cl.User)
+		case !strings.HasPrefix(cl.Keyring, "/"):
+			return fmt.Errorf("%s.keyring: %q must be an absolute path", key, cl.Keyring)
+		}
+		for j, m := range cl.Monitors {
+			if m == "" || strings.ContainsAny(m, " \t\n\x00") {
+				return fmt.Errorf("%s.monitors[%d]: %q is not a monitor address", key, j, m)
+			}
+		}
+		if err := checkOptions(key+".map_options", cl.MapOptions); err != nil {
+			return err
+		}
+		seen[cl.ID] = true
+	}
+	return nil
+}
+
+// options the agent sets itself, or must never be set
+var reservedOptions = map[string]string{
+	"name": "the agent sets it from the cluster's user", "secret": "secrets never go into the map string",
+	"key": "the agent passes the key through the kernel keyring", "noshare": "the agent always sets it",
+	"share": "every mapping must have its own client (noshare)", "exclusive": "it would break snapshots and resizes",
+	"_pool_ns": "the agent sets it from the image spec", "mount_timeout": "use the mount_timeout key",
+	"ro": "use --read-only", "read_only": "use --read-only",
+}
+
+func checkOptions(key string, opts []string) error {
+	for i, o := range opts {
+		if o == "" || strings.ContainsAny(o, " \t\n\x00,") {
+			return fmt.Errorf("%s[%d]: %q: one option per entry, without spaces or commas", key, i, o)
+		}
+		name, _, _ := strings.Cut(o, "=")
+		if why, ok := reservedOptions[name]; ok {
+			return fmt.Errorf("%s[%d]: %q is not allowed: %s", key, i, o, why)
+		}
+	}
+	return nil
+}
+
+// Cluster returns the cluster named id; "" picks the only one.
+func (c *Config) Cluster(id string) (*Cluster, error) {
+	if id == "" {
+		if len(c.Clusters) == 1 {
+			return &c.Clusters[0], nil
+		}
+		if len(c.Clusters) == 0 {
+			return nil, errors.New("no cluster is configured (clusters: in the config)")
+		}
+		return nil, fmt.Errorf("%d clusters are configured: name one (--cluster)", len(c.Clusters))
+	}
+	for i := range c.Clusters {
+		if c.Clusters[i].ID == id {
+			return &c.Clusters[i], nil
+		}
+	}
+	return nil, fmt.Errorf("cluster %q is not configured", id)
+}

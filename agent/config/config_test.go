@@ -1,0 +1,102 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func machineID(t *testing.T) string {
+	p := filepath.Join(t.TempDir(), "machine-id")
+	if err := os.WriteFile(p, []byte("0123456789abcdef0123456789abcdef\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+const good = `
+node_id: node-a
+clusters:
+  - id: ceph-a
+    monitors: [203.0.113.1:6789]
+    user: rbd-owner
+    keyring: /etc/ceph/ceph.client.rbd-owner.keyring
+    map_options: [ms_mode=prefer-crc]
+lease_duration: 90s
+takeover_policy: after-lease-expiry
+map_options: [queue_depth=128]
+`
+
+func TestParseGoodAndDefaults(t *testing.T) {
+	c, err := Parse([]byte(good), machineID(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NodeID != "node-a" || c.LeaseDuration.D() != 90*time.Second || c.RenewInterval.D() != 30*time.Second ||
+		c.TakeoverPolicy != TakeoverAfterLeaseExpiry || c.FenceExpiry.D() != 168*time.Hour ||
+		c.Socket != DefaultSocket || c.StateDir != DefaultStateDir || c.Clusters[0].MapOptions[0] != "ms_mode=prefer-crc" {
+		t.Fatalf("parsed: %+v", c)
+	}
+	cl, err := c.Cluster("")
+	if err != nil || cl.ID != "ceph-a" {
+		t.Fatalf("only cluster: %v %v", cl, err)
+	}
+	if _, err := c.Cluster("other"); err == nil {
+		t.Fatal("unknown cluster accepted")
+	}
+}
+
+func TestNodeIDFromMachineID(t *testing.T) {
+	c, err := Parse([]byte("clusters: []\n"), machineID(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NodeID != "0123456789abcdef0123456789abcdef" || c.TakeoverPolicy != TakeoverManual {
+		t.Fatalf("defaults: %+v", c)
+	}
+	if _, err := Parse([]byte(""), filepath.Join(t.TempDir(), "absent")); err == nil || !strings.Contains(err.Error(), "node_id") {
+		t.Fatalf("no node id anywhere: %v", err)
+	}
+}
+
+// The packaged default config must load as shipped.
+func TestShippedConfigParses(t *testing.T) {
+	c, err := Load("../../packaging/config.yaml", machineID(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Clusters) != 0 || c.TakeoverPolicy != TakeoverManual {
+		t.Fatalf("shipped config: %+v", c)
+	}
+}
+
+func TestBadConfigNamesTheKey(t *testing.T) {
+	cl := "clusters:\n  - id: c\n    monitors: [m:6789]\n    user: u\n    keyring: /k\n"
+	for _, tc := range []struct{ doc, key string }{
+		{"lease_duration: 60\n", "lease_duration"},
+		{"lease_duration: soon\n", "not a duration"},
+		{"lease_duration: 2s\n", "lease_duration"},
+		{"renew_interval: 50s\n", "renew_interval"},
+		{"takeover_policy: always\n", "takeover_policy"},
+		{"fence_expiry: 10m\n", "fence_expiry"},
+		{"nodeid: x\n", "nodeid"},
+		{"socket: relative.sock\n", "socket"},
+		{"map_options: [exclusive]\n", "map_options[0]"},
+		{"map_options: [\"secret=AQ==\"]\n", "map_options[0]"},
+		{"map_options: [\"a,b\"]\n", "map_options[0]"},
+		{"clusters:\n  - id: c\n    user: u\n    keyring: /k\n", "clusters[0].monitors"},
+		{"clusters:\n  - id: c\n    monitors: [m]\n    user: client.u\n    keyring: /k\n", "clusters[0].user"},
+		{"clusters:\n  - id: c\n    monitors: [m]\n    user: u\n    keyring: k\n", "clusters[0].keyring"},
+		{"clusters:\n  - monitors: [m]\n    user: u\n    keyring: /k\n", "clusters[0].id"},
+		{cl + cl[len("clusters:\n"):], "clusters[1].id"},
+		{"clusters:\n  - id: c\n    monitors: [m]\n    user: u\n    keyring: /k\n    map_options: [noshare]\n", "clusters[0].map_options[0]"},
+		{"clusters:\n  - id: c\n    mons: [m]\n", "mons"},
+	} {
+		_, err := Parse([]byte("node_id: n\n"+tc.doc), machineID(t))
+		if err == nil || !strings.Contains(err.Error(), tc.key) {
+			t.Errorf("%q: want an error naming %q, got %v", tc.doc, tc.key, err)
+		}
+	}
+}
