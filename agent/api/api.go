@@ -1,0 +1,220 @@
+// Package api holds the types of rbd-owner's v1 API: HTTP/1.1 + JSON over the agent's unix
+// socket. It has no dependencies beyond the standard library, so that a CSI plugin can
+// import the client package built on it cheaply.
+package api
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// Paths of the v1 calls.
+const (
+	PathMap     = "/v1/map"
+	PathUnmap   = "/v1/unmap"
+	PathStatus  = "/v1/status"
+	PathClaims  = "/v1/claims"
+	PathFence   = "/v1/fence"
+	PathRelease = "/v1/release"
+)
+
+// DefaultSocket is where the agent listens.
+const DefaultSocket = "/run/rbd-owner/rbd-owner.sock"
+
+// MaxBodyBytes bounds every request body.
+const MaxBodyBytes = 64 << 10
+
+// MapRequest asks the agent to claim and map an image.
+type MapRequest struct {
+	Cluster   string `json:"cluster,omitempty"`
+	Pool      string `json:"pool"`
+	Namespace string `json:"namespace,omitempty"`
+	Image     string `json:"image"`
+	Snapshot  string `json:"snapshot,omitempty"`
+	// Access is rwo (default), rox or rwx.
+	Access   string `json:"access,omitempty"`
+	ReadOnly bool   `json:"read_only,omitempty"`
+	// VolumeID and Requester are recorded in the audit trail (e.g. the CSI volume id and
+	// "csi-rbdplugin").
+	VolumeID  string `json:"volume_id,omitempty"`
+	Requester string `json:"requester,omitempty"`
+	// Takeover allows taking the image from a node whose lease has expired (fencing it).
+	Takeover bool `json:"takeover,omitempty"`
+}
+
+// MapResponse is the answer to a successful map.
+type MapResponse struct {
+	Device        string `json:"device"`
+	Link          string `json:"link"`
+	AlreadyMapped bool   `json:"already_mapped"`
+	Claim         *Claim `json:"claim,omitempty"`
+}
+
+// UnmapRequest names an image, or a device, to unmap. It needs no secret.
+type UnmapRequest struct {
+	Cluster   string `json:"cluster,omitempty"`
+	Pool      string `json:"pool,omitempty"`
+	Namespace string `json:"namespace,omitempty"`
+	Image     string `json:"image,omitempty"`
+	Snapshot  string `json:"snapshot,omitempty"`
+	Device    string `json:"device,omitempty"`
+	Force     bool   `json:"force,omitempty"`
+}
+
+// UnmapResponse says whether something was unmapped (false: it was not mapped).
+type UnmapResponse struct {
+	Unmapped bool `json:"unmapped"`
+}
+
+// ImageRequest names an image for fence and release.
+type ImageRequest struct {
+	Cluster   string `json:"cluster,omitempty"`
+	Pool      string `json:"pool"`
+	Namespace string `json:"namespace,omitempty"`
+	Image     string `json:"image"`
+	Force     bool   `json:"force,omitempty"`
+}
+
+// FenceResponse says which mapping address was blocklisted, and until when.
+type FenceResponse struct {
+	FencedAddr string    `json:"fenced_addr"`
+	Expires    time.Time `json:"expires"`
+	// FencedAddrs lists every address when several holders (rox/rwx) were fenced.
+	FencedAddrs []string `json:"fenced_addrs,omitempty"`
+}
+
+// ReleaseResponse says whether a claim was dropped.
+type ReleaseResponse struct {
+	Released bool `json:"released"`
+}
+
+// Holder is one node's hold on an image.
+type Holder struct {
+	NodeID       string    `json:"node_id"`
+	Hostname     string    `json:"hostname"`
+	NodeAddr     string    `json:"node_addr"`
+	ClientAddr   string    `json:"client_addr"`
+	Device       string    `json:"device"`
+	ReadOnly     bool      `json:"read_only"`
+	Epoch        uint64    `json:"epoch"`
+	AcquiredAt   time.Time `json:"acquired_at"`
+	RenewedAt    time.Time `json:"renewed_at"`
+	LeaseSeconds int64     `json:"lease_seconds"`
+	AgentVersion string    `json:"agent_version"`
+	Fenced       bool      `json:"fenced,omitempty"`
+}
+
+// Claim is an image's claim record.
+type Claim struct {
+	Cluster     string   `json:"cluster"`
+	ClusterFSID string   `json:"cluster_fsid"`
+	Pool        string   `json:"pool"`
+	Namespace   string   `json:"namespace"`
+	Image       string   `json:"image"`
+	ImageID     string   `json:"image_id"`
+	Access      string   `json:"access"`
+	Epoch       uint64   `json:"epoch"`
+	Holders     []Holder `json:"holders"`
+	// Orphan is set in listings when the image no longer exists.
+	Orphan bool `json:"orphan,omitempty"`
+}
+
+// Device is a mapped rbd device on this node.
+type Device struct {
+	Device     string `json:"device"`
+	Link       string `json:"link,omitempty"`
+	Cluster    string `json:"cluster,omitempty"`
+	FSID       string `json:"cluster_fsid"`
+	Pool       string `json:"pool"`
+	Namespace  string `json:"namespace"`
+	Image      string `json:"image"`
+	Snapshot   string `json:"snapshot,omitempty"`
+	ClientAddr string `json:"client_addr"`
+	// Managed is false for a device mapped behind the agent's back.
+	Managed bool   `json:"managed"`
+	Epoch   uint64 `json:"epoch,omitempty"`
+	// Problem explains what is wrong with this device's claim, if anything.
+	Problem string `json:"problem,omitempty"`
+}
+
+// ClusterStatus is the agent's view of one configured cluster.
+type ClusterStatus struct {
+	ID        string `json:"id"`
+	FSID      string `json:"fsid,omitempty"`
+	Connected bool   `json:"connected"`
+	NodeAddr  string `json:"node_addr,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
+
+// Status is the answer to GET /v1/status.
+type Status struct {
+	Node       string          `json:"node"`
+	Version    string          `json:"version"`
+	Clusters   []ClusterStatus `json:"clusters"`
+	Devices    []Device        `json:"devices"`
+	ClaimsHeld int             `json:"claims_held"`
+	Problems   []string        `json:"problems"`
+}
+
+// Error codes, each with its HTTP status.
+const (
+	CodeInvalidArgument    = "invalid_argument"
+	CodePermissionDenied   = "permission_denied"
+	CodeNotFound           = "not_found"
+	CodeClaimedElsewhere   = "claimed_elsewhere"
+	CodeBusy               = "busy"
+	CodeFenced             = "fenced"
+	CodeClusterUnavailable = "cluster_unavailable"
+	CodeTimeout            = "timeout"
+	CodeInternal           = "internal"
+)
+
+// HTTPStatus returns the status that goes with an error code.
+func HTTPStatus(code string) int {
+	switch code {
+	case CodeInvalidArgument:
+		return http.StatusBadRequest
+	case CodePermissionDenied:
+		return http.StatusForbidden
+	case CodeNotFound:
+		return http.StatusNotFound
+	case CodeClaimedElsewhere, CodeBusy, CodeFenced:
+		return http.StatusConflict
+	case CodeClusterUnavailable:
+		return http.StatusServiceUnavailable
+	case CodeTimeout:
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError
+}
+
+// Owner names the node that holds an image, in claimed_elsewhere errors.
+type Owner struct {
+	NodeID     string    `json:"node_id"`
+	Hostname   string    `json:"hostname"`
+	NodeAddr   string    `json:"node_addr,omitempty"`
+	ClientAddr string    `json:"client_addr,omitempty"`
+	Epoch      uint64    `json:"epoch"`
+	AcquiredAt time.Time `json:"acquired_at"`
+	RenewedAt  time.Time `json:"renewed_at"`
+	LeaseAge   float64   `json:"lease_age_seconds"`
+	Expired    bool      `json:"expired"`
+}
+
+// Error is the body of every error answer: {"error": {...}}. It is also the error the client
+// returns, so callers can branch on Code.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Owner   *Owner `json:"owner,omitempty"`
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%s (%s)", e.Message, e.Code)
+}
+
+// ErrorBody wraps Error on the wire.
+type ErrorBody struct {
+	Error *Error `json:"error"`
+}
