@@ -1,0 +1,76 @@
+package nodeaddr
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+)
+
+func TestMonitorIPs(t *testing.T) {
+	got := MonitorIPs([]string{"10.0.0.1:6789", "[v2:10.0.0.2:3300/0,v1:10.0.0.2:6789/0]", "[2001:db8::1]:6789", "mon.example:6789", "10.0.0.3"})
+	want := []string{"10.0.0.1", "10.0.0.2", "10.0.0.2", "2001:db8::1", "10.0.0.3"}
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i].String() != want[i] {
+			t.Errorf("[%d] = %s, want %s", i, got[i], want[i])
+		}
+	}
+}
+
+// The real kernel's route lookup: the source toward 127.0.0.1 is 127.0.0.1.
+func TestSourceForLoopbackThroughNetlink(t *testing.T) {
+	r := New()
+	a, err := r.SourceFor([]string{"127.0.0.1:6789"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a != "127.0.0.1" {
+		t.Fatalf("source toward loopback = %s", a)
+	}
+}
+
+func TestCacheAndForget(t *testing.T) {
+	calls := 0
+	r := New()
+	r.routeGet = func(ip net.IP) ([]netlink.Route, error) {
+		calls++
+		return []netlink.Route{{Src: net.ParseIP("203.0.113.11")}}, nil
+	}
+	for i := 0; i < 3; i++ {
+		if a, err := r.SourceFor([]string{"203.0.113.1:6789"}); err != nil || a != "203.0.113.11" {
+			t.Fatalf("%s %v", a, err)
+		}
+	}
+	if calls != 1 {
+		t.Fatalf("route looked up %d times, want 1 (cached)", calls)
+	}
+	r.Forget()
+	_, _ = r.SourceFor([]string{"203.0.113.1:6789"})
+	if calls != 2 {
+		t.Fatalf("after Forget: %d lookups, want 2", calls)
+	}
+	if _, err := r.SourceFor([]string{"mon.example:6789"}); err == nil {
+		t.Fatal("no IP: want an error")
+	}
+}
+
+func TestWatchStopsWithContext(t *testing.T) {
+	r := New()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Watch(ctx) }()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("watch: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Watch did not stop after its context ended")
+	}
+}
