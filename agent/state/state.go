@@ -1,0 +1,191 @@
+// Package state persists what the agent has claimed and mapped on this node, so that after a
+// restart or a crash it can finish or undo what it was doing. The file is replaced atomically
+// (write, fsync, rename, fsync the directory) on every change.
+package state
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Phases of a mapping, in the order the map saga goes through them.
+const (
+	// Claiming: about to write the claim (the epoch is not known yet).
+	Claiming = "claiming"
+	// Claimed: the claim is ours at Epoch; the kernel map may or may not have happened.
+	Claimed = "claimed"
+	// Mapped: the device exists and its address is recorded in the claim.
+	Mapped = "mapped"
+	// Unmapping: an unmap was asked for and is under way.
+	Unmapping = "unmapping"
+)
+
+// Key names one image on one cluster.
+type Key struct {
+	Cluster   string `json:"cluster"`
+	Pool      string `json:"pool"`
+	Namespace string `json:"namespace"`
+	Image     string `json:"image"`
+	Snap      string `json:"snap"`
+}
+
+func (k Key) String() string {
+	s := k.Cluster + ":" + k.Pool + "/"
+	if k.Namespace != "" {
+		s += k.Namespace + "/"
+	}
+	s += k.Image
+	if k.Snap != "" {
+		s += "@" + k.Snap
+	}
+	return s
+}
+
+// Mapping is one image this node has claimed (and usually mapped).
+type Mapping struct {
+	Key
+	Phase      string    `json:"phase"`
+	Epoch      uint64    `json:"epoch"`
+	Access     string    `json:"access"`
+	ReadOnly   bool      `json:"read_only"`
+	Claimed    bool      `json:"claimed"` // false for snapshot maps, which take no claim
+	DeviceID   int       `json:"device_id"`
+	Device     string    `json:"device"`
+	ClientAddr string    `json:"client_addr"`
+	VolumeID   string    `json:"volume_id,omitempty"`
+	UpdatedAt  time.Time `json:"updated_at"`
+}
+
+type file struct {
+	Format   int       `json:"format"`
+	Mappings []Mapping `json:"mappings"`
+}
+
+// Store is the persisted set of mappings. Safe for concurrent use.
+type Store struct {
+	path string
+	mu   sync.Mutex
+	m    map[Key]Mapping
+}
+
+// Open loads dir/mappings.json (creating dir when needed).
+func Open(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("state: %w", err)
+	}
+	s := &Store{path: filepath.Join(dir, "mappings.json"), m: map[Key]Mapping{}}
+	data, err := os.ReadFile(s.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return s, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("state: %w", err)
+	}
+	var f file
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, fmt.Errorf("state %s: corrupt: %w (move it away to start from the kernel and cluster state alone)", s.path, err)
+	}
+	if f.Format != 1 {
+		return nil, fmt.Errorf("state %s: format %d, this agent reads 1", s.path, f.Format)
+	}
+	for _, m := range f.Mappings {
+		s.m[m.Key] = m
+	}
+	return s, nil
+}
+
+// Get returns the mapping of k.
+func (s *Store) Get(k Key) (Mapping, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.m[k]
+	return m, ok
+}
+
+// All returns every mapping, sorted by key.
+func (s *Store) All() []Mapping {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Mapping, 0, len(s.m))
+	for _, m := range s.m {
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key.String() < out[j].Key.String() })
+	return out
+}
+
+// Put stores m and persists the whole set before returning.
+func (s *Store) Put(m Mapping) error {
+	m.UpdatedAt = time.Now().UTC()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old, had := s.m[m.Key]
+	s.m[m.Key] = m
+	if err := s.save(); err != nil {
+		if had {
+			s.m[m.Key] = old
+		} else {
+			delete(s.m, m.Key)
+		}
+		return err
+	}
+	return nil
+}
+
+// Delete drops k and persists.
+func (s *Store) Delete(k Key) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old, had := s.m[k]
+	if !had {
+		return nil
+	}
+	delete(s.m, k)
+	if err := s.save(); err != nil {
+		s.m[k] = old
+		return err
+	}
+	return nil
+}
+
+func (s *Store) save() error {
+	f := file{Format: 1, Mappings: make([]Mapping, 0, len(s.m))}
+	for _, m := range s.m {
+		f.Mappings = append(f.Mappings, m)
+	}
+	sort.Slice(f.Mappings, func(i, j int) bool { return f.Mappings[i].Key.String() < f.Mappings[j].Key.String() })
+	data, err := json.MarshalIndent(f, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := s.path + ".tmp"
+	fh, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+	if _, err := fh.Write(append(data, '\n')); err != nil {
+		fh.Close()
+		return fmt.Errorf("state: write %s: %w", tmp, err)
+	}
+	if err := fh.Sync(); err != nil {
+		fh.Close()
+		return fmt.Errorf("state: sync %s: %w", tmp, err)
+	}
+	if err := fh.Close(); err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+	if err := os.Rename(tmp, s.path); err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+	if d, err := os.Open(filepath.Dir(s.path)); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}

@@ -1,0 +1,63 @@
+package state
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestPersistsAcrossOpen(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := Key{Cluster: "c", Pool: "rbd", Namespace: "ns", Image: "a"}
+	if err := s.Put(Mapping{Key: k, Phase: Claimed, Epoch: 3}); err != nil {
+		t.Fatal(err)
+	}
+	k2 := Key{Cluster: "c", Pool: "rbd", Image: "b"}
+	if err := s.Put(Mapping{Key: k2, Phase: Mapped, Epoch: 1, DeviceID: 2}); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := s2.Get(k); !ok || m.Phase != Claimed || m.Epoch != 3 {
+		t.Fatalf("reloaded %+v %v", m, ok)
+	}
+	if err := s2.Delete(k); err != nil {
+		t.Fatal(err)
+	}
+	s3, _ := Open(dir)
+	if all := s3.All(); len(all) != 1 || all[0].Key != k2 {
+		t.Fatalf("after delete: %+v", all)
+	}
+}
+
+func TestCorruptFileIsAClearError(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "mappings.json"), []byte("{nope"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(dir); err == nil || !strings.Contains(err.Error(), "corrupt") {
+		t.Fatalf("want a corrupt-state error, got %v", err)
+	}
+}
+
+func TestFailedSaveKeepsMemoryConsistent(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := Open(dir)
+	// a directory where the temporary file must go: the write fails, even for root
+	if err := os.Mkdir(filepath.Join(dir, "mappings.json.tmp"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(Mapping{Key: Key{Image: "x"}}); err == nil {
+		t.Fatal("save into a read-only dir succeeded")
+	}
+	if len(s.All()) != 0 {
+		t.Fatal("a failed Put must not stay in memory")
+	}
+}
