@@ -22,7 +22,7 @@ build: deps
 	CGO_ENABLED=1 $(GO) build -tags "$(CEPH_TAG)" -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-owner ./agent/cmd/rbd-owner
 
 # Everything: lint, the Go tests with -race against a throwaway Ceph cluster, the package build.
-test: deps lint unit
+test: deps lint unit package-check
 	@echo "make test: all passed"
 
 unit: deps
