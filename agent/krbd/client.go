@@ -1,0 +1,441 @@
+package krbd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Config holds the seams between this package and the kernel. Zero fields get the real thing.
+type Config struct {
+	SysfsRoot  string                                             // default "/sys"
+	DevRoot    string                                             // default "/dev"
+	Writer     ControlWriter                                      // default SysfsWriter
+	Events     EventSource                                        // default &NetlinkSource{} (udev when udevd runs)
+	Keys       KeyStore                                           // default KernelKeyring
+	LoadModule func(ctx context.Context) error                    // default ModprobeRBD; called when /sys/bus/rbd is absent
+	StatDev    func(path string) (major, minor uint32, err error) // default StatDevNode
+	Logger     *slog.Logger                                       // default: discard
+	// EBusyRetry bounds how long Unmap retries EBUSY (default 3 s): udev's probe holds a
+	// freshly mapped device open for a moment.
+	EBusyRetry time.Duration
+	// Poll is how often waits re-read sysfs besides reacting to events (default 250 ms).
+	Poll time.Duration
+}
+
+// Client maps, unmaps and lists krbd devices. Safe for concurrent use.
+type Client struct {
+	cfg Config
+
+	mu    sync.Mutex
+	locks map[Spec]*specLock // in-process serialisation of maps of the same spec
+}
+
+type specLock struct {
+	ch   chan struct{}
+	refs int
+}
+
+// New returns a Client over cfg (zero fields defaulted).
+func New(cfg Config) *Client {
+	if cfg.SysfsRoot == "" {
+		cfg.SysfsRoot = "/sys"
+	}
+	if cfg.DevRoot == "" {
+		cfg.DevRoot = "/dev"
+	}
+	if cfg.Writer == nil {
+		cfg.Writer = SysfsWriter{}
+	}
+	if cfg.Events == nil {
+		cfg.Events = &NetlinkSource{}
+	}
+	if cfg.Keys == nil {
+		cfg.Keys = KernelKeyring{}
+	}
+	if cfg.LoadModule == nil {
+		cfg.LoadModule = ModprobeRBD
+	}
+	if cfg.StatDev == nil {
+		cfg.StatDev = StatDevNode
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.EBusyRetry == 0 {
+		cfg.EBusyRetry = 3 * time.Second
+	}
+	if cfg.Poll == 0 {
+		cfg.Poll = 250 * time.Millisecond
+	}
+	return &Client{cfg: cfg, locks: map[Spec]*specLock{}}
+}
+
+// Config returns the effective configuration.
+func (c *Client) Config() Config { return c.cfg }
+
+func (c *Client) busDir() string { return filepath.Join(c.cfg.SysfsRoot, "bus", "rbd") }
+
+// lockSpec serialises maps of one spec inside this process: the kernel does not say which id
+// a write created, so two simultaneous maps of the same image could not tell theirs apart.
+func (c *Client) lockSpec(ctx context.Context, s Spec) (func(), error) {
+	c.mu.Lock()
+	l := c.locks[s]
+	if l == nil {
+		l = &specLock{ch: make(chan struct{}, 1)}
+		c.locks[s] = l
+	}
+	l.refs++
+	c.mu.Unlock()
+	release := func() {
+		c.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(c.locks, s)
+		}
+		c.mu.Unlock()
+	}
+	select {
+	case l.ch <- struct{}{}:
+		return func() { <-l.ch; release() }, nil
+	case <-ctx.Done():
+		release()
+		return nil, ctx.Err()
+	}
+}
+
+// EnsureModule loads the rbd module when /sys/bus/rbd is absent and waits (bounded by ctx
+// and 10 s) for it to appear.
+func (c *Client) EnsureModule(ctx context.Context) error {
+	if _, err := os.Stat(c.busDir()); err == nil {
+		return nil
+	}
+	c.cfg.Logger.Info("loading rbd module", "bus", c.busDir())
+	if err := c.cfg.LoadModule(ctx); err != nil {
+		return fmt.Errorf("%w: %w", ErrNoKernelSupport, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		if _, err := os.Stat(filepath.Join(c.busDir(), "add")); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %s did not appear after loading rbd", ErrNoKernelSupport, c.busDir())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// controlFile picks <base>_single_major when the kernel has it, else <base>.
+func (c *Client) controlFile(base string) (string, error) {
+	for _, name := range []string{base + "_single_major", base} {
+		p := filepath.Join(c.busDir(), name)
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%w: no %s control file under %s", ErrNoKernelSupport, base, c.busDir())
+}
+
+// Map maps spec and returns the new device once the kernel added it, its block device was
+// announced and /dev/rbdN exists with the major:minor sysfs gives. Every map is a new device
+// (noshare): callers that want idempotence look for an existing one first (FindBySpec).
+func (c *Client) Map(ctx context.Context, spec Spec, o MapOptions) (Device, error) {
+	d, err := c.mapImage(ctx, spec, o)
+	if err != nil {
+		return Device{}, fmt.Errorf("map %s: %w", spec, err)
+	}
+	return d, nil
+}
+
+func (c *Client) mapImage(ctx context.Context, spec Spec, o MapOptions) (Device, error) {
+	add, err := BuildAddString(spec, o)
+	if err != nil {
+		return Device{}, err
+	}
+	payload, err := DecodeSecret(o.Secret)
+	if err != nil {
+		return Device{}, err
+	}
+	if err := c.EnsureModule(ctx); err != nil {
+		return Device{}, err
+	}
+	file, err := c.controlFile("add")
+	if err != nil {
+		return Device{}, err
+	}
+	unlock, err := c.lockSpec(ctx, spec)
+	if err != nil {
+		return Device{}, err
+	}
+	defer unlock()
+
+	// Listen before writing: the kernel emits the events before the write returns.
+	sub, err := c.cfg.Events.Subscribe(ctx)
+	if err != nil {
+		return Device{}, err
+	}
+	defer sub.Close()
+	before, err := c.ids()
+	if err != nil {
+		return Device{}, err
+	}
+	seen := make(map[int]bool, len(before))
+	for _, id := range before {
+		seen[id] = true
+	}
+
+	start := time.Now()
+	if err := c.writeWithKey(KeyName(o.User), payload, file, []byte(add)); err != nil {
+		return Device{}, classify(filepath.Base(file), err)
+	}
+	c.cfg.Logger.Debug("rbd add written", "spec", spec.String(), "file", file, "took", time.Since(start))
+
+	timeout := o.Timeout
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return c.waitMapped(wctx, sub, spec, seen)
+}
+
+// writeWithKey adds the key and writes on one locked OS thread, so the kernel's keyring
+// lookup (done in the writing task's context) finds the key.
+func (c *Client) writeWithKey(keyName string, payload []byte, file string, data []byte) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := c.cfg.Keys.AddCephKey(keyName, payload); err != nil {
+		return err
+	}
+	return c.cfg.Writer.WriteControl(file, data)
+}
+
+// waitMapped waits for the device our write created: a new id (not present before the
+// write) whose attributes match spec, the rbd add and block add events for it, and
+// /dev/rbdN with sysfs's major:minor. Sysfs is re-read on every event and every Poll, so a
+// lost event (Overflow) delays nothing beyond one poll.
+func (c *Client) waitMapped(ctx context.Context, sub Subscription, spec Spec, seen map[int]bool) (Device, error) {
+	rbdAdded := map[int]bool{}
+	diskAdded := map[int]bool{}
+	lost := false
+	tick := time.NewTicker(c.cfg.Poll)
+	defer tick.Stop()
+	var cand *Device
+	var lastErr error
+	for {
+		// find our device among ids not seen before the write
+		if cand == nil {
+			ids, err := c.ids()
+			if err != nil {
+				return Device{}, err
+			}
+			for _, id := range ids {
+				if seen[id] {
+					continue
+				}
+				d, err := c.ReadDevice(id)
+				if err != nil {
+					continue // going away, or still being set up: look again later
+				}
+				if d.Spec() != spec {
+					seen[id] = true // someone else's device
+					continue
+				}
+				cand = &d
+				break
+			}
+		}
+		if cand != nil && (rbdAdded[cand.ID] || lost) && (diskAdded[cand.ID] || lost) {
+			maj, min, err := c.cfg.StatDev(cand.DevNode)
+			switch {
+			case err == nil && maj == cand.Major && min == cand.Minor:
+				return *cand, nil
+			case err == nil:
+				lastErr = fmt.Errorf("%s is %d:%d, sysfs says %d:%d", cand.DevNode, maj, min, cand.Major, cand.Minor)
+			default:
+				lastErr = err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			what := "no new rbd device with these names appeared"
+			if cand != nil {
+				what = fmt.Sprintf("rbd%d (rbd add seen: %v, block add seen: %v, events lost: %v)", cand.ID, rbdAdded[cand.ID], diskAdded[cand.ID], lost)
+				if lastErr != nil {
+					what += ": " + lastErr.Error()
+				}
+			}
+			return Device{}, fmt.Errorf("%w waiting for the device: %s: %w", ErrTimeout, what, ctx.Err())
+		case ev, ok := <-sub.Events():
+			if !ok {
+				lost = true // the stream ended: fall back to polling sysfs
+				sub = closedSub{}
+				continue
+			}
+			if ev.Overflow {
+				lost = true
+				continue
+			}
+			if ev.Action != "add" {
+				continue
+			}
+			if id, ok := ev.RBDID(); ok {
+				rbdAdded[id] = true
+			}
+			if id, ok := ev.DiskID(); ok {
+				diskAdded[id] = true
+			}
+		case <-tick.C:
+		}
+	}
+}
+
+type closedSub struct{}
+
+func (closedSub) Events() <-chan Uevent { return nil }
+func (closedSub) Close() error          { return nil }
+
+// UnmapOptions control Unmap.
+type UnmapOptions struct {
+	// Force unmaps even when the device is open ("N force"); I/O in flight fails.
+	Force bool
+	// Timeout bounds the wait for the remove events (default 30 s).
+	Timeout time.Duration
+}
+
+// Unmap removes device id. It returns false (and no error) when no such device is mapped.
+// EBUSY is retried for Config.EBusyRetry, then returned as ErrBusy.
+func (c *Client) Unmap(ctx context.Context, id int, o UnmapOptions) (bool, error) {
+	ok, err := c.unmap(ctx, id, o)
+	if err != nil {
+		return false, fmt.Errorf("unmap rbd%d: %w", id, err)
+	}
+	return ok, nil
+}
+
+func (c *Client) unmap(ctx context.Context, id int, o UnmapOptions) (bool, error) {
+	if id < 0 {
+		return false, fmt.Errorf("%w: negative id", ErrInvalid)
+	}
+	if _, err := os.Stat(c.busDir()); errors.Is(err, fs.ErrNotExist) {
+		return false, nil // no rbd module: nothing is mapped
+	}
+	file, err := c.controlFile("remove")
+	if err != nil {
+		return false, err
+	}
+	sub, err := c.cfg.Events.Subscribe(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer sub.Close()
+	msg := strconv.Itoa(id)
+	if o.Force {
+		msg += " force"
+	}
+	deadline := time.Now().Add(c.cfg.EBusyRetry)
+	backoff := 50 * time.Millisecond
+	for {
+		err = classify(filepath.Base(file), c.cfg.Writer.WriteControl(file, []byte(msg)))
+		if err == nil {
+			break
+		}
+		if errors.Is(err, ErrNotFound) {
+			return false, nil // not mapped: unmap is idempotent
+		}
+		if !errors.Is(err, ErrBusy) || time.Now().Add(backoff).After(deadline) {
+			return false, err
+		}
+		c.cfg.Logger.Debug("rbd remove busy, retrying", "id", id, "backoff", backoff)
+		select {
+		case <-ctx.Done():
+			return false, fmt.Errorf("%w (after EBUSY)", ctx.Err())
+		case <-time.After(backoff):
+		}
+		if backoff < 400*time.Millisecond {
+			backoff *= 2
+		}
+	}
+	timeout := o.Timeout
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return true, c.waitRemoved(wctx, sub, id)
+}
+
+// waitRemoved waits until /sys/bus/rbd/devices/<id> is gone and the rbd remove event (the
+// last of an unmap) arrived, or events were lost and sysfs says it is gone.
+func (c *Client) waitRemoved(ctx context.Context, sub Subscription, id int) error {
+	dir := filepath.Join(c.devicesDir(), strconv.Itoa(id))
+	removed, lost := false, false
+	tick := time.NewTicker(c.cfg.Poll)
+	defer tick.Stop()
+	for {
+		_, err := os.Stat(dir)
+		gone := errors.Is(err, fs.ErrNotExist)
+		if gone && (removed || lost) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w waiting for rbd%d to go (sysfs gone: %v, remove event seen: %v): %w", ErrTimeout, id, gone, removed, ctx.Err())
+		case ev, ok := <-sub.Events():
+			if !ok {
+				lost, sub = true, closedSub{}
+				continue
+			}
+			if ev.Overflow {
+				lost = true
+			} else if n, ok := ev.RBDID(); ok && n == id && ev.Action == "remove" {
+				removed = true
+			}
+		case <-tick.C:
+		}
+	}
+}
+
+// UnmapSpec unmaps every device mapping spec (fsid as in FindBySpec). It returns whether
+// anything was mapped.
+func (c *Client) UnmapSpec(ctx context.Context, spec Spec, fsid string, o UnmapOptions) (bool, error) {
+	if err := spec.Validate(); err != nil {
+		return false, fmt.Errorf("unmap %s: %w", spec, err)
+	}
+	devs, err := c.FindBySpec(spec, fsid)
+	if err != nil {
+		return false, fmt.Errorf("unmap %s: %w", spec, err)
+	}
+	any := false
+	for _, d := range devs {
+		ok, err := c.Unmap(ctx, d.ID, o)
+		if err != nil {
+			return any, fmt.Errorf("unmap %s: %w", spec, err)
+		}
+		any = any || ok
+	}
+	return any, nil
+}
+
+// UnmapPath unmaps the device behind a /dev path (see FindByPath). A path that does not
+// exist or is no mapped rbd device is "not mapped" (false, nil).
+func (c *Client) UnmapPath(ctx context.Context, path string, o UnmapOptions) (bool, error) {
+	d, err := c.FindByPath(path)
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("unmap %s: %w", path, err)
+	}
+	return c.Unmap(ctx, d.ID, o)
+}

@@ -1,0 +1,81 @@
+// Package krbd maps and unmaps Ceph RBD images through the kernel's /sys/bus/rbd interface
+// (the same strings Ceph's krbd.cc writes), lists mapped devices from sysfs and turns the
+// kernel's errno values into typed errors. It holds no claim or API logic.
+//
+// Everything the kernel touches goes through small seams (Config): the sysfs and /dev roots,
+// the control-file writer, the uevent source, the keyring and the module loader, so that unit
+// tests run against a fake kernel (package fakekernel) and the real-kernel test against krbd.
+package krbd
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+)
+
+// Typed errors, usable with errors.Is. Kernel errno values map onto them (see classify).
+var (
+	// ErrNotFound: the pool, namespace, image or snapshot does not exist (ENOENT from add),
+	// or no such mapped device.
+	ErrNotFound = errors.New("not found")
+	// ErrPermission: the cephx user or key was refused (EACCES/EPERM from add).
+	ErrPermission = errors.New("permission denied")
+	// ErrInvalid: a name or option was refused, by this package before writing or by the
+	// kernel (EINVAL).
+	ErrInvalid = errors.New("invalid argument")
+	// ErrTimeout: the monitors did not answer within mount_timeout (ETIMEDOUT), or a wait
+	// for the device's events ran out.
+	ErrTimeout = errors.New("timed out")
+	// ErrBusy: the device is open (EBUSY from remove).
+	ErrBusy = errors.New("device busy")
+	// ErrNoKernelSupport: /sys/bus/rbd is absent and the rbd module could not be loaded.
+	ErrNoKernelSupport = errors.New("kernel rbd support unavailable")
+)
+
+// KernelError is an error returned by a write to a /sys/bus/rbd control file. It matches
+// both its typed error (errors.Is(err, ErrNotFound)) and its errno (errors.Is(err, syscall.ENOENT)).
+type KernelError struct {
+	File  string        // control file written, e.g. add_single_major
+	Errno syscall.Errno // errno the kernel returned
+	Kind  error         // one of the Err* values, or nil when the errno has no typed error
+}
+
+func (e *KernelError) Error() string {
+	if e.Kind != nil {
+		return fmt.Sprintf("kernel refused write to %s: %v (%s)", e.File, e.Kind, e.Errno.Error())
+	}
+	return fmt.Sprintf("kernel refused write to %s: %s", e.File, e.Errno.Error())
+}
+
+// Unwrap returns the typed error and the errno.
+func (e *KernelError) Unwrap() []error {
+	if e.Kind == nil {
+		return []error{e.Errno}
+	}
+	return []error{e.Kind, e.Errno}
+}
+
+// classify turns an error from a control-file write into a *KernelError when it carries an errno.
+func classify(file string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return fmt.Errorf("write %s: %w", file, err)
+	}
+	var kind error
+	switch errno {
+	case syscall.ENOENT, syscall.ENXIO:
+		kind = ErrNotFound
+	case syscall.EACCES, syscall.EPERM, syscall.EKEYREJECTED, syscall.ENOKEY:
+		kind = ErrPermission
+	case syscall.EINVAL:
+		kind = ErrInvalid
+	case syscall.ETIMEDOUT:
+		kind = ErrTimeout
+	case syscall.EBUSY:
+		kind = ErrBusy
+	}
+	return &KernelError{File: file, Errno: errno, Kind: kind}
+}

@@ -1,0 +1,427 @@
+// Package fakekernel is a test double of the kernel's krbd sysfs interface: a temp directory
+// serves as sysfs root and /dev root, and writes to /sys/bus/rbd/add* and remove* (through
+// krbd.ControlWriter) create and delete devices/N with the kernel's attributes, emit the
+// kernel's uevents in the kernel's order and fail with the kernel's errno values:
+//
+//	add:    ENOENT unknown pool/namespace/image/snapshot, EACCES unknown user or wrong key,
+//	        EINVAL malformed string or unknown option, ETIMEDOUT unreachable monitor
+//	remove: ENOENT unknown id, EBUSY device open (unless "force"), EINVAL malformed
+//
+// It is for speed; the real kernel is the judge (see the real-kernel test).
+package fakekernel
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
+)
+
+// Major is the dynamic major the fake's single-major mode uses.
+const Major = 251
+
+// Options configure a Kernel.
+type Options struct {
+	NoModule      bool   // start without /sys/bus/rbd (LoadModule creates it)
+	NoSingleMajor bool   // only add/remove (each device gets its own major)
+	FSID          string // cluster fsid (default a fixed UUID)
+	// UnreachableMonitor: an add naming only this monitor fails with ETIMEDOUT.
+	UnreachableMonitor string
+}
+
+type image struct {
+	id    string
+	size  uint64
+	snaps map[string]bool
+}
+
+// Kernel is the fake. Safe for concurrent use.
+type Kernel struct {
+	Sysfs string // sysfs root
+	Dev   string // /dev root
+	opts  Options
+
+	mu        sync.Mutex
+	images    map[string]*image // "pool/ns/image"
+	pools     map[string]bool
+	users     map[string][]byte // user id -> decoded secret
+	keys      map[string][]byte // keyring: description -> payload
+	devices   map[int]string    // id -> config_info
+	open      map[int]bool
+	nextMajor int
+	clientSeq int
+	subs      map[*sub]bool
+	dropNext  int
+	writes    []string
+	loads     int
+}
+
+// New creates a fake kernel under dir (dir/sys, dir/dev).
+func New(dir string, o Options) (*Kernel, error) {
+	if o.FSID == "" {
+		o.FSID = "a7f64266-0894-4f1e-a635-d0aeaca0e993"
+	}
+	k := &Kernel{Sysfs: filepath.Join(dir, "sys"), Dev: filepath.Join(dir, "dev"), opts: o,
+		images: map[string]*image{}, pools: map[string]bool{}, users: map[string][]byte{},
+		keys: map[string][]byte{}, devices: map[int]string{}, open: map[int]bool{},
+		nextMajor: 240, clientSeq: 4117, subs: map[*sub]bool{}}
+	for _, d := range []string{k.Sysfs, k.Dev, filepath.Join(k.Sysfs, "devices", "rbd")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if !o.NoModule {
+		if err := k.loadModule(); err != nil {
+			return nil, err
+		}
+	}
+	return k, nil
+}
+
+func (k *Kernel) bus() string { return filepath.Join(k.Sysfs, "bus", "rbd") }
+
+func (k *Kernel) loadModule() error {
+	if err := os.MkdirAll(filepath.Join(k.bus(), "devices"), 0o755); err != nil {
+		return err
+	}
+	files := []string{"add", "remove", "supported_features"}
+	if !k.opts.NoSingleMajor {
+		files = append(files, "add_single_major", "remove_single_major")
+	}
+	for _, f := range files {
+		if err := os.WriteFile(filepath.Join(k.bus(), f), nil, 0o200); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// LoadModule is the fake "modprobe rbd" (krbd.Config.LoadModule).
+func (k *Kernel) LoadModule(ctx context.Context) error {
+	k.mu.Lock()
+	k.loads++
+	k.mu.Unlock()
+	return k.loadModule()
+}
+
+// Loads counts LoadModule calls.
+func (k *Kernel) Loads() int { k.mu.Lock(); defer k.mu.Unlock(); return k.loads }
+
+// AddPool creates a pool.
+func (k *Kernel) AddPool(pool string) { k.mu.Lock(); k.pools[pool] = true; k.mu.Unlock() }
+
+// AddImage creates pool/ns/image (ns "" for none) with snapshots.
+func (k *Kernel) AddImage(pool, ns, name string, size uint64, snaps ...string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.pools[pool] = true
+	im := &image{id: fmt.Sprintf("%x", 0x1000+len(k.images)), size: size, snaps: map[string]bool{}}
+	for _, s := range snaps {
+		im.snaps[s] = true
+	}
+	k.images[pool+"/"+ns+"/"+name] = im
+}
+
+// AddUser lets cephx user id authenticate with secret (base64).
+func (k *Kernel) AddUser(id, secret string) error {
+	b, err := krbd.DecodeSecret(secret)
+	if err != nil {
+		return err
+	}
+	k.mu.Lock()
+	k.users[id] = b
+	k.mu.Unlock()
+	return nil
+}
+
+// AddCephKey implements krbd.KeyStore (the keyring).
+func (k *Kernel) AddCephKey(name string, payload []byte) error {
+	k.mu.Lock()
+	k.keys[name] = bytes.Clone(payload)
+	k.mu.Unlock()
+	return nil
+}
+
+// SetOpen marks device id open (remove fails EBUSY) or closed.
+func (k *Kernel) SetOpen(id int, open bool) { k.mu.Lock(); k.open[id] = open; k.mu.Unlock() }
+
+// DropEvents makes the next n events vanish for every subscriber, as if the socket buffer
+// had overflowed; subscribers then get an Overflow marker before the next delivered event.
+func (k *Kernel) DropEvents(n int) { k.mu.Lock(); k.dropNext = n; k.mu.Unlock() }
+
+// Writes returns every string written to a control file, in order ("file: data").
+func (k *Kernel) Writes() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]string(nil), k.writes...)
+}
+
+// Config returns a krbd.Config wired to this fake.
+func (k *Kernel) Config() krbd.Config {
+	return krbd.Config{SysfsRoot: k.Sysfs, DevRoot: k.Dev, Writer: k, Events: k, Keys: k,
+		LoadModule: k.LoadModule, StatDev: k.StatDev}
+}
+
+// StatDev reads the fake device node (a regular file holding "major:minor").
+func (k *Kernel) StatDev(path string) (uint32, uint32, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	var maj, min uint32
+	if _, err := fmt.Sscanf(string(b), "%d:%d", &maj, &min); err != nil {
+		return 0, 0, fmt.Errorf("%s: not a (fake) block device", path)
+	}
+	return maj, min, nil
+}
+
+// WriteControl implements krbd.ControlWriter: it dispatches on the control file.
+func (k *Kernel) WriteControl(path string, data []byte) error {
+	rel, err := filepath.Rel(k.bus(), path)
+	if err != nil || strings.Contains(rel, "/") {
+		return fmt.Errorf("fakekernel: write outside %s: %s", k.bus(), path)
+	}
+	if _, err := os.Stat(path); err != nil {
+		return fmt.Errorf("open: %w", err)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.writes = append(k.writes, rel+": "+string(data))
+	switch rel {
+	case "add", "add_single_major":
+		return k.add(string(data), rel == "add_single_major")
+	case "remove", "remove_single_major":
+		return k.remove(string(data))
+	}
+	return syscall.EACCES // supported_features etc. are read-only
+}
+
+var knownOpts = map[string]bool{"name": true, "key": true, "secret": true, "noshare": false,
+	"share": false, "mount_timeout": true, "read_only": false, "ro": false, "read_write": false,
+	"rw": false, "_pool_ns": true, "exclusive": false, "ms_mode": true, "queue_depth": true,
+	"lock_on_read": false, "notrim": false, "crc": false, "nocrc": false, "alloc_size": true,
+	"osd_request_timeout": true, "lock_timeout": true, "tcp_nodelay": false}
+
+// add parses like rbd_add_parse_args + libceph's option parser.
+func (k *Kernel) add(s string, single bool) error {
+	f := strings.Fields(strings.TrimSuffix(s, "\n"))
+	if len(f) < 4 || len(f) > 5 {
+		return syscall.EINVAL
+	}
+	mons, optstr, pool, name, snap := f[0], f[1], f[2], f[3], "-"
+	if len(f) == 5 {
+		snap = f[4]
+	}
+	opts := map[string]string{}
+	for _, o := range strings.Split(optstr, ",") {
+		key, val, hasVal := strings.Cut(o, "=")
+		wantVal, ok := knownOpts[key]
+		if !ok || wantVal != hasVal {
+			return syscall.EINVAL
+		}
+		opts[key] = val
+	}
+	user := opts["name"]
+	if user == "" {
+		user = "guest"
+	}
+	var secret []byte
+	switch {
+	case opts["key"] != "":
+		p, ok := k.keys[opts["key"]]
+		if !ok {
+			return syscall.ENOKEY
+		}
+		secret = p
+	case opts["secret"] != "":
+		b, err := krbd.DecodeSecret(opts["secret"])
+		if err != nil {
+			return syscall.EINVAL
+		}
+		secret = b
+	}
+	if k.opts.UnreachableMonitor != "" && mons == k.opts.UnreachableMonitor {
+		return syscall.ETIMEDOUT
+	}
+	if want, ok := k.users[user]; !ok || !bytes.Equal(want, secret) {
+		return syscall.EACCES
+	}
+	if !k.pools[pool] {
+		return syscall.ENOENT
+	}
+	ns := opts["_pool_ns"]
+	im := k.images[pool+"/"+ns+"/"+name]
+	if im == nil || (snap != "-" && !im.snaps[snap]) {
+		return syscall.ENOENT
+	}
+	id := 0
+	for k.devices[id] != "" {
+		id++
+	}
+	major, minor := Major, id<<4
+	if !single {
+		k.nextMajor--
+		major, minor = k.nextMajor, 0
+	}
+	k.clientSeq++
+	_, hasRO := opts["read_only"]
+	_, hasRO2 := opts["ro"]
+	ro := hasRO || hasRO2 || snap != "-"
+	attrs := map[string]string{
+		"pool": pool, "pool_id": "2", "pool_ns": ns, "name": name, "image_id": im.id,
+		"current_snap": snap, "snap_id": "18446744073709551614",
+		"client_id":    "client" + strconv.Itoa(k.clientSeq),
+		"client_addr":  fmt.Sprintf("203.0.113.11:0/%d", 100000+k.clientSeq),
+		"cluster_fsid": k.opts.FSID, "features": "0x3d",
+		"major": strconv.Itoa(major), "minor": strconv.Itoa(minor),
+		"size": strconv.FormatUint(im.size, 10), "config_info": s, "ro": strconv.FormatBool(ro),
+	}
+	// build devices/N atomically (a temp dir renamed into place), then the links, like
+	// device_add; then the block device and its node.
+	top := filepath.Join(k.Sysfs, "devices", "rbd")
+	tmp, err := os.MkdirTemp(top, ".new")
+	if err != nil {
+		return syscall.ENOMEM
+	}
+	for a, v := range attrs {
+		if err := os.WriteFile(filepath.Join(tmp, a), []byte(v+"\n"), 0o444); err != nil {
+			return syscall.ENOMEM
+		}
+	}
+	blk := "rbd" + strconv.Itoa(id)
+	if err := os.MkdirAll(filepath.Join(tmp, "block", blk), 0o755); err != nil {
+		return syscall.ENOMEM
+	}
+	dir := filepath.Join(top, strconv.Itoa(id))
+	if err := os.Rename(tmp, dir); err != nil {
+		return syscall.ENOMEM
+	}
+	_ = os.Symlink(filepath.Join("..", "..", "..", "devices", "rbd", strconv.Itoa(id)), filepath.Join(k.bus(), "devices", strconv.Itoa(id)))
+	k.devices[id] = s
+	k.emit(krbd.Uevent{Action: "add", Subsystem: "rbd", DevPath: "/devices/rbd/" + strconv.Itoa(id)})
+	k.emit(krbd.Uevent{Action: "add", Subsystem: "bdi", DevPath: fmt.Sprintf("/devices/virtual/bdi/%d:%d", major, minor)})
+	if err := os.WriteFile(filepath.Join(k.Dev, blk), []byte(fmt.Sprintf("%d:%d", major, minor)), 0o600); err != nil {
+		return syscall.ENOMEM
+	}
+	k.emit(krbd.Uevent{Action: "add", Subsystem: "block", DevType: "disk", DevName: blk,
+		DevPath: "/devices/rbd/" + strconv.Itoa(id) + "/block/" + blk,
+		Major:   strconv.Itoa(major), Minor: strconv.Itoa(minor)})
+	return nil
+}
+
+func (k *Kernel) remove(s string) error {
+	f := strings.Fields(strings.TrimSuffix(s, "\n"))
+	if len(f) < 1 || len(f) > 2 || (len(f) == 2 && f[1] != "force") {
+		return syscall.EINVAL
+	}
+	id, err := strconv.Atoi(f[0])
+	if err != nil || id < 0 {
+		return syscall.EINVAL
+	}
+	if k.devices[id] == "" {
+		return syscall.ENOENT
+	}
+	if k.open[id] && len(f) == 1 {
+		return syscall.EBUSY
+	}
+	sid := strconv.Itoa(id)
+	dir := filepath.Join(k.Sysfs, "devices", "rbd", sid)
+	maj, _ := os.ReadFile(filepath.Join(dir, "major"))
+	min, _ := os.ReadFile(filepath.Join(dir, "minor"))
+	mm := strings.TrimSpace(string(maj)) + ":" + strings.TrimSpace(string(min))
+	blk := "rbd" + sid
+	k.emit(krbd.Uevent{Action: "remove", Subsystem: "bdi", DevPath: "/devices/virtual/bdi/" + mm})
+	_ = os.Remove(filepath.Join(k.Dev, blk))
+	k.emit(krbd.Uevent{Action: "remove", Subsystem: "block", DevType: "disk", DevName: blk,
+		DevPath: "/devices/rbd/" + sid + "/block/" + blk})
+	_ = os.Remove(filepath.Join(k.bus(), "devices", sid))
+	_ = os.RemoveAll(dir)
+	k.emit(krbd.Uevent{Action: "remove", Subsystem: "rbd", DevPath: "/devices/rbd/" + sid})
+	delete(k.devices, id)
+	delete(k.open, id)
+	return nil
+}
+
+// Subscribe implements krbd.EventSource.
+func (k *Kernel) Subscribe(ctx context.Context) (krbd.Subscription, error) {
+	s := &sub{k: k, ch: make(chan krbd.Uevent, 64), done: make(chan struct{})}
+	k.mu.Lock()
+	k.subs[s] = true
+	k.mu.Unlock()
+	go func() {
+		select {
+		case <-ctx.Done():
+			s.Close()
+		case <-s.done:
+		}
+	}()
+	return s, nil
+}
+
+// Subscribers counts open subscriptions (tests check for leaks).
+func (k *Kernel) Subscribers() int { k.mu.Lock(); defer k.mu.Unlock(); return len(k.subs) }
+
+// emit delivers ev to every subscriber without blocking (k.mu held): a full subscriber loses
+// the event and gets an Overflow marker later, like a netlink socket with ENOBUFS.
+func (k *Kernel) emit(ev krbd.Uevent) {
+	ev.Env = map[string]string{"ACTION": ev.Action, "DEVPATH": ev.DevPath, "SUBSYSTEM": ev.Subsystem}
+	if k.dropNext > 0 {
+		k.dropNext--
+		for s := range k.subs {
+			// like ENOBUFS: the next receive reports the loss at once
+			select {
+			case s.ch <- krbd.Uevent{Overflow: true}:
+				s.lost = false
+			default:
+				s.lost = true
+			}
+		}
+		return
+	}
+	if !ev.IsRBD() {
+		return // the real source filters non-rbd events (bdi) too
+	}
+	for s := range k.subs {
+		if s.lost {
+			select {
+			case s.ch <- krbd.Uevent{Overflow: true}:
+				s.lost = false
+			default:
+				continue
+			}
+		}
+		select {
+		case s.ch <- ev:
+		default:
+			s.lost = true
+		}
+	}
+}
+
+type sub struct {
+	k    *Kernel
+	ch   chan krbd.Uevent
+	done chan struct{}
+	once sync.Once
+	lost bool // guarded by k.mu
+}
+
+func (s *sub) Events() <-chan krbd.Uevent { return s.ch }
+
+func (s *sub) Close() error {
+	s.once.Do(func() {
+		s.k.mu.Lock()
+		delete(s.k.subs, s)
+		close(s.ch)
+		s.k.mu.Unlock()
+		close(s.done)
+	})
+	return nil
+}

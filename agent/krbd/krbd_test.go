@@ -1,0 +1,620 @@
+package krbd_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
+	"github.com/rbd-owner/rbd-owner/agent/krbd/fakekernel"
+)
+
+const (
+	testSecret = "AQBzXHxlAAAAABAAm0Tq4kVJ2HbsYQ1rLA5pUw=="
+	otherKey   = "AQCqX3xlAAAAABAAkbZ8g6fMt6zA1cJrVhFZ0w=="
+)
+
+func opts() krbd.MapOptions {
+	return krbd.MapOptions{Monitors: []string{"203.0.113.1:6789"}, User: "rbdowner", Secret: testSecret,
+		MountTimeout: 5 * time.Second, Timeout: 5 * time.Second}
+}
+
+func newFake(t *testing.T, o fakekernel.Options) (*fakekernel.Kernel, *krbd.Client) {
+	t.Helper()
+	k, err := fakekernel.New(t.TempDir(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.AddUser("rbdowner", testSecret); err != nil {
+		t.Fatal(err)
+	}
+	k.AddImage("rbd", "", "img1", 64<<20, "snap1")
+	k.AddImage("rbd", "ns1", "img1", 32<<20)
+	cfg := k.Config()
+	cfg.Poll = 20 * time.Millisecond
+	cfg.EBusyRetry = time.Second
+	t.Cleanup(func() {
+		if n := k.Subscribers(); n != 0 {
+			t.Errorf("%d event subscriptions left open", n)
+		}
+	})
+	return k, krbd.New(cfg)
+}
+
+func mustSpec(t *testing.T, s string) krbd.Spec {
+	t.Helper()
+	sp, err := krbd.ParseSpec(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sp
+}
+
+func TestParseSpec(t *testing.T) {
+	good := map[string]krbd.Spec{
+		"rbd/img1":            {Pool: "rbd", Image: "img1"},
+		"rbd/ns1/img1":        {Pool: "rbd", Namespace: "ns1", Image: "img1"},
+		"rbd/img1@s1":         {Pool: "rbd", Image: "img1", Snap: "s1"},
+		"rbd/ns1/img-1.x@s_2": {Pool: "rbd", Namespace: "ns1", Image: "img-1.x", Snap: "s_2"},
+		"p/ímage":             {Pool: "p", Image: "ímage"},
+	}
+	for in, want := range good {
+		got, err := krbd.ParseSpec(in)
+		if err != nil || got != want {
+			t.Errorf("ParseSpec(%q) = %+v, %v; want %+v", in, got, err, want)
+		}
+		if got.String() != in {
+			t.Errorf("String() = %q, want %q", got.String(), in)
+		}
+	}
+	bad := map[string]string{ // input -> field named in the error
+		"":                                "want POOL",
+		"img":                             "want POOL",
+		"a/b/c/d":                         "want POOL",
+		"/img":                            "pool",
+		"rbd/":                            "image",
+		"rbd//img":                        "namespace",
+		"rbd/img@":                        "snapshot",
+		"rbd/img@-":                       "snapshot",
+		"rbd/im g":                        "image",
+		"rbd/im\tg":                       "image",
+		"rbd/im,g":                        "image",
+		"rbd/im=g":                        "image",
+		"rbd/img@a@b":                     "snapshot",
+		"rbd/im\x00g":                     "image",
+		"rbd/im\ng":                       "image",
+		"rb\x7fd/img":                     "pool",
+		"rbd/..":                          "image",
+		"./img":                           "pool",
+		"rbd/\xff":                        "image",
+		"rbd/im\u00a0g":                   "image",
+		"rbd/" + strings.Repeat("x", 256): "image",
+	}
+	for in, field := range bad {
+		_, err := krbd.ParseSpec(in)
+		if !errors.Is(err, krbd.ErrInvalid) {
+			t.Errorf("ParseSpec(%q) err = %v, want ErrInvalid", in, err)
+			continue
+		}
+		if !strings.Contains(err.Error(), field) {
+			t.Errorf("ParseSpec(%q) err %q does not name %q", in, err, field)
+		}
+	}
+	if err := (krbd.Spec{Pool: "rbd", Image: "i", Namespace: "a b"}).Validate(); err == nil || !strings.Contains(err.Error(), "namespace") {
+		t.Errorf("Validate namespace with space: %v", err)
+	}
+}
+
+func TestBuildAddString(t *testing.T) {
+	o := opts()
+	s, err := krbd.BuildAddString(mustSpec(t, "rbd/img1"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "203.0.113.1:6789 name=rbdowner,key=client.rbdowner,noshare,mount_timeout=5 rbd img1 -"; s != want {
+		t.Errorf("got  %q\nwant %q", s, want)
+	}
+	o.Monitors = []string{"203.0.113.1", "[2001:db8::1]:3300", "mon-a.example:6789"}
+	o.ReadOnly = true
+	o.MountTimeout = 0
+	o.Extra = []string{"ms_mode=crc", "lock_on_read"}
+	s, err = krbd.BuildAddString(mustSpec(t, "rbd/ns1/img1@snap1"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "203.0.113.1:6789,[2001:db8::1]:3300,mon-a.example:6789 name=rbdowner,key=client.rbdowner,noshare,mount_timeout=30,read_only,_pool_ns=ns1,ms_mode=crc,lock_on_read rbd img1 snap1"; s != want {
+		t.Errorf("got  %q\nwant %q", s, want)
+	}
+	if strings.Contains(s, "secret") || strings.Contains(s, testSecret) {
+		t.Errorf("secret in add string %q", s)
+	}
+	refuse := []func(*krbd.MapOptions){
+		func(o *krbd.MapOptions) { o.Extra = []string{"exclusive"} },
+		func(o *krbd.MapOptions) { o.Extra = []string{"secret=" + testSecret} },
+		func(o *krbd.MapOptions) { o.Extra = []string{"share"} },
+		func(o *krbd.MapOptions) { o.Extra = []string{"mount_timeout=1000"} },
+		func(o *krbd.MapOptions) { o.Extra = []string{"ms_mode=crc,exclusive"} },
+		func(o *krbd.MapOptions) { o.Extra = []string{"ms_mode"} },
+		func(o *krbd.MapOptions) { o.Extra = []string{"lock_on_read=1"} },
+		func(o *krbd.MapOptions) { o.Extra = []string{"bogus"} },
+		func(o *krbd.MapOptions) { o.Extra = []string{"ms_mode=crc", "ms_mode=secure"} },
+		func(o *krbd.MapOptions) { o.Monitors = nil },
+		func(o *krbd.MapOptions) { o.Monitors = []string{"203.0.113.1:6789 x"} },
+		func(o *krbd.MapOptions) { o.Monitors = []string{"203.0.113.1:99999"} },
+		func(o *krbd.MapOptions) { o.Monitors = []string{"a,b:1"} },
+		func(o *krbd.MapOptions) { o.User = "client.admin,key=x" },
+		func(o *krbd.MapOptions) { o.User = "" },
+		func(o *krbd.MapOptions) { o.MountTimeout = time.Hour },
+		func(o *krbd.MapOptions) { o.MountTimeout = time.Millisecond },
+	}
+	for i, f := range refuse {
+		o := opts()
+		f(&o)
+		if s, err := krbd.BuildAddString(mustSpec(t, "rbd/img1"), o); !errors.Is(err, krbd.ErrInvalid) {
+			t.Errorf("case %d: BuildAddString = %q, %v; want ErrInvalid", i, s, err)
+		}
+	}
+	if _, err := krbd.BuildAddString(krbd.Spec{Pool: "rbd", Image: "a b"}, opts()); !errors.Is(err, krbd.ErrInvalid) {
+		t.Errorf("unvalidated spec accepted: %v", err)
+	}
+}
+
+func TestParseKeyring(t *testing.T) {
+	ring := "[client.admin]\n\tkey = " + otherKey + "\n\tcaps mon = \"allow *\"\n" +
+		"# comment\n[client.rbdowner]\n\tkey = " + testSecret + "\n\tcaps osd = \"profile rbd\"\n"
+	got, err := krbd.ParseKeyring(strings.NewReader(ring), "client.rbdowner")
+	if err != nil || got != testSecret {
+		t.Fatalf("ParseKeyring = %q, %v", got, err)
+	}
+	if got, _ := krbd.ParseKeyring(strings.NewReader(ring), "client.admin"); got != otherKey {
+		t.Errorf("client.admin = %q", got)
+	}
+	if _, err := krbd.ParseKeyring(strings.NewReader(ring), "client.nobody"); !errors.Is(err, krbd.ErrNotFound) {
+		t.Errorf("missing entity: %v", err)
+	}
+	if _, err := krbd.ParseKeyring(strings.NewReader("[client.x]\n caps mon = x\n"), "client.x"); !errors.Is(err, krbd.ErrInvalid) {
+		t.Errorf("no key: %v", err)
+	}
+	if _, err := krbd.ParseKeyring(strings.NewReader("[client.x]\n key = not base64!\n"), "client.x"); !errors.Is(err, krbd.ErrInvalid) {
+		t.Errorf("bad key: %v", err)
+	}
+	p := filepath.Join(t.TempDir(), "k")
+	os.WriteFile(p, []byte(ring), 0o600)
+	if got, err := krbd.ReadKeyringFile(p, "client.rbdowner"); err != nil || got != testSecret {
+		t.Errorf("ReadKeyringFile = %q, %v", got, err)
+	}
+}
+
+func TestParseDevice(t *testing.T) {
+	attrs := map[string]string{"pool": "rbd\n", "pool_ns": "\n", "name": "img1\n", "image_id": "1234abcd\n",
+		"current_snap": "-\n", "client_id": "client4118\n", "client_addr": "203.0.113.11:0/420843661\n",
+		"cluster_fsid": "a7f64266-0894-4f1e-a635-d0aeaca0e993\n", "major": "251\n", "minor": "16\n", "size": "67108864\n"}
+	d, err := krbd.ParseDevice(1, attrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := krbd.Device{ID: 1, Pool: "rbd", Image: "img1", ImageID: "1234abcd", ClientID: "client4118",
+		ClientAddr: "203.0.113.11:0/420843661", ClusterFSID: "a7f64266-0894-4f1e-a635-d0aeaca0e993",
+		Major: 251, Minor: 16, Size: 64 << 20}
+	if d != want {
+		t.Errorf("got %+v\nwant %+v", d, want)
+	}
+	for _, mod := range []func(map[string]string){
+		func(m map[string]string) { delete(m, "pool") },
+		func(m map[string]string) { delete(m, "major") },
+		func(m map[string]string) { m["major"] = "x\n" },
+		func(m map[string]string) { m["size"] = "-1\n" },
+		func(m map[string]string) { m["name"] = "\n" },
+		func(m map[string]string) { m["pool"] = "a\nb\n" },
+	} {
+		m := map[string]string{}
+		for k, v := range attrs {
+			m[k] = v
+		}
+		mod(m)
+		if _, err := krbd.ParseDevice(1, m); err == nil {
+			t.Errorf("ParseDevice accepted %v", m)
+		}
+	}
+	// old kernel: no pool_ns, client_addr
+	delete(attrs, "pool_ns")
+	delete(attrs, "client_addr")
+	attrs["current_snap"] = "s1\n"
+	if d, err := krbd.ParseDevice(0, attrs); err != nil || d.Snap != "s1" || d.Namespace != "" {
+		t.Errorf("old kernel attrs: %+v, %v", d, err)
+	}
+}
+
+func TestMap(t *testing.T) {
+	k, c := newFake(t, fakekernel.Options{})
+	ctx := context.Background()
+	d, err := c.Map(ctx, mustSpec(t, "rbd/img1"), opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.ID != 0 || d.Pool != "rbd" || d.Image != "img1" || d.Snap != "" || d.Major != fakekernel.Major ||
+		d.Minor != 0 || d.Size != 64<<20 || d.ClientAddr == "" || d.DevNode != filepath.Join(k.Dev, "rbd0") {
+		t.Errorf("device %+v", d)
+	}
+	d2, err := c.Map(ctx, mustSpec(t, "rbd/ns1/img1"), opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d2.ID != 1 || d2.Namespace != "ns1" || d2.Minor != 16 || d2.ClientAddr == d.ClientAddr {
+		t.Errorf("device %+v", d2)
+	}
+	o := opts()
+	o.ReadOnly = true
+	d3, err := c.Map(ctx, mustSpec(t, "rbd/img1@snap1"), o)
+	if err != nil || d3.Snap != "snap1" {
+		t.Fatalf("map snap: %+v %v", d3, err)
+	}
+	w := k.Writes()
+	if len(w) != 3 || !strings.HasPrefix(w[0], "add_single_major: ") {
+		t.Fatalf("writes %q", w)
+	}
+	for _, s := range w {
+		if strings.Contains(s, "secret") || strings.Contains(s, testSecret) || strings.Contains(s, "exclusive") ||
+			!strings.Contains(s, ",noshare,") || !strings.Contains(s, "key=client.rbdowner") {
+			t.Errorf("bad add string %q", s)
+		}
+	}
+	if !strings.Contains(w[1], "_pool_ns=ns1") || !strings.Contains(w[2], "read_only") || !strings.HasSuffix(w[2], " snap1") {
+		t.Errorf("writes %q", w)
+	}
+	cfg, _ := os.ReadFile(filepath.Join(k.Sysfs, "bus/rbd/devices/0/config_info"))
+	if strings.Contains(string(cfg), testSecret) {
+		t.Errorf("secret in config_info %q", cfg)
+	}
+	list, err := c.List()
+	if err != nil || len(list) != 3 {
+		t.Fatalf("List = %v, %v", list, err)
+	}
+	found, err := c.FindBySpec(mustSpec(t, "rbd/ns1/img1"), "")
+	if err != nil || len(found) != 1 || found[0].ID != 1 {
+		t.Errorf("FindBySpec = %v, %v", found, err)
+	}
+	if found, _ := c.FindBySpec(mustSpec(t, "rbd/ns1/img1"), "other-fsid"); len(found) != 0 {
+		t.Errorf("FindBySpec with another fsid = %v", found)
+	}
+	// a stable link resolves to its device
+	link := filepath.Join(k.Dev, "rbd-owner", "fsid", "rbd", "ns1", "img1")
+	os.MkdirAll(filepath.Dir(link), 0o755)
+	os.Symlink("../../../../rbd1", link)
+	if got, err := c.FindByPath(link); err != nil || got.ID != 1 {
+		t.Errorf("FindByPath(link) = %+v, %v", got, err)
+	}
+	if _, err := c.FindByPath(filepath.Join(k.Dev, "nope")); !errors.Is(err, krbd.ErrNotFound) {
+		t.Errorf("FindByPath(missing) = %v", err)
+	}
+}
+
+func TestMapFallbacks(t *testing.T) {
+	k, c := newFake(t, fakekernel.Options{NoModule: true, NoSingleMajor: true})
+	d, err := c.Map(context.Background(), mustSpec(t, "rbd/img1"), opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k.Loads() != 1 {
+		t.Errorf("module loaded %d times", k.Loads())
+	}
+	if w := k.Writes(); len(w) != 1 || !strings.HasPrefix(w[0], "add: ") {
+		t.Errorf("writes %q, want one to add", w)
+	}
+	if d.Major == fakekernel.Major || d.Minor != 0 {
+		t.Errorf("non-single-major device %+v", d)
+	}
+	if ok, err := c.Unmap(context.Background(), d.ID, krbd.UnmapOptions{}); !ok || err != nil {
+		t.Errorf("Unmap = %v, %v", ok, err)
+	}
+	if w := k.Writes(); !strings.HasPrefix(w[len(w)-1], "remove: 0") {
+		t.Errorf("writes %q, want remove", w)
+	}
+}
+
+func TestMapModuleLoadFails(t *testing.T) {
+	k, err := fakekernel.New(t.TempDir(), fakekernel.Options{NoModule: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := k.Config()
+	cfg.LoadModule = func(context.Context) error { return errors.New("modprobe: FATAL: Module rbd not found") }
+	_, err = krbd.New(cfg).Map(context.Background(), krbd.Spec{Pool: "rbd", Image: "img1"}, opts())
+	if !errors.Is(err, krbd.ErrNoKernelSupport) || !strings.Contains(err.Error(), "map rbd/img1") {
+		t.Errorf("err = %v", err)
+	}
+}
+
+func TestMapErrors(t *testing.T) {
+	k, c := newFake(t, fakekernel.Options{UnreachableMonitor: "203.0.113.99:6789"})
+	ctx := context.Background()
+	cases := []struct {
+		spec  string
+		mod   func(*krbd.MapOptions)
+		kind  error
+		errno syscall.Errno
+	}{
+		{"rbd/missing", nil, krbd.ErrNotFound, syscall.ENOENT},
+		{"nopool/img1", nil, krbd.ErrNotFound, syscall.ENOENT},
+		{"rbd/ns2/img1", nil, krbd.ErrNotFound, syscall.ENOENT},
+		{"rbd/img1@nosnap", nil, krbd.ErrNotFound, syscall.ENOENT},
+		{"rbd/img1", func(o *krbd.MapOptions) { o.Secret = otherKey }, krbd.ErrPermission, syscall.EACCES},
+		{"rbd/img1", func(o *krbd.MapOptions) { o.User = "nobody" }, krbd.ErrPermission, syscall.EACCES},
+		{"rbd/img1", func(o *krbd.MapOptions) { o.Extra = []string{"read_from_replica=balance"} }, krbd.ErrInvalid, syscall.EINVAL},
+		{"rbd/img1", func(o *krbd.MapOptions) { o.Monitors = []string{"203.0.113.99"} }, krbd.ErrTimeout, syscall.ETIMEDOUT},
+	}
+	for _, tc := range cases {
+		o := opts()
+		if tc.mod != nil {
+			tc.mod(&o)
+		}
+		_, err := c.Map(ctx, mustSpec(t, tc.spec), o)
+		if !errors.Is(err, tc.kind) || !errors.Is(err, tc.errno) {
+			t.Errorf("Map(%s) err = %v, want %v and %v", tc.spec, err, tc.kind, tc.errno)
+		}
+		if err != nil && !strings.HasPrefix(err.Error(), "map "+tc.spec+": ") {
+			t.Errorf("error lacks context: %v", err)
+		}
+		var ke *krbd.KernelError
+		if !errors.As(err, &ke) || ke.Errno != tc.errno {
+			t.Errorf("Map(%s): not a KernelError with %v: %v", tc.spec, tc.errno, err)
+		}
+	}
+	// refused before anything is written
+	n := len(k.Writes())
+	o := opts()
+	o.Secret = "not a key"
+	if _, err := c.Map(ctx, mustSpec(t, "rbd/img1"), o); !errors.Is(err, krbd.ErrInvalid) {
+		t.Errorf("bad secret: %v", err)
+	}
+	if _, err := c.Map(ctx, krbd.Spec{Pool: "rbd", Image: "img1 x"}, opts()); !errors.Is(err, krbd.ErrInvalid) {
+		t.Errorf("bad spec: %v", err)
+	}
+	if len(k.Writes()) != n {
+		t.Errorf("invalid input reached the kernel: %q", k.Writes()[n:])
+	}
+	if l, _ := c.List(); len(l) != 0 {
+		t.Errorf("devices after failed maps: %v", l)
+	}
+}
+
+// silentWriter accepts writes and does nothing: no device ever appears.
+type silentWriter struct{}
+
+func (silentWriter) WriteControl(string, []byte) error { return nil }
+
+func TestMapTimeout(t *testing.T) {
+	k, err := fakekernel.New(t.TempDir(), fakekernel.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := k.Config()
+	cfg.Writer = silentWriter{}
+	cfg.Poll = 10 * time.Millisecond
+	o := opts()
+	o.Timeout = 150 * time.Millisecond
+	start := time.Now()
+	_, err = krbd.New(cfg).Map(context.Background(), krbd.Spec{Pool: "rbd", Image: "img1"}, o)
+	if !errors.Is(err, krbd.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("err = %v", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("timeout took %s", el)
+	}
+	// a cancelled context ends the wait too
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	o.Timeout = time.Minute
+	if _, err := krbd.New(cfg).Map(ctx, krbd.Spec{Pool: "rbd", Image: "img1"}, o); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancel: %v", err)
+	}
+	if k.Subscribers() != 0 {
+		t.Errorf("subscriptions left: %d", k.Subscribers())
+	}
+}
+
+func TestMapConcurrent(t *testing.T) {
+	k, c := newFake(t, fakekernel.Options{})
+	const n = 20
+	for i := range n {
+		k.AddImage("rbd", "", fmt.Sprintf("vol%02d", i), uint64(i+1)<<20)
+	}
+	var wg sync.WaitGroup
+	devs := make([]krbd.Device, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			devs[i], errs[i] = c.Map(context.Background(), krbd.Spec{Pool: "rbd", Image: fmt.Sprintf("vol%02d", i)}, opts())
+		}()
+	}
+	wg.Wait()
+	ids := map[int]bool{}
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("map %d: %v", i, errs[i])
+		}
+		if devs[i].Image != fmt.Sprintf("vol%02d", i) || devs[i].Size != uint64(i+1)<<20 {
+			t.Errorf("map %d got %+v", i, devs[i])
+		}
+		if ids[devs[i].ID] {
+			t.Errorf("id %d returned twice", devs[i].ID)
+		}
+		ids[devs[i].ID] = true
+	}
+	// the same image 5 times at once: 5 distinct devices (noshare), serialised in-process
+	same := make([]krbd.Device, 5)
+	for i := range same {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			if same[i], err = c.Map(context.Background(), mustSpec(t, "rbd/img1"), opts()); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	seen := map[int]bool{}
+	for _, d := range same {
+		if seen[d.ID] || ids[d.ID] {
+			t.Errorf("same-image maps share id %d", d.ID)
+		}
+		seen[d.ID] = true
+	}
+	// and unmap all of them at once
+	all, _ := c.List()
+	for _, d := range all {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if ok, err := c.Unmap(context.Background(), d.ID, krbd.UnmapOptions{}); !ok || err != nil {
+				t.Errorf("unmap %d: %v %v", d.ID, ok, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if l, _ := c.List(); len(l) != 0 {
+		t.Errorf("left mapped: %v", l)
+	}
+}
+
+func TestLostEvents(t *testing.T) {
+	k, c := newFake(t, fakekernel.Options{})
+	k.DropEvents(3) // the whole map's events vanish
+	d, err := c.Map(context.Background(), mustSpec(t, "rbd/img1"), opts())
+	if err != nil {
+		t.Fatalf("map with lost events: %v", err)
+	}
+	k.DropEvents(3) // and the whole unmap's
+	if ok, err := c.Unmap(context.Background(), d.ID, krbd.UnmapOptions{}); !ok || err != nil {
+		t.Fatalf("unmap with lost events: %v %v", ok, err)
+	}
+	// the marker arrives even when only some events were lost
+	k.DropEvents(1)
+	if _, err := c.Map(context.Background(), mustSpec(t, "rbd/img1"), opts()); err != nil {
+		t.Fatalf("map with one lost event: %v", err)
+	}
+}
+
+func TestUnmap(t *testing.T) {
+	k, c := newFake(t, fakekernel.Options{})
+	ctx := context.Background()
+	d, err := c.Map(ctx, mustSpec(t, "rbd/img1"), opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// EBUSY for a moment (udev probing), then free: retried
+	k.SetOpen(d.ID, true)
+	time.AfterFunc(150*time.Millisecond, func() { k.SetOpen(d.ID, false) })
+	if ok, err := c.Unmap(ctx, d.ID, krbd.UnmapOptions{}); !ok || err != nil {
+		t.Fatalf("Unmap after EBUSY = %v, %v", ok, err)
+	}
+	if busy := strings.Count(strings.Join(k.Writes(), "\n"), "remove_single_major: 0"); busy < 2 {
+		t.Errorf("EBUSY was not retried: %q", k.Writes())
+	}
+	if _, err := os.Stat(d.DevNode); !os.IsNotExist(err) {
+		t.Errorf("%s still there: %v", d.DevNode, err)
+	}
+	// not mapped: not an error
+	if ok, err := c.Unmap(ctx, d.ID, krbd.UnmapOptions{}); ok || err != nil {
+		t.Errorf("Unmap(not mapped) = %v, %v", ok, err)
+	}
+	// EBUSY for good: ErrBusy, then force
+	d, _ = c.Map(ctx, mustSpec(t, "rbd/img1"), opts())
+	k.SetOpen(d.ID, true)
+	_, err = c.Unmap(ctx, d.ID, krbd.UnmapOptions{})
+	if !errors.Is(err, krbd.ErrBusy) || !errors.Is(err, syscall.EBUSY) || !strings.HasPrefix(err.Error(), "unmap rbd0: ") {
+		t.Errorf("Unmap(open) err = %v", err)
+	}
+	if ok, err := c.Unmap(ctx, d.ID, krbd.UnmapOptions{Force: true}); !ok || err != nil {
+		t.Errorf("Unmap(force) = %v, %v", ok, err)
+	}
+	if w := k.Writes(); w[len(w)-1] != "remove_single_major: 0 force" {
+		t.Errorf("last write %q", w[len(w)-1])
+	}
+	// by spec and by path
+	d, _ = c.Map(ctx, mustSpec(t, "rbd/ns1/img1"), opts())
+	if ok, err := c.UnmapSpec(ctx, mustSpec(t, "rbd/ns1/img1"), "", krbd.UnmapOptions{}); !ok || err != nil {
+		t.Errorf("UnmapSpec = %v, %v", ok, err)
+	}
+	if ok, err := c.UnmapSpec(ctx, mustSpec(t, "rbd/ns1/img1"), "", krbd.UnmapOptions{}); ok || err != nil {
+		t.Errorf("UnmapSpec(not mapped) = %v, %v", ok, err)
+	}
+	d, _ = c.Map(ctx, mustSpec(t, "rbd/img1"), opts())
+	if ok, err := c.UnmapPath(ctx, d.DevNode, krbd.UnmapOptions{}); !ok || err != nil {
+		t.Errorf("UnmapPath = %v, %v", ok, err)
+	}
+	if ok, err := c.UnmapPath(ctx, d.DevNode, krbd.UnmapOptions{}); ok || err != nil {
+		t.Errorf("UnmapPath(gone) = %v, %v", ok, err)
+	}
+	if _, err := c.Unmap(ctx, -1, krbd.UnmapOptions{}); !errors.Is(err, krbd.ErrInvalid) {
+		t.Errorf("Unmap(-1) = %v", err)
+	}
+}
+
+func TestUnmapNoModule(t *testing.T) {
+	_, c := newFake(t, fakekernel.Options{NoModule: true})
+	if ok, err := c.Unmap(context.Background(), 0, krbd.UnmapOptions{}); ok || err != nil {
+		t.Errorf("Unmap without rbd module = %v, %v", ok, err)
+	}
+	if l, err := c.List(); err != nil || len(l) != 0 {
+		t.Errorf("List = %v, %v", l, err)
+	}
+}
+
+func TestUevent(t *testing.T) {
+	kmsg := []byte("add@/devices/rbd/3/block/rbd3\x00ACTION=add\x00DEVPATH=/devices/rbd/3/block/rbd3\x00SUBSYSTEM=block\x00MAJOR=251\x00MINOR=48\x00DEVNAME=rbd3\x00DEVTYPE=disk\x00SEQNUM=2101\x00")
+	ev, err := krbd.ParseUevent(kmsg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, ok := ev.DiskID(); !ok || id != 3 || ev.Action != "add" || ev.FromUdev || ev.Major != "251" || !ev.IsRBD() {
+		t.Errorf("kernel event %+v", ev)
+	}
+	if _, ok := ev.RBDID(); ok {
+		t.Error("block event taken for rbd device event")
+	}
+	rmsg := []byte("remove@/devices/rbd/12\x00ACTION=remove\x00DEVPATH=/devices/rbd/12\x00SUBSYSTEM=rbd\x00SEQNUM=7\x00")
+	ev, _ = krbd.ParseUevent(rmsg)
+	if id, ok := ev.RBDID(); !ok || id != 12 || ev.Action != "remove" {
+		t.Errorf("rbd event %+v", ev)
+	}
+	bdi, _ := krbd.ParseUevent([]byte("add@/devices/virtual/bdi/251:0\x00ACTION=add\x00DEVPATH=/devices/virtual/bdi/251:0\x00SUBSYSTEM=bdi\x00"))
+	loop, _ := krbd.ParseUevent([]byte("add@/devices/virtual/block/loop0\x00ACTION=add\x00DEVPATH=/devices/virtual/block/loop0\x00SUBSYSTEM=block\x00DEVTYPE=disk\x00"))
+	part, _ := krbd.ParseUevent([]byte("add@/devices/rbd/0/block/rbd0/rbd0p1\x00ACTION=add\x00DEVPATH=/devices/rbd/0/block/rbd0/rbd0p1\x00SUBSYSTEM=block\x00DEVTYPE=partition\x00"))
+	if bdi.IsRBD() || loop.IsRBD() || !part.IsRBD() {
+		t.Errorf("IsRBD: bdi %v loop %v partition %v", bdi.IsRBD(), loop.IsRBD(), part.IsRBD())
+	}
+	if _, ok := part.DiskID(); ok {
+		t.Error("partition taken for the disk")
+	}
+	// udev format: "libudev\0", magic 0xfeedcafe (big endian) at 8, payload offset at 16
+	payload := "ACTION=add\x00DEVPATH=/devices/rbd/0/block/rbd0\x00SUBSYSTEM=block\x00DEVTYPE=disk\x00DEVNAME=/dev/rbd0\x00DEVLINKS=/dev/rbd-owner/f/rbd/img1\x00"
+	hdr := make([]byte, 40)
+	copy(hdr, "libudev\x00")
+	hdr[8], hdr[9], hdr[10], hdr[11] = 0xfe, 0xed, 0xca, 0xfe
+	hdr[16] = 40 // native (little endian) payload offset
+	ev, err = krbd.ParseUevent(append(hdr, payload...))
+	if err != nil || !ev.FromUdev || ev.DevName != "/dev/rbd0" || ev.Env["DEVLINKS"] == "" {
+		t.Errorf("udev event %+v, %v", ev, err)
+	}
+	if _, err := krbd.ParseUevent([]byte("garbage")); err == nil {
+		t.Error("garbage parsed")
+	}
+}
+
+func TestKernelErrorClassify(t *testing.T) {
+	e := &krbd.KernelError{File: "add", Errno: syscall.EROFS}
+	if errors.Is(e, krbd.ErrBusy) || !errors.Is(e, syscall.EROFS) || !strings.Contains(e.Error(), "read-only") {
+		t.Errorf("%v", e)
+	}
+}

@@ -1,0 +1,200 @@
+package krbd
+
+import (
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Bounds and default of the kernel's mount_timeout option (how long a map waits for the
+// monitors before failing with ETIMEDOUT; the kernel's own default is 60 s).
+const (
+	DefaultMountTimeout = 30 * time.Second
+	MinMountTimeout     = 1 * time.Second
+	MaxMountTimeout     = 300 * time.Second
+)
+
+// MapOptions says how to reach the cluster and how to map.
+type MapOptions struct {
+	// Monitors are the monitors' msgr1 addresses ("203.0.113.1:6789", "[2001:db8::1]:6789";
+	// the port defaults to 6789). The kernel needs at least one.
+	Monitors []string
+	// User is the cephx id without "client." ("rbdowner").
+	User string
+	// Secret is the user's base64 cephx key (the "key = " of its keyring). It goes into the
+	// kernel keyring as a "ceph" key named "client.<User>"; the add string names that key
+	// (key=client.<User>), so the secret never appears in sysfs config_info or udev.
+	Secret string
+	// ReadOnly maps read-only (snapshots are always read-only).
+	ReadOnly bool
+	// MountTimeout bounds the kernel's wait for the monitors (DefaultMountTimeout if 0;
+	// MinMountTimeout..MaxMountTimeout).
+	MountTimeout time.Duration
+	// Extra are further kernel options from configuration ("ms_mode=crc", "queue_depth=128"),
+	// each checked against the kernel's option names; options this package sets itself
+	// (name, key, secret, noshare, share, _pool_ns, read_only, mount_timeout...) and
+	// "exclusive" are refused.
+	Extra []string
+	// Timeout bounds the wait for the device's events after the kernel accepted the write
+	// (default 30 s). The write itself is bounded by MountTimeout.
+	Timeout time.Duration
+}
+
+// extraAllowed lists the kernel (rbd + libceph) options Extra may carry; value says whether
+// the option takes "=value".
+var extraAllowed = map[string]bool{
+	// libceph
+	"fsid": true, "ip": true, "osdkeepalive": true, "osd_idle_ttl": true,
+	"osd_request_timeout": true, "tcp_nodelay": false, "notcp_nodelay": false,
+	"crc": false, "nocrc": false, "cephx_require_signatures": false,
+	"nocephx_require_signatures": false, "cephx_sign_messages": false,
+	"nocephx_sign_messages": false, "abort_on_full": false, "ms_mode": true,
+	"rxbounce": false, "read_from_replica": true, "crush_location": true,
+	// rbd
+	"queue_depth": true, "alloc_size": true, "lock_timeout": true, "lock_on_read": false,
+	"notrim": false, "compression_hint": true, "udev": false, "noudev": false,
+}
+
+// refusedOptions are set by this package (or must never be set: exclusive, secret).
+var refusedOptions = map[string]string{
+	"name": "set from User", "key": "set from User", "secret": "the secret never goes into the add string",
+	"noshare": "always set", "share": "every mapping has its own client (noshare)",
+	"exclusive": "never used: it would break snapshots and resizes",
+	"_pool_ns":  "set from the spec's namespace", "read_only": "use ReadOnly", "ro": "use ReadOnly",
+	"read_write": "use ReadOnly", "rw": "use ReadOnly", "mount_timeout": "use MountTimeout",
+	"mon_addr": "use Monitors",
+}
+
+var (
+	optValueRE = regexp.MustCompile(`^[A-Za-z0-9_.:+-]{1,64}$`)
+	userRE     = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+	hostRE     = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$`)
+	secretRE   = regexp.MustCompile(`^[A-Za-z0-9+/]+={0,2}$`)
+)
+
+// KeyName is the kernel keyring description (and key= value) for a cephx user.
+func KeyName(user string) string { return "client." + user }
+
+// ValidateExtraOption checks one extra kernel option ("name" or "name=value").
+func ValidateExtraOption(o string) error {
+	name, val, hasVal := strings.Cut(o, "=")
+	if why, bad := refusedOptions[name]; bad {
+		return fmt.Errorf("%w: option %q: %s", ErrInvalid, o, why)
+	}
+	wantVal, known := extraAllowed[name]
+	if !known {
+		return fmt.Errorf("%w: option %q: not a known kernel rbd/libceph option", ErrInvalid, o)
+	}
+	if wantVal != hasVal {
+		if wantVal {
+			return fmt.Errorf("%w: option %q: needs a value (%s=...)", ErrInvalid, o, name)
+		}
+		return fmt.Errorf("%w: option %q: takes no value", ErrInvalid, o)
+	}
+	if hasVal && !optValueRE.MatchString(val) {
+		return fmt.Errorf("%w: option %q: value has characters other than letters, digits and _.:+-", ErrInvalid, o)
+	}
+	return nil
+}
+
+// normalizeMonitor validates one monitor address and returns it as host:port.
+func normalizeMonitor(m string) (string, error) {
+	host, port, err := net.SplitHostPort(m)
+	if err != nil {
+		// no port: a bare IPv4/IPv6 address or host name
+		host, port = strings.TrimSuffix(strings.TrimPrefix(m, "["), "]"), "6789"
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 || strconv.Itoa(p) != port {
+		return "", fmt.Errorf("%w: monitor %q: bad port", ErrInvalid, m)
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		if ip.To4() == nil {
+			return "[" + ip.String() + "]:" + port, nil
+		}
+		return ip.String() + ":" + port, nil
+	}
+	if !hostRE.MatchString(host) {
+		return "", fmt.Errorf("%w: monitor %q: not an IP address or host name", ErrInvalid, m)
+	}
+	return host + ":" + port, nil
+}
+
+// Validate checks the options without the spec (see BuildAddString).
+func (o MapOptions) Validate() error {
+	if len(o.Monitors) == 0 {
+		return fmt.Errorf("%w: no monitor address", ErrInvalid)
+	}
+	for _, m := range o.Monitors {
+		if _, err := normalizeMonitor(m); err != nil {
+			return err
+		}
+	}
+	if !userRE.MatchString(o.User) {
+		return fmt.Errorf("%w: user %q: want 1-64 of letters, digits, '_', '.', '-' (without \"client.\")", ErrInvalid, o.User)
+	}
+	if o.MountTimeout != 0 && (o.MountTimeout < MinMountTimeout || o.MountTimeout > MaxMountTimeout) {
+		return fmt.Errorf("%w: mount_timeout %s: want %s..%s", ErrInvalid, o.MountTimeout, MinMountTimeout, MaxMountTimeout)
+	}
+	if o.Timeout < 0 {
+		return fmt.Errorf("%w: timeout %s is negative", ErrInvalid, o.Timeout)
+	}
+	seen := map[string]bool{}
+	for _, e := range o.Extra {
+		if err := ValidateExtraOption(e); err != nil {
+			return err
+		}
+		n, _, _ := strings.Cut(e, "=")
+		if seen[n] {
+			return fmt.Errorf("%w: option %q given twice", ErrInvalid, n)
+		}
+		seen[n] = true
+	}
+	return nil
+}
+
+func (o MapOptions) mountTimeout() time.Duration {
+	if o.MountTimeout == 0 {
+		return DefaultMountTimeout
+	}
+	return o.MountTimeout
+}
+
+// BuildAddString returns the string written to /sys/bus/rbd/add_single_major:
+//
+//	<mon>[,<mon>...] name=<user>,key=client.<user>,noshare,mount_timeout=<s>[,read_only][,_pool_ns=<ns>][,<extra>...] <pool> <image> <snap|->
+//
+// Every part is validated first; nothing here can carry a secret (the key is referred to by
+// its keyring name).
+func BuildAddString(spec Spec, o MapOptions) (string, error) {
+	if err := spec.Validate(); err != nil {
+		return "", err
+	}
+	if err := o.Validate(); err != nil {
+		return "", err
+	}
+	mons := make([]string, len(o.Monitors))
+	for i, m := range o.Monitors {
+		mons[i], _ = normalizeMonitor(m)
+	}
+	opts := []string{
+		"name=" + o.User,
+		"key=" + KeyName(o.User),
+		"noshare",
+		"mount_timeout=" + strconv.Itoa(int((o.mountTimeout()+time.Second-1)/time.Second)),
+	}
+	if o.ReadOnly {
+		opts = append(opts, "read_only")
+	}
+	if spec.Namespace != "" {
+		opts = append(opts, "_pool_ns="+spec.Namespace)
+	}
+	opts = append(opts, o.Extra...)
+	snap := spec.Snap
+	if snap == "" {
+		snap = "-"
+	}
+	return strings.Join(mons, ",") + " " + strings.Join(opts, ",") + " " + spec.Pool + " " + spec.Image + " " + snap, nil
+}

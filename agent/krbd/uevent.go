@@ -1,0 +1,254 @@
+package krbd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pilebones/go-udev/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Uevent is one device event concerning rbd: SUBSYSTEM=rbd (DEVPATH=/devices/rbd/N) or the
+// block device rbdN (or a partition of it). Remove events carry no image names: read them at
+// add time (ReadDevice) and remember them.
+type Uevent struct {
+	Action    string // add, remove, change, ...
+	DevPath   string // /devices/rbd/0, /devices/rbd/0/block/rbd0
+	Subsystem string // rbd, block
+	DevType   string // disk, partition (block only)
+	DevName   string // rbd0 (kernel) or /dev/rbd0 (udev), block only
+	Major     string
+	Minor     string
+	FromUdev  bool              // sent by udevd after its rules ran (links exist), not by the kernel
+	Env       map[string]string // all properties
+	// Overflow is set on a marker event: events were lost before it (the socket buffer
+	// overflowed, ENOBUFS, or a reader fell behind). Consumers re-read sysfs.
+	Overflow bool
+}
+
+// RBDID returns N for an event of the rbd device /devices/rbd/N.
+func (e Uevent) RBDID() (int, bool) {
+	if e.Subsystem != "rbd" {
+		return 0, false
+	}
+	rest, ok := strings.CutPrefix(e.DevPath, "/devices/rbd/")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(rest)
+	return n, err == nil && n >= 0
+}
+
+// DiskID returns N for an event of the whole block device rbdN (not a partition).
+func (e Uevent) DiskID() (int, bool) {
+	if e.Subsystem != "block" || e.DevType != "disk" {
+		return 0, false
+	}
+	i := strings.LastIndexByte(e.DevPath, '/')
+	rest, ok := strings.CutPrefix(e.DevPath[i+1:], "rbd")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(rest)
+	return n, err == nil && n >= 0
+}
+
+// IsRBD reports whether the event concerns an rbd device or an rbd block device.
+func (e Uevent) IsRBD() bool {
+	if e.Overflow {
+		return true
+	}
+	if _, ok := e.RBDID(); ok {
+		return true
+	}
+	if e.Subsystem == "block" {
+		i := strings.LastIndexByte(e.DevPath, '/')
+		return strings.HasPrefix(e.DevPath, "/devices/rbd/") || strings.HasPrefix(e.DevPath[i+1:], "rbd")
+	}
+	return false
+}
+
+// ParseUevent parses one netlink message, kernel ("add@/devices/...\0KEY=v\0...") or udev
+// ("libudev\0" header) format.
+func ParseUevent(msg []byte) (u Uevent, err error) {
+	// go-udev v0.9.1 panics on some malformed messages (one without any NUL: found by
+	// FuzzParseUevent); a datagram from a socket must never take the agent down.
+	if bytes.IndexByte(msg, 0) < 0 {
+		return Uevent{}, fmt.Errorf("parse uevent: %w: no NUL-separated fields", ErrInvalid)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			u, err = Uevent{}, fmt.Errorf("parse uevent: %w: malformed message (%v)", ErrInvalid, r)
+		}
+	}()
+	ev, err := netlink.ParseUEvent(msg)
+	if err != nil {
+		return Uevent{}, fmt.Errorf("parse uevent: %w", err)
+	}
+	u = Uevent{
+		Action:    string(ev.Action),
+		DevPath:   ev.Env["DEVPATH"],
+		Subsystem: ev.Env["SUBSYSTEM"],
+		DevType:   ev.Env["DEVTYPE"],
+		DevName:   ev.Env["DEVNAME"],
+		Major:     ev.Env["MAJOR"],
+		Minor:     ev.Env["MINOR"],
+		FromUdev:  len(msg) > 8 && string(msg[:8]) == "libudev\x00",
+		Env:       ev.Env,
+	}
+	if u.DevPath == "" {
+		u.DevPath = ev.KObj
+	}
+	return u, nil
+}
+
+// EventSource delivers rbd uevents. Subscribe before acting so that no event is missed.
+type EventSource interface {
+	Subscribe(ctx context.Context) (Subscription, error)
+}
+
+// Subscription is an open stream of rbd uevents. Close ends it and closes Events().
+type Subscription interface {
+	Events() <-chan Uevent
+	Close() error
+}
+
+// Event source modes for NetlinkSource.
+const (
+	ModeAuto   = 0 // udev when udevd runs (/run/udev/control exists), else kernel
+	ModeKernel = 1 // kernel uevents (netlink group 1)
+	ModeUdev   = 2 // udevd's events after its rules ran (netlink group 2)
+)
+
+// NetlinkSource reads uevents from a NETLINK_KOBJECT_UEVENT socket (github.com/pilebones/go-udev).
+type NetlinkSource struct {
+	Mode int
+	// UdevControl is the file whose presence means udevd runs (default /run/udev/control).
+	UdevControl string
+	// Buffer is the channel depth of a subscription (default 256).
+	Buffer int
+}
+
+// EffectiveMode resolves ModeAuto.
+func (s *NetlinkSource) EffectiveMode() int {
+	if s.Mode != ModeAuto {
+		return s.Mode
+	}
+	ctl := s.UdevControl
+	if ctl == "" {
+		ctl = "/run/udev/control"
+	}
+	if _, err := os.Stat(ctl); err == nil {
+		return ModeUdev
+	}
+	return ModeKernel
+}
+
+// Subscribe opens the socket now (so events from this moment on are queued) and starts a
+// reader that ends on Close or when ctx is done.
+func (s *NetlinkSource) Subscribe(ctx context.Context) (Subscription, error) {
+	mode := s.EffectiveMode()
+	conn := &netlink.UEventConn{}
+	if err := conn.Connect(netlink.Mode(mode)); err != nil {
+		return nil, fmt.Errorf("uevent socket: %w", err)
+	}
+	// A bigger buffer (best effort: FORCE needs CAP_NET_ADMIN) and a receive timeout so that
+	// the reader notices Close within 100 ms.
+	if err := unix.SetsockoptInt(conn.Fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20); err != nil {
+		_ = unix.SetsockoptInt(conn.Fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
+	}
+	tv := unix.NsecToTimeval((100 * time.Millisecond).Nanoseconds())
+	if err := unix.SetsockoptTimeval(conn.Fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("uevent socket timeout: %w", err)
+	}
+	n := s.Buffer
+	if n <= 0 {
+		n = 256
+	}
+	sub := &netlinkSub{conn: conn, ch: make(chan Uevent, n), done: make(chan struct{}), exited: make(chan struct{})}
+	go sub.run(ctx)
+	return sub, nil
+}
+
+type netlinkSub struct {
+	conn   *netlink.UEventConn
+	ch     chan Uevent
+	done   chan struct{}
+	exited chan struct{}
+	once   sync.Once
+}
+
+func (s *netlinkSub) Events() <-chan Uevent { return s.ch }
+
+func (s *netlinkSub) Close() error {
+	s.once.Do(func() { close(s.done) })
+	<-s.exited
+	return nil
+}
+
+func (s *netlinkSub) run(ctx context.Context) {
+	defer close(s.exited)
+	defer close(s.ch)
+	defer s.conn.Close()
+	lost := false
+	buf := make([]byte, 64<<10)
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-ctx.Done():
+			return
+		default:
+		}
+		n, _, err := unix.Recvfrom(s.conn.Fd, buf, 0)
+		switch {
+		case errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.ENOBUFS):
+			// the socket overflowed: say so at once (nothing else may come to carry it)
+			lost = !s.offer(Uevent{Overflow: true})
+			continue
+		case err != nil:
+			// an unexpected socket error: report loss and stop; the owner resubscribes
+			select {
+			case s.ch <- Uevent{Overflow: true}:
+			default:
+			}
+			return
+		}
+		ev, err := ParseUevent(buf[:n])
+		if err != nil || !ev.IsRBD() {
+			if err != nil {
+				lost = true // an rbd event we cannot read counts as lost
+			}
+			continue
+		}
+		if lost {
+			if !s.offer(Uevent{Overflow: true}) {
+				continue
+			}
+			lost = false
+		}
+		if !s.offer(ev) {
+			lost = true
+		}
+	}
+}
+
+// offer queues ev without blocking the reader; a full queue counts as lost events.
+func (s *netlinkSub) offer(ev Uevent) bool {
+	select {
+	case s.ch <- ev:
+		return true
+	default:
+		return false
+	}
+}
