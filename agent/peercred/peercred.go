@@ -116,7 +116,9 @@ func (p Policy) groupsOf(pid int) ([]int, error) {
 type ctxKey struct{}
 
 // WithCred stores a peer's credentials in a context (http.Server.ConnContext).
-func WithCred(ctx context.Context, c Cred) context.Context { return context.WithValue(ctx, ctxKey{}, c) }
+func WithCred(ctx context.Context, c Cred) context.Context {
+	return context.WithValue(ctx, ctxKey{}, c)
+}
 
 // FromContext returns the credentials stored by WithCred.
 func FromContext(ctx context.Context) (Cred, bool) {
