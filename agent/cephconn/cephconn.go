@@ -71,7 +71,7 @@ func Connect(o Options) (*rados.Conn, error) {
 		{"admin_socket", ""},
 	}
 	if len(o.Monitors) > 0 {
-		opts = append(opts, [2]string{"mon_host", strings.Join(o.Monitors, ",")})
+		opts = append(opts, [2]string{"mon_host", monHost(o.Monitors)})
 	}
 	if o.Keyring != "" {
 		opts = append(opts, [2]string{"keyring", o.Keyring})
@@ -85,6 +85,19 @@ func Connect(o Options) (*rados.Conn, error) {
 		return fail("connect", err)
 	}
 	return conn, nil
+}
+
+// monHost joins monitor addresses for librados. A bare "ip:port" is the kernel's (msgr1)
+// form; librados would first try msgr2 on it unless the port is 3300, so it is marked v1.
+func monHost(monitors []string) string {
+	out := make([]string, 0, len(monitors))
+	for _, m := range monitors {
+		if !strings.HasPrefix(m, "[") && !strings.HasPrefix(m, "v1:") && !strings.HasPrefix(m, "v2:") && !strings.HasSuffix(m, ":3300") && strings.Contains(m, ":") {
+			m = "v1:" + m
+		}
+		out = append(out, m)
+	}
+	return strings.Join(out, ",")
 }
 
 // Errors callers branch on (with errors.Is).

@@ -50,6 +50,7 @@ func (k Key) String() string {
 // Mapping is one image this node has claimed (and usually mapped).
 type Mapping struct {
 	Key
+	FSID       string    `json:"cluster_fsid"`
 	Phase      string    `json:"phase"`
 	Epoch      uint64    `json:"epoch"`
 	Access     string    `json:"access"`

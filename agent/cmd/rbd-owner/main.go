@@ -3,10 +3,22 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
 
+	"github.com/rbd-owner/rbd-owner/agent/api"
+	"github.com/rbd-owner/rbd-owner/agent/client"
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/version"
 )
 
@@ -19,40 +31,365 @@ const (
 	exitUnreachable = 4
 )
 
-const usage = `usage: rbd-owner <command> [flags]
+const usage = `usage: rbd-owner [--socket PATH] <command> [flags]
 
 commands:
-  daemon    run the node agent
-  map       map an image (claiming it first)
-  unmap     unmap an image or /dev/rbdN (releasing its claim)
-  status    this node's devices and claims
-  claims    the claims of a pool, cluster-wide
-  fence     blocklist the owner's mapping of an image (admin)
-  release   drop a dead owner's claim (admin, after fence)
-  version   print the version
+  daemon  [--config PATH]                                   run the node agent
+  map     [--cluster ID] [--access rwo|rox|rwx] [--read-only] [--volume-id ID] [--takeover] POOL[/NAMESPACE]/IMAGE[@SNAP]
+  unmap   [--cluster ID] [--force] (POOL[/NAMESPACE]/IMAGE[@SNAP] | /dev/rbdN)
+  status  [--json]                                          this node's devices and claims
+  claims  [--cluster ID] [--pool POOL] [--json]             the claims of a pool, cluster-wide
+  fence   [--cluster ID] POOL[/NAMESPACE]/IMAGE             blocklist the owner's mapping (admin)
+  release [--cluster ID] --force POOL[/NAMESPACE]/IMAGE     drop a dead owner's claim (admin, after fence)
+  version                                                   print the version
+
+exit codes: 0 done, 1 failed, 2 usage error, 3 held by another node, 4 agent not reachable
 `
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// usageError is a mistake on the command line (exit 2).
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
 func run(args []string, stdout, stderr io.Writer) int {
+	global := flag.NewFlagSet("rbd-owner", flag.ContinueOnError)
+	global.SetOutput(io.Discard)
+	socket := global.String("socket", api.DefaultSocket, "API socket")
+	if err := global.Parse(args); err != nil {
+		fmt.Fprintf(stderr, "rbd-owner: %v\n%s", err, usage)
+		return exitUsage
+	}
+	args = global.Args()
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return exitUsage
 	}
-	switch args[0] {
+	cmd, rest := args[0], args[1:]
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch cmd {
 	case "version", "--version":
 		fmt.Fprintf(stdout, "rbd-owner %s\n", version.Version)
 		return exitOK
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
-	case "daemon", "map", "unmap", "status", "claims", "fence", "release":
-		fmt.Fprintf(stderr, "rbd-owner %s: not available in this build yet\n", args[0])
-		return exitFailed
+	case "daemon":
+		err = runDaemon(ctx, rest, stderr)
+	case "map":
+		err = runMap(ctx, client.New(*socket), rest, stdout)
+	case "unmap":
+		err = runUnmap(ctx, client.New(*socket), rest, stdout)
+	case "status":
+		err = runStatus(ctx, client.New(*socket), rest, stdout)
+	case "claims":
+		err = runClaims(ctx, client.New(*socket), rest, stdout)
+	case "fence":
+		err = runFence(ctx, client.New(*socket), rest, stdout)
+	case "release":
+		err = runRelease(ctx, client.New(*socket), rest, stdout)
 	default:
-		fmt.Fprintf(stderr, "rbd-owner: unknown command %q\n%s", args[0], usage)
+		fmt.Fprintf(stderr, "rbd-owner: unknown command %q\n%s", cmd, usage)
 		return exitUsage
 	}
+	return report(cmd, err, stderr)
+}
+
+// report prints one line a person can act on and picks the exit code.
+func report(cmd string, err error, stderr io.Writer) int {
+	if err == nil {
+		return exitOK
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(stderr, "rbd-owner %s: %s\n", cmd, ue.msg)
+		return exitUsage
+	}
+	if errors.Is(err, client.ErrUnreachable) {
+		fmt.Fprintf(stderr, "rbd-owner %s: %v (is the agent running? systemctl status rbd-owner)\n", cmd, err)
+		return exitUnreachable
+	}
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		msg := ae.Message
+		switch ae.Code {
+		case api.CodeClaimedElsewhere:
+			if o := ae.Owner; o != nil {
+				msg = fmt.Sprintf("%s; held by node %s (host %s) at epoch %d since %s, lease renewed %.0fs ago",
+					strings.SplitN(msg, " is held", 2)[0], o.NodeID, o.Hostname, o.Epoch, o.AcquiredAt.Format(time.RFC3339), o.LeaseAge)
+				if o.Expired {
+					msg += " (expired: map with --takeover to fence it and take over)"
+				} else {
+					msg += " (live: if that node is dead, run `rbd-owner fence` and `rbd-owner release --force` first)"
+				}
+			}
+			fmt.Fprintf(stderr, "rbd-owner %s: %s\n", cmd, msg)
+			return exitClaimed
+		case api.CodePermissionDenied:
+			fmt.Fprintf(stderr, "rbd-owner %s: %s\n", cmd, msg)
+			return exitFailed
+		}
+		fmt.Fprintf(stderr, "rbd-owner %s: %s (%s)\n", cmd, msg, ae.Code)
+		return exitFailed
+	}
+	fmt.Fprintf(stderr, "rbd-owner %s: %v\n", cmd, err)
+	return exitFailed
+}
+
+func flags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
+}
+
+// parse parses flags anywhere on the line and returns the positional arguments.
+func parse(fs *flag.FlagSet, args []string, positional int) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, usageError{err.Error()}
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+	if len(pos) != positional {
+		return nil, usageError{fmt.Sprintf("want %d argument(s), got %d: %q", positional, len(pos), pos)}
+	}
+	return pos, nil
+}
+
+func parseSpec(s string, snapOK bool) (krbd.Spec, error) {
+	spec, err := krbd.ParseSpec(s)
+	if err != nil {
+		return krbd.Spec{}, usageError{err.Error()}
+	}
+	if spec.Snap != "" && !snapOK {
+		return krbd.Spec{}, usageError{"a snapshot cannot be given here: name the image"}
+	}
+	return spec, nil
+}
+
+func runMap(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
+	fs := flags("map")
+	cluster := fs.String("cluster", "", "cluster id from the config")
+	access := fs.String("access", "rwo", "rwo, rox or rwx")
+	ro := fs.Bool("read-only", false, "map read-only")
+	vol := fs.String("volume-id", "", "volume id for the audit trail")
+	takeover := fs.Bool("takeover", false, "take over from a node whose lease has expired (fences it)")
+	asJSON := fs.Bool("json", false, "print the whole answer as JSON")
+	pos, err := parse(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	spec, err := parseSpec(pos[0], true)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Map(ctx, api.MapRequest{Cluster: *cluster, Pool: spec.Pool, Namespace: spec.Namespace, Image: spec.Image,
+		Snapshot: spec.Snap, Access: *access, ReadOnly: *ro, VolumeID: *vol, Requester: "rbd-owner-cli", Takeover: *takeover})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, resp)
+	}
+	fmt.Fprintln(stdout, resp.Device)
+	return nil
+}
+
+func runUnmap(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
+	fs := flags("unmap")
+	cluster := fs.String("cluster", "", "cluster id from the config")
+	force := fs.Bool("force", false, "unmap even if the device is open (I/O in flight fails)")
+	asJSON := fs.Bool("json", false, "print the answer as JSON")
+	pos, err := parse(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	req := api.UnmapRequest{Cluster: *cluster, Force: *force}
+	if strings.HasPrefix(pos[0], "/dev/") {
+		req.Device = pos[0]
+	} else {
+		spec, err := parseSpec(pos[0], true)
+		if err != nil {
+			return err
+		}
+		req.Pool, req.Namespace, req.Image, req.Snapshot = spec.Pool, spec.Namespace, spec.Image, spec.Snap
+	}
+	resp, err := c.Unmap(ctx, req)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, resp)
+	}
+	if resp.Unmapped {
+		fmt.Fprintf(stdout, "unmapped %s\n", pos[0])
+	} else {
+		fmt.Fprintf(stdout, "%s was not mapped\n", pos[0])
+	}
+	return nil
+}
+
+func runStatus(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
+	fs := flags("status")
+	asJSON := fs.Bool("json", false, "JSON output")
+	if _, err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	st, err := c.Status(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, st)
+	}
+	fmt.Fprintf(stdout, "node %s, rbd-owner %s: %d devices, %d claims, %d problems\n", st.Node, st.Version, len(st.Devices), st.ClaimsHeld, len(st.Problems))
+	for _, cl := range st.Clusters {
+		state := "connected"
+		if !cl.Connected {
+			state = "not connected"
+			if cl.Error != "" {
+				state += ": " + cl.Error
+			}
+		}
+		fmt.Fprintf(stdout, "cluster %s (fsid %s, node address %s): %s\n", cl.ID, dash(cl.FSID), dash(cl.NodeAddr), state)
+	}
+	if len(st.Devices) > 0 {
+		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "DEVICE\tIMAGE\tEPOCH\tCLIENT\tMANAGED\tPROBLEM")
+		for _, d := range st.Devices {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%v\t%s\n", d.Device, imageName(d.Pool, d.Namespace, d.Image, d.Snapshot), d.Epoch, d.ClientAddr, d.Managed, dash(d.Problem))
+		}
+		tw.Flush()
+	}
+	for _, p := range st.Problems {
+		fmt.Fprintf(stdout, "problem: %s\n", p)
+	}
+	return nil
+}
+
+func runClaims(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
+	fs := flags("claims")
+	cluster := fs.String("cluster", "", "cluster id from the config")
+	pool := fs.String("pool", "", "only this pool")
+	asJSON := fs.Bool("json", false, "JSON output")
+	if _, err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	claims, err := c.Claims(ctx, *cluster, *pool)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, claims)
+	}
+	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "IMAGE\tACCESS\tEPOCH\tNODE\tHOST\tCLIENT\tDEVICE\tRENEWED\tNOTE")
+	for _, cl := range claims {
+		note := ""
+		if cl.Orphan {
+			note = "orphan (image deleted)"
+		}
+		if len(cl.Holders) == 0 {
+			fmt.Fprintf(tw, "%s\t-\t%d\t-\t-\t-\t-\t-\t%s\n", imageName(cl.Pool, cl.Namespace, cl.Image, ""), cl.Epoch, dash(note))
+		}
+		for _, h := range cl.Holders {
+			n := note
+			if h.Fenced {
+				n = strings.TrimPrefix(n+", fenced", ", ")
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", imageName(cl.Pool, cl.Namespace, cl.Image, ""), cl.Access, h.Epoch,
+				h.NodeID, h.Hostname, dash(h.ClientAddr), dash(h.Device), h.RenewedAt.Format(time.RFC3339), dash(n))
+		}
+	}
+	return tw.Flush()
+}
+
+func runFence(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
+	fs := flags("fence")
+	cluster := fs.String("cluster", "", "cluster id from the config")
+	asJSON := fs.Bool("json", false, "JSON output")
+	pos, err := parse(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	spec, err := parseSpec(pos[0], false)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Fence(ctx, api.ImageRequest{Cluster: *cluster, Pool: spec.Pool, Namespace: spec.Namespace, Image: spec.Image})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, resp)
+	}
+	fmt.Fprintf(stdout, "fenced %s until %s; next: rbd-owner release --force %s\n", strings.Join(resp.FencedAddrs, ", "), resp.Expires.Format(time.RFC3339), pos[0])
+	return nil
+}
+
+func runRelease(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
+	fs := flags("release")
+	cluster := fs.String("cluster", "", "cluster id from the config")
+	force := fs.Bool("force", false, "drop another (fenced) node's claim")
+	asJSON := fs.Bool("json", false, "JSON output")
+	pos, err := parse(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	if !*force {
+		return usageError{"release drops a dead owner's claim: say --force (and fence it first)"}
+	}
+	spec, err := parseSpec(pos[0], false)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Release(ctx, api.ImageRequest{Cluster: *cluster, Pool: spec.Pool, Namespace: spec.Namespace, Image: spec.Image, Force: true})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, resp)
+	}
+	if resp.Released {
+		fmt.Fprintf(stdout, "released %s\n", pos[0])
+	} else {
+		fmt.Fprintf(stdout, "%s had no claim to release\n", pos[0])
+	}
+	return nil
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func imageName(pool, ns, image, snap string) string {
+	s := pool + "/"
+	if ns != "" {
+		s += ns + "/"
+	}
+	s += image
+	if snap != "" {
+		s += "@" + snap
+	}
+	return s
 }

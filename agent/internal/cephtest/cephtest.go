@@ -10,6 +10,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,4 +109,44 @@ func Image(t testing.TB, admin *rados.Conn, namespace string) string {
 		_ = rbd.RemoveImage(ioctx, name)
 	})
 	return name
+}
+
+// MonitorV1 returns the test cluster's monitor msgr1 address ("127.0.0.1:PORT"), the form
+// the kernel client and the agent's config take.
+func MonitorV1(t testing.TB) string {
+	t.Helper()
+	o := Options(t)
+	data, err := os.ReadFile(o.ConfFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		k, v, ok := strings.Cut(line, "=")
+		if !ok || strings.TrimSpace(k) != "mon_host" {
+			continue
+		}
+		for _, part := range strings.Split(strings.Trim(strings.TrimSpace(v), "[]"), ",") {
+			if a, ok := strings.CutPrefix(part, "v1:"); ok {
+				return a
+			}
+		}
+	}
+	t.Fatalf("no msgr1 monitor address in %s", o.ConfFile)
+	return ""
+}
+
+// Secret returns the agent user's base64 key from its keyring.
+func Secret(t testing.TB) string {
+	t.Helper()
+	data, err := os.ReadFile(Options(t).Keyring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok && strings.TrimSpace(k) == "key" {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatal("no key in the agent's keyring")
+	return ""
 }

@@ -1,0 +1,496 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/api"
+	"github.com/rbd-owner/rbd-owner/agent/audit"
+	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
+	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/state"
+)
+
+// saga runs steps and, when one fails, undoes the ones before it in reverse order.
+type saga struct {
+	d    *Daemon
+	name string
+	undo []func(context.Context) error
+}
+
+// step is called before each step: it gives the test fault hook its chance.
+func (s *saga) step(name string) error {
+	if s.d.opts.Fault == nil {
+		return nil
+	}
+	if err := s.d.opts.Fault(s.name, name); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+func (s *saga) onFail(f func(context.Context) error) { s.undo = append(s.undo, f) }
+
+// fail undoes what was done (unless the failure is a simulated crash) and returns err.
+func (s *saga) fail(err error) error {
+	if errors.Is(err, ErrCrash) {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
+	defer cancel()
+	for i := len(s.undo) - 1; i >= 0; i-- {
+		if uerr := s.undo[i](ctx); uerr != nil {
+			s.d.log.WithError(uerr).Error(s.name + ": undo failed; the reconciler will retry")
+		}
+	}
+	return err
+}
+
+const undoTimeout = 2 * time.Minute
+
+// target is a validated image on a configured cluster.
+type target struct {
+	cl   *cluster
+	spec krbd.Spec
+	key  state.Key
+	img  claim.Image
+}
+
+func (d *Daemon) target(clusterID string, spec krbd.Spec) (target, error) {
+	if err := spec.Validate(); err != nil {
+		return target{}, fmt.Errorf("%w: %w", errInvalid, err)
+	}
+	cl, err := d.cluster(clusterID)
+	if err != nil {
+		return target{}, err
+	}
+	return target{
+		cl: cl, spec: spec,
+		key: state.Key{Cluster: cl.cfg.ID, Pool: spec.Pool, Namespace: spec.Namespace, Image: spec.Image, Snap: spec.Snap},
+		img: claim.Image{Pool: spec.Pool, Namespace: spec.Namespace, Name: spec.Image},
+	}, nil
+}
+
+// Map is the map saga: validate → resolve the image → claim → map → record the mapping's
+// address in the claim → persist → audit → reply. A failing step undoes the ones before it:
+// no claim is left without a device and no device without a claim. Asking again for an image
+// this node has mapped answers the same device with AlreadyMapped.
+func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cred) (*api.MapResponse, error) {
+	// validate
+	access, err := claim.ParseAccess(req.Access)
+	if err != nil {
+		return nil, d.refused(req, peer, fmt.Errorf("%w: %w", errInvalid, err))
+	}
+	t, err := d.target(req.Cluster, krbd.Spec{Pool: req.Pool, Namespace: req.Namespace, Image: req.Image, Snap: req.Snapshot})
+	if err != nil {
+		return nil, d.refused(req, peer, err)
+	}
+	readOnly := req.ReadOnly || access == claim.ROX || t.spec.Snap != ""
+	unlock, err := d.locks.lock(ctx, t.key)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	// the saga runs to its end even if the caller goes away: it retries and finds the result
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.MapTimeout.D()+time.Minute)
+	defer cancel()
+
+	// resolve: the cluster, and what this node already has
+	store, err := t.cl.claims()
+	if err != nil {
+		return nil, d.refused(req, peer, err)
+	}
+	if resp, done, err := d.alreadyMapped(ctx, t, store, access, readOnly, req); done {
+		return resp, err
+	}
+	if others, err := d.kernel.FindBySpec(t.spec, store.FSID()); err == nil && len(others) > 0 {
+		return nil, d.refused(req, peer, fmt.Errorf("%w: %s is already mapped on this node as %s, outside rbd-owner; unmap it first",
+			claim.ErrBusy, t.spec, others[0].DevNode))
+	}
+	s := &saga{d: d, name: "map"}
+	m := state.Mapping{Key: t.key, FSID: store.FSID(), Access: string(access), ReadOnly: readOnly, VolumeID: req.VolumeID,
+		Claimed: t.spec.Snap == "", Phase: state.Claiming}
+
+	// claim (snapshots are immutable: mapping one needs no claim)
+	var res *claim.Result
+	if m.Claimed {
+		if err := s.step("persist-intent"); err != nil {
+			return nil, s.fail(err)
+		}
+		if err := d.state.Put(m); err != nil {
+			return nil, s.fail(err)
+		}
+		s.onFail(func(context.Context) error { return d.state.Delete(t.key) })
+		if err := s.step("claim"); err != nil {
+			return nil, s.fail(err)
+		}
+		res, err = store.Acquire(ctx, claim.Request{Image: t.img, Access: access, ReadOnly: readOnly,
+			Takeover: req.Takeover || d.cfg.TakeoverPolicy == config.TakeoverAfterLeaseExpiry})
+		if err != nil {
+			return nil, d.refused(req, peer, s.fail(err))
+		}
+		epoch := res.Holder.Epoch
+		s.onFail(func(ctx context.Context) error { _, err := store.Release(ctx, t.img, epoch); return err })
+		for _, f := range res.Fenced {
+			d.audit.Record(audit.Entry{Event: audit.Takeover, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
+				Image: t.spec.Image, Epoch: epoch, OwnerNode: f.NodeID, Warning: true, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
+				Message: fmt.Sprintf("took %s over from node %s (epoch %d) after fencing %s until %s", t.spec, f.NodeID, f.Epoch, f.Addr, f.Expires.Format(time.RFC3339))})
+		}
+		m.Epoch, m.Phase = epoch, state.Claimed
+		if err := s.step("persist-claim"); err != nil {
+			return nil, s.fail(err)
+		}
+		if err := d.state.Put(m); err != nil {
+			return nil, s.fail(err)
+		}
+	}
+
+	// map
+	if err := s.step("map"); err != nil {
+		return nil, s.fail(err)
+	}
+	before, _ := d.kernel.FindBySpec(t.spec, store.FSID())
+	dev, err := d.kernel.Map(ctx, t.spec, d.mapOptions(t.cl, readOnly))
+	if err != nil {
+		// the kernel may have made the device even though the wait failed: remove it too
+		d.removeStrays(t, store.FSID(), before)
+		return nil, d.failed(req, peer, s.fail(err))
+	}
+	s.onFail(func(ctx context.Context) error {
+		_, err := d.kernel.Unmap(ctx, dev.ID, krbd.UnmapOptions{Force: true})
+		return err
+	})
+
+	// record the mapping's own address in the claim: it is what a takeover fences
+	if m.Claimed {
+		if err := s.step("record"); err != nil {
+			return nil, s.fail(err)
+		}
+		if _, err := store.SetMapping(ctx, t.img, m.Epoch, dev.ClientAddr, dev.DevNode); err != nil {
+			return nil, d.failed(req, peer, s.fail(err))
+		}
+	}
+
+	// persist
+	m.Phase, m.DeviceID, m.Device, m.ClientAddr = state.Mapped, dev.ID, dev.DevNode, dev.ClientAddr
+	if err := s.step("persist"); err != nil {
+		return nil, s.fail(err)
+	}
+	if err := d.state.Put(m); err != nil {
+		return nil, d.failed(req, peer, s.fail(err))
+	}
+	d.setProblem(t.key, "")
+
+	// audit, reply
+	d.audit.Record(audit.Entry{Event: audit.Map, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
+		Image: t.spec.Image, Device: dev.DevNode, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, HasPeer: peer != nil,
+		UID: uidOf(peer), PID: pidOf(peer),
+		Message: fmt.Sprintf("mapped %s as %s (epoch %d, client %s, requester %q, volume %q)", t.spec, dev.DevNode, m.Epoch, dev.ClientAddr, req.Requester, req.VolumeID)})
+	resp := &api.MapResponse{Device: dev.DevNode, Link: linkOf(t.spec, store.FSID())}
+	if res != nil {
+		rec := res.Record
+		if r, err := store.Inspect(ctx, t.img); err == nil {
+			rec = r
+		}
+		resp.Claim = apiClaim(t.key.Cluster, rec)
+	}
+	return resp, nil
+}
+
+// alreadyMapped answers a repeated map: same device, lease renewed. done is false when the
+// saga has to run.
+func (d *Daemon) alreadyMapped(ctx context.Context, t target, store *claim.Store, access claim.Access, readOnly bool, req api.MapRequest) (*api.MapResponse, bool, error) {
+	m, ok := d.state.Get(t.key)
+	if !ok || m.Phase != state.Mapped {
+		return nil, false, nil
+	}
+	dev, err := d.kernel.ReadDevice(m.DeviceID)
+	if err != nil || dev.Spec() != t.spec || dev.ClientAddr != m.ClientAddr {
+		// the device went away without us: the reconciler releases it; treat it as lost now
+		d.deviceGone(ctx, m, "found missing at map time")
+		return nil, false, nil
+	}
+	if m.Access != string(access) || m.ReadOnly != readOnly {
+		return nil, true, fmt.Errorf("%w: %s is mapped here as %s%s; unmap it first to map it differently",
+			errInvalid, t.spec, m.Access, map[bool]string{true: " read-only", false: ""}[m.ReadOnly])
+	}
+	resp := &api.MapResponse{Device: dev.DevNode, Link: linkOf(t.spec, m.FSID), AlreadyMapped: true}
+	if m.Claimed {
+		rec, err := store.Renew(ctx, t.img, m.Epoch)
+		if err != nil {
+			d.setProblem(t.key, err.Error())
+			return nil, true, err
+		}
+		resp.Claim = apiClaim(t.key.Cluster, rec)
+	}
+	return resp, true, nil
+}
+
+// removeStrays unmaps devices of spec that appeared during a failed map.
+func (d *Daemon) removeStrays(t target, fsid string, before []krbd.Device) {
+	after, err := d.kernel.FindBySpec(t.spec, fsid)
+	if err != nil {
+		return
+	}
+	known := map[int]bool{}
+	for _, b := range before {
+		known[b.ID] = true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
+	defer cancel()
+	for _, a := range after {
+		if !known[a.ID] {
+			if _, err := d.kernel.Unmap(ctx, a.ID, krbd.UnmapOptions{Force: true}); err != nil {
+				d.log.WithError(err).WithField("device", a.DevNode).Error("could not remove a device left by a failed map")
+			}
+		}
+	}
+}
+
+func (d *Daemon) mapOptions(cl *cluster, readOnly bool) krbd.MapOptions {
+	cl.mu.Lock()
+	secret := cl.secret
+	cl.mu.Unlock()
+	return krbd.MapOptions{
+		Monitors: cl.cfg.Monitors, User: cl.cfg.User, Secret: secret, ReadOnly: readOnly,
+		MountTimeout: d.cfg.MountTimeout.D(), Timeout: d.cfg.MapTimeout.D(),
+		Extra: append(append([]string(nil), d.cfg.MapOptions...), cl.cfg.MapOptions...),
+	}
+}
+
+// Unmap is the unmap saga: find the device → unmap → release the claim → persist → audit.
+// It needs no secret. Unmapping what is not mapped answers false.
+func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred.Cred) (bool, error) {
+	t, dev, err := d.unmapTarget(req)
+	if err != nil {
+		return false, err
+	}
+	unlock, err := d.locks.lock(ctx, t.key)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.MapTimeout.D()+time.Minute)
+	defer cancel()
+	s := &saga{d: d, name: "unmap"}
+
+	m, managed := d.state.Get(t.key)
+	var devs []krbd.Device
+	switch {
+	case dev != nil:
+		devs = []krbd.Device{*dev}
+	case managed && m.Phase != state.Claiming:
+		if dd, err := d.kernel.ReadDevice(m.DeviceID); err == nil && dd.Spec() == t.spec && (m.ClientAddr == "" || dd.ClientAddr == m.ClientAddr) {
+			devs = []krbd.Device{dd}
+		}
+	default:
+		fsid := m.FSID
+		if store, err := t.cl.claims(); err == nil {
+			fsid = store.FSID()
+		}
+		devs, _ = d.kernel.FindBySpec(t.spec, fsid)
+	}
+	if !managed && len(devs) == 0 {
+		return false, nil
+	}
+	if managed {
+		if err := s.step("persist-intent"); err != nil {
+			return false, s.fail(err)
+		}
+		prev := m
+		m.Phase = state.Unmapping
+		if err := d.state.Put(m); err != nil {
+			return false, err
+		}
+		s.onFail(func(context.Context) error { return d.state.Put(prev) })
+	}
+	if err := s.step("unmap"); err != nil {
+		return false, s.fail(err)
+	}
+	for _, dv := range devs {
+		if _, err := d.kernel.Unmap(ctx, dv.ID, krbd.UnmapOptions{Force: req.Force}); err != nil {
+			return false, d.unmapFailed(t, peer, s.fail(err))
+		}
+		d.forgetUnmanaged(dv.ID)
+	}
+	// from here on the device is gone: failures are retried by the reconciler, never undone
+	if managed && m.Claimed {
+		if err := s.step("release"); err != nil {
+			return false, err
+		}
+		if err := d.release(ctx, t.cl, m); err != nil {
+			return false, d.unmapFailed(t, peer, fmt.Errorf("unmapped, but releasing the claim failed (will retry): %w", err))
+		}
+	}
+	if err := s.step("persist"); err != nil {
+		return false, err
+	}
+	if managed {
+		if err := d.state.Delete(t.key); err != nil {
+			return false, err
+		}
+	}
+	d.setProblem(t.key, "")
+	devName := ""
+	if len(devs) > 0 {
+		devName = devs[0].DevNode
+	}
+	d.audit.Record(audit.Entry{Event: audit.Unmap, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
+		Image: t.spec.Image, Device: devName, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
+		Message: fmt.Sprintf("unmapped %s (%s)%s", t.spec, devName, map[bool]string{true: ", claim released", false: ""}[managed && m.Claimed])})
+	return len(devs) > 0, nil
+}
+
+// release drops the claim of a mapping and audits it.
+func (d *Daemon) release(ctx context.Context, cl *cluster, m state.Mapping) error {
+	store, err := cl.claims()
+	if err != nil {
+		return err
+	}
+	img := claim.Image{Pool: m.Pool, Namespace: m.Namespace, Name: m.Image}
+	ok, err := store.Release(ctx, img, m.Epoch)
+	if err != nil {
+		return err
+	}
+	if ok {
+		d.audit.Record(audit.Entry{Event: audit.Release, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace, Image: m.Image,
+			Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID})
+	}
+	return nil
+}
+
+// unmapTarget resolves an unmap request: by image spec, or by /dev path.
+func (d *Daemon) unmapTarget(req api.UnmapRequest) (target, *krbd.Device, error) {
+	if req.Device != "" {
+		if req.Image != "" || req.Pool != "" {
+			return target{}, nil, fmt.Errorf("%w: give an image or a device, not both", errInvalid)
+		}
+		dev, err := d.kernel.FindByPath(req.Device)
+		if err != nil {
+			if errors.Is(err, krbd.ErrNotFound) {
+				return target{}, nil, fmt.Errorf("%w: %s is not a mapped rbd device", claim.ErrNotFound, req.Device)
+			}
+			return target{}, nil, err
+		}
+		// which configured cluster: the one the state names for this device, else by fsid
+		clusterID := req.Cluster
+		for _, m := range d.state.All() {
+			if m.DeviceID == dev.ID && m.ClientAddr == dev.ClientAddr {
+				clusterID = m.Cluster
+			}
+		}
+		if clusterID == "" {
+			if c := d.clusterByFSID(dev.ClusterFSID); c != nil {
+				clusterID = c.cfg.ID
+			}
+		}
+		t, err := d.target(clusterID, dev.Spec())
+		return t, &dev, err
+	}
+	t, err := d.target(req.Cluster, krbd.Spec{Pool: req.Pool, Namespace: req.Namespace, Image: req.Image, Snap: req.Snapshot})
+	return t, nil, err
+}
+
+// refused audits a map that was refused (another owner, bad input, ...) and returns err.
+func (d *Daemon) refused(req api.MapRequest, peer *peercred.Cred, err error) error {
+	e := audit.Entry{Event: audit.Refuse, Result: audit.Refused, Cluster: req.Cluster, Pool: req.Pool, Namespace: req.Namespace,
+		Image: req.Image, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer), Message: "map refused: " + err.Error()}
+	var held *claim.HeldError
+	if errors.As(err, &held) {
+		e.OwnerNode, e.Epoch = held.Owner().NodeID, held.Epoch
+	}
+	if !errors.Is(err, ErrCrash) {
+		d.audit.Record(e)
+	}
+	return err
+}
+
+func (d *Daemon) failed(req api.MapRequest, peer *peercred.Cred, err error) error {
+	if !errors.Is(err, ErrCrash) {
+		d.audit.Record(audit.Entry{Event: audit.Map, Result: audit.Failed, Cluster: req.Cluster, Pool: req.Pool, Namespace: req.Namespace,
+			Image: req.Image, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer), Message: "map failed: " + err.Error()})
+	}
+	return err
+}
+
+func (d *Daemon) unmapFailed(t target, peer *peercred.Cred, err error) error {
+	if !errors.Is(err, ErrCrash) {
+		d.audit.Record(audit.Entry{Event: audit.Unmap, Result: audit.Failed, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
+			Image: t.spec.Image, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer), Message: "unmap failed: " + err.Error()})
+	}
+	return err
+}
+
+func uidOf(p *peercred.Cred) int {
+	if p == nil {
+		return -1
+	}
+	return p.UID
+}
+
+func pidOf(p *peercred.Cred) int {
+	if p == nil {
+		return -1
+	}
+	return p.PID
+}
+
+// linkOf is the stable udev link of a mapping (see udev/60-rbd-owner.rules).
+func linkOf(s krbd.Spec, fsid string) string {
+	l := "/dev/rbd-owner/" + fsid + "/" + s.Pool + "/"
+	if s.Namespace != "" {
+		l += s.Namespace + "/"
+	}
+	l += s.Image
+	if s.Snap != "" {
+		l += "@" + s.Snap
+	}
+	return l
+}
+
+// keyedLocks serialises the sagas of one image; different images proceed in parallel.
+type keyedLocks struct {
+	mu sync.Mutex
+	m  map[state.Key]chan struct{}
+}
+
+func (k *keyedLocks) get(key state.Key) chan struct{} {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.m == nil {
+		k.m = map[state.Key]chan struct{}{}
+	}
+	ch := k.m[key]
+	if ch == nil {
+		ch = make(chan struct{}, 1)
+		k.m[key] = ch
+	}
+	return ch
+}
+
+// lock waits for the image's lock, at most until ctx ends.
+func (k *keyedLocks) lock(ctx context.Context, key state.Key) (func(), error) {
+	ch := k.get(key)
+	select {
+	case ch <- struct{}{}:
+		return func() { <-ch }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: another operation on %s is still running", claim.ErrBusy, key)
+	}
+}
+
+// tryLock takes the lock only if it is free.
+func (k *keyedLocks) tryLock(key state.Key) (func(), bool) {
+	ch := k.get(key)
+	select {
+	case ch <- struct{}{}:
+		return func() { <-ch }, true
+	default:
+		return nil, false
+	}
+}
