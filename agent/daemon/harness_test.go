@@ -56,7 +56,7 @@ func newNode(t *testing.T, id string) *node {
 	n := &node{t: t, id: id, kernel: k, stateDir: t.TempDir()}
 	n.cfg = &config.Config{
 		NodeID: id, Socket: filepath.Join(t.TempDir(), "s.sock"), StateDir: n.stateDir,
-		Clusters: []config.Cluster{{ID: "test", Monitors: []string{cephtest.MonitorV1(t)}, User: o.User, Keyring: o.Keyring}},
+		Clusters:      []config.Cluster{{ID: "test", Monitors: []string{cephtest.MonitorV1(t)}, User: o.User, Keyring: o.Keyring}},
 		LeaseDuration: config.Duration(30 * time.Second), RenewInterval: config.Duration(200 * time.Millisecond),
 		TakeoverPolicy: config.TakeoverManual, FenceExpiry: config.Duration(time.Hour),
 		MapTimeout: config.Duration(10 * time.Second), MountTimeout: config.Duration(10 * time.Second),
