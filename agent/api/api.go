@@ -17,6 +17,8 @@ const (
 	PathClaims  = "/v1/claims"
 	PathFence   = "/v1/fence"
 	PathRelease = "/v1/release"
+	// PathOrphans removes the claims of deleted images (an addition to the contract's calls).
+	PathOrphans = "/v1/orphans/remove"
 )
 
 // DefaultSocket is where the agent listens.
@@ -82,6 +84,17 @@ type FenceResponse struct {
 	Expires    time.Time `json:"expires"`
 	// FencedAddrs lists every address when several holders (rox/rwx) were fenced.
 	FencedAddrs []string `json:"fenced_addrs,omitempty"`
+}
+
+// OrphansRequest names the pool whose orphaned claims are removed ("" for every pool).
+type OrphansRequest struct {
+	Cluster string `json:"cluster,omitempty"`
+	Pool    string `json:"pool,omitempty"`
+}
+
+// OrphansResponse lists the claims removed ("pool/[namespace/]image").
+type OrphansResponse struct {
+	Removed []string `json:"removed"`
 }
 
 // ReleaseResponse says whether a claim was dropped.

@@ -94,6 +94,12 @@ func (c *Client) Release(ctx context.Context, req api.ImageRequest) (*api.Releas
 	return &out, c.do(ctx, http.MethodPost, api.PathRelease, req, &out)
 }
 
+// RemoveOrphans removes the claims of deleted images in a pool (admin).
+func (c *Client) RemoveOrphans(ctx context.Context, req api.OrphansRequest) (*api.OrphansResponse, error) {
+	var out api.OrphansResponse
+	return &out, c.do(ctx, http.MethodPost, api.PathOrphans, req, &out)
+}
+
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {

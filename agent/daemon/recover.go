@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/audit"
+	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/devwatch"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
@@ -285,17 +286,19 @@ func (d *Daemon) forgetUnmanaged(id int) {
 // reported (status, journal at error priority) and its device left alone: unmapping a
 // filesystem in use is never the agent's call.
 func (d *Daemon) renewAll(ctx context.Context) {
+	down := map[string]bool{} // clusters that did not answer this round: do not wait on them again
 	for _, m := range d.state.All() {
 		if !m.Claimed || (m.Phase != state.Mapped && m.Phase != state.Claimed) {
 			continue
 		}
 		cl := d.clusters[m.Cluster]
-		if cl == nil {
+		if cl == nil || down[m.Cluster] {
 			continue
 		}
 		store, err := cl.claims()
 		if err != nil {
 			d.setProblem(m.Key, "lease not renewed: "+err.Error())
+			down[m.Cluster] = true
 			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
@@ -315,6 +318,9 @@ func (d *Daemon) renewAll(ctx context.Context) {
 			d.setProblem(m.Key, err.Error())
 		default:
 			d.setProblem(m.Key, "lease not renewed: "+err.Error())
+			if errors.Is(err, cephconn.ErrUnavailable) {
+				down[m.Cluster] = true
+			}
 		}
 	}
 }

@@ -11,10 +11,13 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ceph/go-ceph/rbd"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
@@ -232,6 +235,29 @@ func TestAPIErrorsLimitsAndIdempotency(t *testing.T) {
 	}
 	if !seen {
 		t.Fatalf("claims listing lacks the released claim of %s", img)
+	}
+	// the image is deleted: its claim is an orphan, and removing orphans removes it
+	admin := cephtest.AdminConn(t)
+	io, err := admin.OpenIOContext(cephtest.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer io.Destroy()
+	if err := rbd.RemoveImage(io, img); err != nil {
+		t.Fatal(err)
+	}
+	cl, _ = cb.Claims(bg, "", cephtest.Pool)
+	for _, c := range cl {
+		if c.Image == img && !c.Orphan {
+			t.Fatalf("claim of a deleted image not flagged orphan: %+v", c)
+		}
+	}
+	or, err := cb.RemoveOrphans(bg, api.OrphansRequest{})
+	if err != nil || !slices.Contains(or.Removed, cephtest.Pool+"/"+img) {
+		t.Fatalf("remove orphans: %+v %v", or, err)
+	}
+	if _, err := claimStore(t).Inspect(bg, claim.Image{Pool: cephtest.Pool, Name: img}); !errors.Is(err, claim.ErrNoClaim) {
+		t.Fatalf("orphan still there: %v", err)
 	}
 }
 

@@ -40,6 +40,7 @@ func (d *Daemon) server() *http.Server {
 	mux.HandleFunc("GET "+api.PathClaims, d.handleClaims)
 	mux.HandleFunc("POST "+api.PathFence, d.handleFence)
 	mux.HandleFunc("POST "+api.PathRelease, d.handleRelease)
+	mux.HandleFunc("POST "+api.PathOrphans, d.handleOrphans)
 	return &http.Server{
 		Handler:           d.authorize(mux),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -195,15 +196,10 @@ func (d *Daemon) handleClaims(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiError(err))
 		return
 	}
-	pools := []string{r.URL.Query().Get("pool")}
-	if pools[0] == "" {
-		cl.mu.Lock()
-		conn := cl.conn
-		cl.mu.Unlock()
-		if pools, err = conn.ListPools(); err != nil {
-			writeError(w, apiError(cephconn.Classify(err, "list pools", "mon 'profile rbd'")))
-			return
-		}
+	pools, err := cl.pools(r.URL.Query().Get("pool"))
+	if err != nil {
+		writeError(w, apiError(err))
+		return
 	}
 	out := []api.Claim{}
 	for _, p := range pools {
@@ -224,6 +220,68 @@ func (d *Daemon) handleClaims(w http.ResponseWriter, r *http.Request) {
 			c := apiClaim(cl.cfg.ID, &recs[i])
 			c.Orphan = isOrphan[recs[i].Image.String()]
 			out = append(out, *c)
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// pools returns [pool], or every pool of the cluster when pool is "".
+func (c *cluster) pools(pool string) ([]string, error) {
+	if pool != "" {
+		return []string{pool}, nil
+	}
+	c.mu.Lock()
+	conn := c.conn
+	c.mu.Unlock()
+	if conn == nil {
+		return nil, fmt.Errorf("cluster %s: %w", c.cfg.ID, cephconn.ErrUnavailable)
+	}
+	pools, err := conn.ListPools()
+	return pools, cephconn.Classify(err, "list pools", "mon 'profile rbd'")
+}
+
+func (d *Daemon) handleOrphans(w http.ResponseWriter, r *http.Request) {
+	var req api.OrphansRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	cl, err := d.cluster(req.Cluster)
+	if err != nil {
+		writeError(w, apiError(err))
+		return
+	}
+	store, err := cl.claims()
+	if err != nil {
+		writeError(w, apiError(err))
+		return
+	}
+	pools, err := cl.pools(req.Pool)
+	if err != nil {
+		writeError(w, apiError(err))
+		return
+	}
+	out := api.OrphansResponse{Removed: []string{}}
+	for _, p := range pools {
+		orphans, err := store.Orphans(r.Context(), p)
+		if err != nil {
+			if len(pools) > 1 && (errors.Is(err, cephconn.ErrPermission) || errors.Is(err, claim.ErrNotFound)) {
+				continue
+			}
+			writeError(w, apiError(err))
+			return
+		}
+		for _, o := range orphans {
+			ok, err := store.RemoveOrphan(r.Context(), o.Image)
+			if err != nil {
+				d.log.WithError(err).WithField("image", o.Image.String()).Warn("orphan claim not removed")
+				continue
+			}
+			if ok {
+				out.Removed = append(out.Removed, o.Image.String())
+				d.audit.Record(audit.Entry{Event: audit.Release, Cluster: cl.cfg.ID, Pool: o.Pool, Namespace: o.Namespace, Image: o.Name,
+					Epoch: o.Epoch, HasPeer: peerOf(r) != nil, UID: uidOf(peerOf(r)), PID: pidOf(peerOf(r)),
+					Message: fmt.Sprintf("removed the claim of deleted image %s", o.Image)})
+			}
 		}
 	}
 	writeJSON(w, http.StatusOK, out)

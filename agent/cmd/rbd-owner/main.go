@@ -38,7 +38,7 @@ commands:
   map     [--cluster ID] [--access rwo|rox|rwx] [--read-only] [--volume-id ID] [--takeover] POOL[/NAMESPACE]/IMAGE[@SNAP]
   unmap   [--cluster ID] [--force] (POOL[/NAMESPACE]/IMAGE[@SNAP] | /dev/rbdN)
   status  [--json]                                          this node's devices and claims
-  claims  [--cluster ID] [--pool POOL] [--json]             the claims of a pool, cluster-wide
+  claims  [--cluster ID] [--pool POOL] [--json] [--remove-orphans]   the claims of a pool, cluster-wide
   fence   [--cluster ID] POOL[/NAMESPACE]/IMAGE             blocklist the owner's mapping (admin)
   release [--cluster ID] --force POOL[/NAMESPACE]/IMAGE     drop a dead owner's claim (admin, after fence)
   version                                                   print the version
@@ -283,8 +283,23 @@ func runClaims(ctx context.Context, c *client.Client, args []string, stdout io.W
 	cluster := fs.String("cluster", "", "cluster id from the config")
 	pool := fs.String("pool", "", "only this pool")
 	asJSON := fs.Bool("json", false, "JSON output")
+	prune := fs.Bool("remove-orphans", false, "remove the claims of deleted images (admin)")
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
+	}
+	if *prune {
+		resp, err := c.RemoveOrphans(ctx, api.OrphansRequest{Cluster: *cluster, Pool: *pool})
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(stdout, resp)
+		}
+		for _, r := range resp.Removed {
+			fmt.Fprintf(stdout, "removed the orphaned claim of %s\n", r)
+		}
+		fmt.Fprintf(stdout, "%d orphaned claims removed\n", len(resp.Removed))
+		return nil
 	}
 	claims, err := c.Claims(ctx, *cluster, *pool)
 	if err != nil {
