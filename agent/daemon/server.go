@@ -34,13 +34,13 @@ func (d *Daemon) Handler() http.Handler { return d.server().Handler }
 
 func (d *Daemon) server() *http.Server {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+api.PathMap, d.handleMap)
-	mux.HandleFunc("POST "+api.PathUnmap, d.handleUnmap)
+	mux.HandleFunc("POST "+api.PathMap, call(d.Map))
+	mux.HandleFunc("POST "+api.PathUnmap, call(d.unmapCall))
 	mux.HandleFunc("GET "+api.PathStatus, d.handleStatus)
 	mux.HandleFunc("GET "+api.PathClaims, d.handleClaims)
-	mux.HandleFunc("POST "+api.PathFence, d.handleFence)
-	mux.HandleFunc("POST "+api.PathRelease, d.handleRelease)
-	mux.HandleFunc("POST "+api.PathOrphans, d.handleOrphans)
+	mux.HandleFunc("POST "+api.PathFence, call(d.Fence))
+	mux.HandleFunc("POST "+api.PathRelease, call(d.releaseCall))
+	mux.HandleFunc("POST "+api.PathOrphans, call(d.RemoveOrphans))
 	return &http.Server{
 		Handler:           d.authorize(mux),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -151,34 +151,34 @@ func apiError(err error) *api.Error {
 	return e
 }
 
-func (d *Daemon) handleMap(w http.ResponseWriter, r *http.Request) {
-	var req api.MapRequest
-	if !decode(w, r, &req) {
-		return
+// call serves a POST call: decode the body (size-limited, no unknown fields), run f with the
+// caller's credentials, answer its result or its error.
+func call[Req, Resp any](f func(context.Context, Req, *peercred.Cred) (Resp, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req Req
+		if !decode(w, r, &req) {
+			return
+		}
+		resp, err := f(r.Context(), req, peerOf(r))
+		if err != nil {
+			writeError(w, apiError(err))
+			return
+		}
+		writeJSON(w, http.StatusOK, resp)
 	}
-	resp, err := d.Map(r.Context(), req, peerOf(r))
-	if err != nil {
-		writeError(w, apiError(err))
-		return
-	}
-	writeJSON(w, http.StatusOK, resp)
 }
 
-func (d *Daemon) handleUnmap(w http.ResponseWriter, r *http.Request) {
-	var req api.UnmapRequest
-	if !decode(w, r, &req) {
-		return
-	}
+func (d *Daemon) unmapCall(ctx context.Context, req api.UnmapRequest, peer *peercred.Cred) (api.UnmapResponse, error) {
 	if req.Device == "" && (req.Pool == "" || req.Image == "") {
-		writeError(w, &api.Error{Code: api.CodeInvalidArgument, Message: "name an image (pool and image) or a device"})
-		return
+		return api.UnmapResponse{}, fmt.Errorf("%w: name an image (pool and image) or a device", errInvalid)
 	}
-	ok, err := d.Unmap(r.Context(), req, peerOf(r))
-	if err != nil {
-		writeError(w, apiError(err))
-		return
-	}
-	writeJSON(w, http.StatusOK, api.UnmapResponse{Unmapped: ok})
+	ok, err := d.Unmap(ctx, req, peer)
+	return api.UnmapResponse{Unmapped: ok}, err
+}
+
+func (d *Daemon) releaseCall(ctx context.Context, req api.ImageRequest, peer *peercred.Cred) (api.ReleaseResponse, error) {
+	ok, err := d.Release(ctx, req, peer)
+	return api.ReleaseResponse{Released: ok}, err
 }
 
 func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
@@ -240,38 +240,31 @@ func (c *cluster) pools(pool string) ([]string, error) {
 	return pools, cephconn.Classify(err, "list pools", "mon 'profile rbd'")
 }
 
-func (d *Daemon) handleOrphans(w http.ResponseWriter, r *http.Request) {
-	var req api.OrphansRequest
-	if !decode(w, r, &req) {
-		return
-	}
+// RemoveOrphans removes the claims of deleted images (admin).
+func (d *Daemon) RemoveOrphans(ctx context.Context, req api.OrphansRequest, peer *peercred.Cred) (*api.OrphansResponse, error) {
 	cl, err := d.cluster(req.Cluster)
 	if err != nil {
-		writeError(w, apiError(err))
-		return
+		return nil, err
 	}
 	store, err := cl.claims()
 	if err != nil {
-		writeError(w, apiError(err))
-		return
+		return nil, err
 	}
 	pools, err := cl.pools(req.Pool)
 	if err != nil {
-		writeError(w, apiError(err))
-		return
+		return nil, err
 	}
-	out := api.OrphansResponse{Removed: []string{}}
+	out := &api.OrphansResponse{Removed: []string{}}
 	for _, p := range pools {
-		orphans, err := store.Orphans(r.Context(), p)
+		orphans, err := store.Orphans(ctx, p)
 		if err != nil {
 			if len(pools) > 1 && (errors.Is(err, cephconn.ErrPermission) || errors.Is(err, claim.ErrNotFound)) {
 				continue
 			}
-			writeError(w, apiError(err))
-			return
+			return nil, err
 		}
 		for _, o := range orphans {
-			ok, err := store.RemoveOrphan(r.Context(), o.Image)
+			ok, err := store.RemoveOrphan(ctx, o.Image)
 			if err != nil {
 				d.log.WithError(err).WithField("image", o.Image.String()).Warn("orphan claim not removed")
 				continue
@@ -279,38 +272,12 @@ func (d *Daemon) handleOrphans(w http.ResponseWriter, r *http.Request) {
 			if ok {
 				out.Removed = append(out.Removed, o.Image.String())
 				d.audit.Record(audit.Entry{Event: audit.Release, Cluster: cl.cfg.ID, Pool: o.Pool, Namespace: o.Namespace, Image: o.Name,
-					Epoch: o.Epoch, HasPeer: peerOf(r) != nil, UID: uidOf(peerOf(r)), PID: pidOf(peerOf(r)),
+					Epoch: o.Epoch, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
 					Message: fmt.Sprintf("removed the claim of deleted image %s", o.Image)})
 			}
 		}
 	}
-	writeJSON(w, http.StatusOK, out)
-}
-
-func (d *Daemon) handleFence(w http.ResponseWriter, r *http.Request) {
-	var req api.ImageRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	resp, err := d.Fence(r.Context(), req, peerOf(r))
-	if err != nil {
-		writeError(w, apiError(err))
-		return
-	}
-	writeJSON(w, http.StatusOK, resp)
-}
-
-func (d *Daemon) handleRelease(w http.ResponseWriter, r *http.Request) {
-	var req api.ImageRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	ok, err := d.Release(r.Context(), req, peerOf(r))
-	if err != nil {
-		writeError(w, apiError(err))
-		return
-	}
-	writeJSON(w, http.StatusOK, api.ReleaseResponse{Released: ok})
+	return out, nil
 }
 
 // Fence blocklists the mappings of an image's holders (admin).
