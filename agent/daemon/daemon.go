@@ -70,6 +70,7 @@ type Daemon struct {
 
 	mu        sync.Mutex
 	problems  map[state.Key]string // claims that cannot be renewed, devices that cannot be explained
+	lost      map[state.Key]bool   // claims this node knows it no longer holds (device kept)
 	unmanaged map[int]krbd.Device  // devices mapped behind the agent's back
 	heartbeat time.Time
 
@@ -113,7 +114,7 @@ func New(opts Options) (*Daemon, error) {
 	d := &Daemon{
 		opts: opts, cfg: opts.Config, log: opts.Log, audit: opts.Audit, kernel: opts.Kernel, state: st,
 		addrs: nodeaddr.New(), clusters: map[string]*cluster{},
-		problems: map[state.Key]string{}, unmanaged: map[int]krbd.Device{},
+		problems: map[state.Key]string{}, lost: map[state.Key]bool{}, unmanaged: map[int]krbd.Device{},
 	}
 	if opts.Peers != nil {
 		d.peers = *opts.Peers
@@ -124,6 +125,37 @@ func New(opts Options) (*Daemon, error) {
 		d.clusters[c.ID] = &cluster{cfg: c, d: d}
 	}
 	return d, nil
+}
+
+// connectAll connects every cluster in the background, retrying until it works, so that a
+// wrong monitor address or keyring shows in status and the journal at start, not at the
+// first map.
+func (d *Daemon) connectAll(ctx context.Context) {
+	for _, c := range d.clusters {
+		d.bg.Add(1)
+		go func() {
+			defer d.bg.Done()
+			logged := false
+			for {
+				_, err := c.claims()
+				if err == nil {
+					if logged {
+						d.log.WithField("cluster", c.cfg.ID).Info("connected to the cluster")
+					}
+					return
+				}
+				if !logged {
+					d.log.WithError(err).WithField("cluster", c.cfg.ID).Error("cannot reach the cluster; retrying")
+					logged = true
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(reconnectEvery):
+				}
+			}
+		}()
+	}
 }
 
 // reconnectEvery limits how often a failed cluster connection is retried.
@@ -252,6 +284,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			d.log.WithError(err).Warn("route changes are not followed; node address is looked up once")
 		}
 	}()
+	d.connectAll(ctx)
 	d.notify("READY=1\n" + d.statusLine())
 	d.log.WithField("socket", d.cfg.Socket).WithField("node", d.cfg.NodeID).Info("rbd-owner agent ready")
 	d.startWatchdog(ctx)
@@ -318,9 +351,24 @@ func (d *Daemon) setProblem(k state.Key, p string) {
 	defer d.mu.Unlock()
 	if p == "" {
 		delete(d.problems, k)
+		delete(d.lost, k)
 	} else {
 		d.problems[k] = p
 	}
+}
+
+// setLost records that this node's claim on k is gone (fenced or taken over).
+func (d *Daemon) setLost(k state.Key, why string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.problems[k] = why
+	d.lost[k] = true
+}
+
+func (d *Daemon) isLost(k state.Key) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.lost[k]
 }
 
 func (d *Daemon) problem(k state.Key) string {

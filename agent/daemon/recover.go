@@ -310,12 +310,12 @@ func (d *Daemon) renewAll(ctx context.Context) {
 				d.setProblem(m.Key, "")
 			}
 		case errors.Is(err, claim.ErrFenced):
-			if d.problem(m.Key) != err.Error() {
+			if !d.isLost(m.Key) {
 				d.audit.Record(audit.Entry{Event: audit.Renew, Result: audit.Failed, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace,
 					Image: m.Image, Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, Error: true,
 					Message: fmt.Sprintf("claim on %s is lost, device %s left in place: %v", m.Key, m.Device, err)})
 			}
-			d.setProblem(m.Key, err.Error())
+			d.setLost(m.Key, err.Error())
 		default:
 			d.setProblem(m.Key, "lease not renewed: "+err.Error())
 			if errors.Is(err, cephconn.ErrUnavailable) {

@@ -223,7 +223,9 @@ func (d *Daemon) alreadyMapped(ctx context.Context, t target, store *claim.Store
 	if m.Claimed {
 		rec, err := store.Renew(ctx, t.img, m.Epoch)
 		if err != nil {
-			d.setProblem(t.key, err.Error())
+			if errors.Is(err, claim.ErrFenced) {
+				d.setLost(t.key, err.Error())
+			}
 			return nil, true, err
 		}
 		resp.Claim = apiClaim(t.key.Cluster, rec)

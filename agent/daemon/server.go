@@ -378,7 +378,7 @@ func (d *Daemon) Status() api.Status {
 	}
 	mappings := d.state.All()
 	for _, m := range mappings {
-		if m.Claimed && (m.Phase == state.Mapped || m.Phase == state.Claimed) {
+		if m.Claimed && (m.Phase == state.Mapped || m.Phase == state.Claimed) && !d.isLost(m.Key) {
 			st.ClaimsHeld++
 		}
 		if m.Phase != state.Mapped {

@@ -120,8 +120,15 @@ func report(cmd string, err error, stderr io.Writer) int {
 		switch ae.Code {
 		case api.CodeClaimedElsewhere:
 			if o := ae.Owner; o != nil {
-				msg = fmt.Sprintf("%s; held by node %s (host %s) at epoch %d since %s, lease renewed %.0fs ago",
-					strings.SplitN(msg, " is held", 2)[0], o.NodeID, o.Hostname, o.Epoch, o.AcquiredAt.Format(time.RFC3339), o.LeaseAge)
+				// "acquire rbd/img: rbd/img is held (rwo) by …": name the image once
+				what := "the image"
+				if before, _, ok := strings.Cut(msg, " is held"); ok {
+					if f := strings.Fields(before); len(f) > 0 {
+						what = f[len(f)-1]
+					}
+				}
+				msg = fmt.Sprintf("%s is held by node %s (host %s) at epoch %d since %s, lease renewed %.0fs ago",
+					what, o.NodeID, o.Hostname, o.Epoch, o.AcquiredAt.Format(time.RFC3339), o.LeaseAge)
 				if o.Expired {
 					msg += " (expired: map with --takeover to fence it and take over)"
 				} else {

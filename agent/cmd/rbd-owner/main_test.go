@@ -56,10 +56,10 @@ func TestMapPrintsTheDevice(t *testing.T) {
 }
 
 func TestClaimedElsewhereExits3AndNamesTheOwner(t *testing.T) {
-	sock, _ := serve(t, 409, api.ErrorBody{Error: &api.Error{Code: api.CodeClaimedElsewhere, Message: "rbd/img is held (rwo) by node node-a ...",
+	sock, _ := serve(t, 409, api.ErrorBody{Error: &api.Error{Code: api.CodeClaimedElsewhere, Message: "acquire rbd/img: rbd/img is held (rwo) by node node-a ...",
 		Owner: &api.Owner{NodeID: "node-a", Hostname: "host-a", Epoch: 4, AcquiredAt: time.Now(), LeaseAge: 3}}})
 	code, _, errs := cli("--socket", sock, "map", "rbd/img")
-	if code != exitClaimed || !strings.Contains(errs, "node node-a") || !strings.Contains(errs, "epoch 4") || !strings.Contains(errs, "rbd-owner fence") {
+	if code != exitClaimed || !strings.HasPrefix(errs, "rbd-owner map: rbd/img is held by node node-a") || strings.Count(errs, "rbd/img") != 1 || !strings.Contains(errs, "epoch 4") || !strings.Contains(errs, "rbd-owner fence") {
 		t.Fatalf("exit %d, stderr %q", code, errs)
 	}
 	if strings.Count(strings.TrimSpace(errs), "\n") != 0 {
