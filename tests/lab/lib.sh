@@ -1,0 +1,238 @@
+# tests/lab/lib.sh — the two-node lab's plumbing, sourced by tests/lab/lab and tests/lab/e2e.
+#
+#   lab_up           image (cached) → netns (203.0.113.1/24 on br0, one tap per guest, no link to
+#                    the root namespace) → Ceph on the host inside it (mon v1 on 6789 for krbd)
+#                    while the guests boot → each guest: .deb installed with dpkg -i from its 9p
+#                    share, config written by the lab, agent started by systemd (socket activation)
+#   lab_down         qemu by PID, the cluster by its PID files, the namespace; idempotent; used by
+#                    the EXIT/INT/TERM trap of every caller (unless KEEP=1)
+#   on NODE CMD...   run CMD (a bash script text) as root in the guest, print its output, return
+#                    its exit status (the command channel: tests/lab/cmdloop.sh over the 9p share)
+#   hmp NODE CMD     a qemu monitor command (stop, cont, info status)
+#   ceph / rbd / rados   the admin CLIs inside the lab namespace
+#   step NAME / step_done [RESULT]   progress lines with wall times, and the summary table
+#
+# State of a running lab: $LAB_DIR/lab.env (NS, PIDs, …); $LAB_DIR/logs/ has consoles, ceph logs,
+# timeline.txt. The newest lab's directory is recorded in $CACHE/current (for `lab sh`, `lab down`).
+# Needs root, qemu-system-x86, debootstrap, Ceph on the host (tests/deps lab), python3.
+
+LAB_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+CACHE=${RBD_OWNER_LAB_CACHE:-$HOME/.cache/rbd-owner/lab}
+NODES=(node-a node-b)
+declare -A NODE_IP=([node-a]=203.0.113.11 [node-b]=203.0.113.12)
+declare -A NODE_MAC=([node-a]=52:54:00:c0:71:11 [node-b]=52:54:00:c0:71:12)
+LEASE=${LEASE:-15s}
+RENEW=${RENEW:-5s}
+GUEST_MEM=${GUEST_MEM:-512}
+BOOT_TIMEOUT=${BOOT_TIMEOUT:-300}
+CMD_TIMEOUT=${CMD_TIMEOUT:-120}
+
+# ---- time and progress ----------------------------------------------------------------------
+now() { date +%s.%N; }
+LAB_T0=${LAB_T0:-$(now)}
+elapsed() { printf '%.1f' "$(echo "$(now) - ${1:-$LAB_T0}" | bc)"; }
+log() { printf '[%6.1fs] %s\n' "$(elapsed)" "$*" | tee -a "${LAB_DIR:-/tmp}/logs/timeline.txt" >&2; }
+STEP_NAMES=(); STEP_SECS=(); STEP_RES=(); STEP_T=
+step() { step_done; STEP_NAME=$1; STEP_T=$(now); log "── $1"; }
+step_done() {
+  [ -n "$STEP_T" ] || return 0
+  STEP_NAMES+=("$STEP_NAME"); STEP_SECS+=("$(elapsed "$STEP_T")"); STEP_RES+=("${1:-ok}"); STEP_T=
+}
+summary_table() {
+  local i
+  printf '  %-78s %8s  %s\n' STEP SECONDS RESULT
+  for i in "${!STEP_NAMES[@]}"; do
+    printf '  %-78s %8s  %s\n' "${STEP_NAMES[$i]}" "${STEP_SECS[$i]}" "${STEP_RES[$i]}"
+  done
+  printf '  %-78s %8s\n' "total wall time" "$(elapsed)"
+}
+die() { log "FATAL: $*"; exit 1; }
+
+# ---- admin CLIs inside the namespace --------------------------------------------------------
+NSX() { ip netns exec "$NS" "$@"; }
+ceph() { NSX ceph -c "$CEPHDIR/ceph.conf" --connect-timeout 15 "$@"; }
+rbd() { NSX rbd -c "$CEPHDIR/ceph.conf" "$@"; }
+rados() { NSX rados -c "$CEPHDIR/ceph.conf" "$@"; }
+# claim_json IMAGE [POOL[/NS]]: the claim record as the agent wrote it ("" when there is none)
+claim_json() {
+  local pool=${2:-rbd} nsarg=()
+  case $pool in */*) nsarg=(-N "${pool#*/}"); pool=${pool%%/*} ;; esac
+  rados -p "$pool" "${nsarg[@]}" get "rbd-owner.claim.$1" - 2>/dev/null
+}
+
+# ---- the command channel --------------------------------------------------------------------
+share() { echo "$LAB_DIR/share-${1#node-}"; }
+# on [-t SECONDS] NODE SCRIPT...: run SCRIPT in NODE as root; prints stdout+stderr, returns rc
+on() {
+  local t=$CMD_TIMEOUT
+  [ "$1" = -t ] && { t=$2; shift 2; }
+  local node=$1; shift
+  local s id end
+  s=$(share "$node"); id=$(date +%s%N)-$$-$RANDOM
+  printf '%s\n' "$*" > "$s/cmd/.$id.tmp" && mv "$s/cmd/.$id.tmp" "$s/cmd/$id.sh"
+  end=$(( $(date +%s) + t ))
+  while [ ! -e "$s/out/$id.rc" ]; do
+    if [ -n "${QPID[$node]:-}" ] && ! kill -0 "${QPID[$node]}" 2>/dev/null; then
+      echo "lab: $node is not running (qemu ${QPID[$node]} gone)" >&2; return 125
+    fi
+    if [ "$(date +%s)" -ge "$end" ]; then
+      cat "$s/out/$id.out" 2>/dev/null
+      echo "lab: command on $node did not finish in ${t}s: $*" >&2
+      return 124
+    fi
+    sleep 0.05
+  done
+  cat "$s/out/$id.out"
+  local rc; rc=$(cat "$s/out/$id.rc")
+  rm -f "$s/out/$id.out" "$s/out/$id.rc" "$s/run/$id.sh"
+  return "$rc"
+}
+# hmp NODE COMMAND: one command on the node's qemu monitor, prints the answer
+hmp() {
+  python3 - "$LAB_DIR/$1.mon" "$2" <<'PY'
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.settimeout(10)
+def until_prompt():
+    b = b""
+    while not b.endswith(b"(qemu) "):
+        c = s.recv(4096)
+        if not c: break
+        b += c
+    return b.decode(errors="replace")
+until_prompt()
+s.sendall(sys.argv[2].encode() + b"\n")
+out = until_prompt().replace("\r", "")
+lines = [l for l in out.split("\n") if l and not l.startswith("(qemu)") and l.strip() != sys.argv[2]]
+lines = [l for l in lines if "\x1b" not in l and l.strip()]
+if lines: print("\n".join(lines))
+PY
+}
+
+# ---- up / down --------------------------------------------------------------------------------
+# the newest .deb from `make package`
+lab_deb() { ls -t "$LAB_REPO"/dist/rbd-owner_*_amd64.deb 2>/dev/null | head -1; }
+
+lab_save_env() {
+  { echo "NS=$NS"; echo "CEPHDIR=$CEPHDIR"; echo "LAB_DIR=$LAB_DIR"; echo "FSID=${FSID:-}"
+    for n in "${NODES[@]}"; do echo "QPID_${n#node-}=${QPID[$n]:-}"; done; } > "$LAB_DIR/lab.env"
+}
+# lab_load DIR: adopt a running lab (for `lab sh`, `lab down`)
+lab_load() {
+  LAB_DIR=$1; [ -f "$LAB_DIR/lab.env" ] || { echo "no lab in $LAB_DIR" >&2; return 1; }
+  # shellcheck disable=SC1091
+  . "$LAB_DIR/lab.env"
+  declare -gA QPID=()
+  local n v; for n in "${NODES[@]}"; do v=QPID_${n#node-}; QPID[$n]=${!v}; done
+}
+
+declare -A QPID=()
+lab_up() {  # lab_up [extra images...]
+  LAB_DIR=${LAB_DIR:-$CACHE/runs/lab-$(date +%Y%m%d-%H%M%S)-$$}
+  NS=rbdo-lab-$$; CEPHDIR=$LAB_DIR/ceph
+  mkdir -p "$LAB_DIR/logs" || return 1
+  # keep the logs of the last 10 runs
+  ls -dt "$CACHE"/runs/lab-* 2>/dev/null | tail -n +11 | while read -r d; do [ -f "$d/lab.env" ] || rm -rf "$d"; done
+  ln -sfn "$LAB_DIR" "$CACHE/current"
+  lab_save_env
+  local deb; deb=$(lab_deb); [ -n "$deb" ] || die "no dist/rbd-owner_*_amd64.deb: run make package"
+
+  step "guest image (cached; rebuilt only when its inputs change)"
+  local img; img=$(nice -n 15 "$LAB_REPO/tests/vm/build-image" 2> >(tee -a "$LAB_DIR/logs/build-image.log" >&2)) \
+    || die "image build failed"
+  step_done
+
+  step "network namespace $NS (br0 203.0.113.1/24, taps for ${NODES[*]})"
+  local n taps=()
+  for n in "${NODES[@]}"; do taps+=("tl${n#node-}$$"); done
+  "$LAB_REPO/tests/vm/netns-up" "$NS" "${taps[@]}" || die "netns-up failed"
+  step_done
+
+  step "boot ${NODES[*]} (qemu TCG, $GUEST_MEM MiB) while the Ceph cluster starts"
+  local i=0
+  for n in "${NODES[@]}"; do
+    local s; s=$(share "$n"); mkdir -p "$s"/{cmd,run,out}
+    cp "$LAB_REPO/tests/lab/guest.sh" "$s/run.sh"; cp "$LAB_REPO/tests/lab/cmdloop.sh" "$s/cmdloop.sh"
+    cp "$deb" "$s/rbd-owner.deb"
+    printf 'NODE_ID=%s\nGUEST_IP=%s/24\nMON=203.0.113.1:6789\n' "$n" "${NODE_IP[$n]}" > "$s/node.env"
+    cat > "$s/config.yaml" <<EOF
+# written by tests/lab for $n
+node_id: $n
+clusters:
+  - id: lab
+    monitors: [203.0.113.1:6789]
+    user: rbdowner
+    keyring: /etc/ceph/ceph.client.rbdowner.keyring
+lease_duration: $LEASE
+renew_interval: $RENEW
+takeover_policy: manual
+map_timeout: 30s
+mount_timeout: 15s
+EOF
+    # setsid: the guests outlive a closed terminal under KEEP=1; Ctrl-C reaches them through the trap
+    MEM=$GUEST_MEM REBOOT=1 MONITOR=$LAB_DIR/$n.mon setsid nice -n 5 "$LAB_REPO/tests/vm/boot-guest" "$img" "$NS" "${taps[$i]}" \
+      "${NODE_MAC[$n]}" "$s" "$LAB_DIR/logs" "$n" &
+    QPID[$n]=$!; i=$((i + 1))
+    log "$n: qemu pid ${QPID[$n]} (${NODE_IP[$n]}, console $LAB_DIR/logs/$n.console)"
+  done
+  lab_save_env
+
+  local t; t=$(now)
+  NSX env BIND_IP=203.0.113.1 MON_V1_PORT=6789 IMAGE=img1 OSD_STORE=memstore \
+    nice -n 5 "$LAB_REPO/tests/ceph/up" "$CEPHDIR" 3300 6800 > "$LAB_DIR/logs/ceph-up.log" 2>&1 \
+    || { cat "$LAB_DIR/logs/ceph-up.log" >&2; die "ceph up failed"; }
+  FSID=$(awk '$1=="fsid"{print $3}' "$CEPHDIR/ceph.conf")
+  local im; for im in img2 img3 ns1/img4 kimg1 ns1/kimg2 "$@"; do rbd create --size 64M "rbd/$im" || die "rbd create $im"; done
+  rbd snap create rbd/kimg1@s1 >/dev/null 2>&1 || die "rbd snap create kimg1@s1"
+  lab_save_env
+  for n in "${NODES[@]}"; do install -m 0600 "$CEPHDIR/client.rbdowner.keyring" "$(share "$n")/keyring"; done
+  log "Ceph cluster up in $(elapsed "$t")s: fsid $FSID, mon 203.0.113.1 (v2 3300, v1 6789), images rbd/img1 img2 img3 ns1/img4"
+
+  for n in "${NODES[@]}"; do
+    s=$(share "$n")
+    local end=$(( $(date +%s) + BOOT_TIMEOUT ))
+    until [ -e "$s/out/ready" ]; do
+      kill -0 "${QPID[$n]}" 2>/dev/null || die "$n: qemu exited during boot (see $LAB_DIR/logs/$n.console)"
+      [ "$(date +%s)" -lt "$end" ] || { tail -20 "$LAB_DIR/logs/$n.console" >&2; die "$n: not ready in ${BOOT_TIMEOUT}s"; }
+      sleep 0.2
+    done
+    [ "$(cat "$s/out/dpkg.rc" 2>/dev/null)" = 0 ] || { cat "$s/out/setup.log" >&2; die "$n: dpkg -i failed"; }
+    log "$n: booted, .deb installed, command channel up (guest uptime $(sed -n 's/^uptime=//p' "$s/out/ready")s)"
+  done
+  step_done
+
+  step "agents started by systemd (rbd-owner.socket + rbd-owner.service) and answering"
+  for n in "${NODES[@]}"; do
+    on -t 90 "$n" 'for i in $(seq 600); do systemctl is-active -q rbd-owner.service && rbd-owner status >/dev/null 2>&1 && exit 0; sleep 0.1; done
+      systemctl status --no-pager rbd-owner; journalctl -b -u rbd-owner --no-pager | tail -20; exit 1' > "$LAB_DIR/logs/$n.agent-start.log" 2>&1 \
+      || { cat "$LAB_DIR/logs/$n.agent-start.log" >&2; die "$n: rbd-owner did not become active"; }
+  done
+  log "agents active on ${NODES[*]}"
+  step_done
+}
+
+lab_down() {
+  local n p
+  [ -n "${LAB_DIR:-}" ] || return 0
+  for n in "${NODES[@]}"; do
+    p=${QPID[$n]:-}
+    [ -n "$p" ] || continue
+    if kill -0 "$p" 2>/dev/null && tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "qemu-system-x86_64 -name $n "; then
+      kill -TERM "$p"
+    fi
+  done
+  for n in "${NODES[@]}"; do
+    p=${QPID[$n]:-}; [ -n "$p" ] || continue
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$p" 2>/dev/null && tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "qemu-system-x86_64 -name $n " && kill -KILL "$p"
+    wait "$p" 2>/dev/null
+  done
+  [ -f "${CEPHDIR:-/nonexistent}/ceph.conf" ] && "$LAB_REPO/tests/ceph/down" "$CEPHDIR" --purge > "$LAB_DIR/logs/ceph-down.log" 2>&1
+  if [ -n "${NS:-}" ]; then
+    for _ in $(seq 30); do [ -z "$(ip netns pids "$NS" 2>/dev/null)" ] && break; sleep 0.1; done
+    "$LAB_REPO/tests/vm/netns-down" "$NS" || echo "lab: WARNING: namespace $NS left behind" >&2
+  fi
+  for n in "${NODES[@]}"; do rm -f "$(share "$n")/keyring" "$(share "$n")/rbd-owner.deb" "$(share "$n")/krbd.test" "$LAB_DIR/$n.mon"; done
+  [ "$(readlink "$CACHE/current" 2>/dev/null)" = "$LAB_DIR" ] && rm -f "$CACHE/current"
+  rm -f "$LAB_DIR/lab.env"
+  echo "lab: torn down (logs in $LAB_DIR/logs)" >&2
+}
