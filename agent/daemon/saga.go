@@ -136,6 +136,9 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 		}
 		epoch := res.Holder.Epoch
 		s.onFail(func(ctx context.Context) error { _, err := store.Release(ctx, t.img, epoch); return err })
+		d.audit.Record(audit.Entry{Event: audit.Claim, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
+			Image: t.spec.Image, Epoch: epoch, OwnerNode: d.cfg.NodeID, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
+			Message: fmt.Sprintf("claimed %s (%s) at epoch %d", t.spec, access, epoch)})
 		for _, f := range res.Fenced {
 			d.audit.Record(audit.Entry{Event: audit.Takeover, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
 				Image: t.spec.Image, Epoch: epoch, OwnerNode: f.NodeID, Warning: true, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
@@ -400,7 +403,11 @@ func (d *Daemon) unmapTarget(req api.UnmapRequest) (target, *krbd.Device, error)
 
 // refused audits a map that was refused (another owner, bad input, ...) and returns err.
 func (d *Daemon) refused(req api.MapRequest, peer *peercred.Cred, err error) error {
-	e := audit.Entry{Event: audit.Refuse, Result: audit.Refused, Cluster: req.Cluster, Pool: req.Pool, Namespace: req.Namespace,
+	clusterID := req.Cluster
+	if c, cerr := d.cfg.Cluster(req.Cluster); cerr == nil {
+		clusterID = c.ID
+	}
+	e := audit.Entry{Event: audit.Refuse, Result: audit.Refused, Cluster: clusterID, Pool: req.Pool, Namespace: req.Namespace,
 		Image: req.Image, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer), Message: "map refused: " + err.Error()}
 	var held *claim.HeldError
 	if errors.As(err, &held) {
