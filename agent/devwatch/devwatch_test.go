@@ -125,7 +125,11 @@ func TestLostEvents(t *testing.T) {
 	d1 := mapImg(t, c, "rbd/img1")
 	expect(t, w, devwatch.Added, "rbd/img1", d1.ID, true)
 	d2 := mapImg(t, c, "rbd/img2")
-	expect(t, w, devwatch.Added, "rbd/img2", d2.ID, false)
+	// img2's own events carry the overflow marker: the re-listing they trigger may find img2
+	// already in sysfs (resync) or leave it to its events; either way it is reported once
+	if e := next(t, w); e.Kind != devwatch.Added || e.Device.Spec().String() != "rbd/img2" || e.Device.ID != d2.ID {
+		t.Fatalf("got %v %s id %d; want added rbd/img2 id %d", e.Kind, e.Device.Spec(), e.Device.ID, d2.ID)
+	}
 	k.DropEvents(3)
 	unmap(t, c, d1.ID)
 	expect(t, w, devwatch.Removed, "rbd/img1", d1.ID, true)
