@@ -450,17 +450,7 @@ func pidOf(p *peercred.Cred) int {
 }
 
 // linkOf is the stable udev link of a mapping (see udev/60-rbd-owner.rules).
-func linkOf(s krbd.Spec, fsid string) string {
-	l := "/dev/rbd-owner/" + fsid + "/" + s.Pool + "/"
-	if s.Namespace != "" {
-		l += s.Namespace + "/"
-	}
-	l += s.Image
-	if s.Snap != "" {
-		l += "@" + s.Snap
-	}
-	return l
-}
+func linkOf(s krbd.Spec, fsid string) string { return "/dev/rbd-owner/" + fsid + "/" + s.String() }
 
 // keyedLocks serialises the sagas of one image; different images proceed in parallel.
 type keyedLocks struct {

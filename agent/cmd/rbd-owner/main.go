@@ -405,13 +405,5 @@ func dash(s string) string {
 }
 
 func imageName(pool, ns, image, snap string) string {
-	s := pool + "/"
-	if ns != "" {
-		s += ns + "/"
-	}
-	s += image
-	if snap != "" {
-		s += "@" + snap
-	}
-	return s
+	return krbd.Spec{Pool: pool, Namespace: ns, Image: image, Snap: snap}.String()
 }
