@@ -543,3 +543,39 @@ func TestClusterUnavailable(t *testing.T) {
 }
 
 var _ = rados.OperationNoFlag
+
+// A takeover blocklists the holder, then loses its write to the holder's own renewal: the
+// holder's mapping is fenced all the same, so the takeover goes through (a claim that looks
+// live while its device cannot write would help nobody).
+func TestTakeoverCompletesWhenTheFencedHolderRenewsInBetween(t *testing.T) {
+	img := testImage(t, "")
+	clk := newClock()
+	a, b := newNode(t, "node-a", clk), newNode(t, "node-b", clk)
+	res, err := a.Acquire(ctx(t), Request{Image: img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.SetMapping(ctx(t), img, res.Holder.Epoch, fakeClientAddr(21), "/dev/rbd0"); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(31 * time.Second)
+	renewed := false
+	b.afterFence = func() {
+		if !renewed { // node-a wakes up and renews between node-b's fence and its write
+			renewed = true
+			if _, err := a.Renew(ctx(t), img, res.Holder.Epoch); err != nil {
+				t.Errorf("node-a's late renewal: %v", err)
+			}
+		}
+	}
+	got, err := b.Acquire(ctx(t), Request{Image: img, Takeover: true})
+	if err != nil {
+		t.Fatalf("takeover after fencing must complete, got %v", err)
+	}
+	if !renewed || got.Record.Holder("node-a") != nil || got.Holder.Epoch != res.Holder.Epoch+1 || len(got.Fenced) != 1 {
+		t.Fatalf("takeover result: renewed=%v %+v", renewed, got.Record)
+	}
+	if _, err := a.Renew(ctx(t), img, res.Holder.Epoch); !errors.Is(err, ErrFenced) {
+		t.Fatalf("node-a after the takeover: %v", err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -53,6 +54,11 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 	}
 	self := s.cfg.Node.ID
 	var res Result
+	// holders this call has already blocklisted, by node and epoch: if the write then loses a
+	// race to the holder's own renewal, the holder's mapping is fenced all the same, so the
+	// takeover must go through rather than leave a live-looking claim whose device cannot write
+	fenced := map[string]Fence{}
+	fkey := func(h Holder) string { return h.NodeID + "@" + strconv.FormatUint(h.Epoch, 10) + "@" + h.fenceAddr() }
 	rec, err := s.update(ctx, req.Image, func(cur *Record) (*Record, error) {
 		now := s.cfg.Now().UTC()
 		res = Result{}
@@ -88,6 +94,9 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 					Reason: "map with takeover only once its lease has expired, or have an admin run `rbd-owner fence` and `rbd-owner release --force`"}
 			}
 			for _, h := range cur.Holders {
+				if _, done := fenced[fkey(h)]; done {
+					continue
+				}
 				if !h.Expired(now) {
 					return nil, &HeldError{Image: req.Image, Access: cur.Access, Epoch: cur.Epoch, Holders: cur.Holders, Now: now,
 						Reason: fmt.Sprintf("takeover refused: node %s's lease is still live until %s", h.NodeID, h.LeaseExpiry().UTC().Format(time.RFC3339))}
@@ -111,9 +120,13 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 		// fence first, write after: a crash in between leaves the old holder blocklisted and
 		// the record unchanged, and the next attempt blocklists again (idempotent) and writes
 		for _, h := range evict {
-			f, err := s.fence(h, now)
-			if err != nil {
-				return nil, fmt.Errorf("takeover of %s from node %s: %w", req.Image, h.NodeID, err)
+			f, done := fenced[fkey(h)]
+			if !done {
+				var err error
+				if f, err = s.fence(h, now); err != nil {
+					return nil, fmt.Errorf("takeover of %s from node %s: %w", req.Image, h.NodeID, err)
+				}
+				fenced[fkey(h)] = f
 			}
 			cur.without(h.NodeID)
 			cur.addFence(f)
@@ -174,6 +187,9 @@ func (s *Store) fence(h Holder, now time.Time) (Fence, error) {
 	until, err := cephconn.Blocklist(s.conn, addr, s.cfg.FenceExpiry)
 	if err != nil {
 		return Fence{}, err
+	}
+	if s.afterFence != nil {
+		s.afterFence()
 	}
 	return Fence{NodeID: h.NodeID, Addr: addr, Epoch: h.Epoch, At: now, Expires: until.UTC(), By: s.cfg.Node.ID}, nil
 }

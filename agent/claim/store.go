@@ -58,6 +58,8 @@ type Store struct {
 	conn *rados.Conn
 	fsid string
 	cfg  Config
+	// afterFence runs after each blocklisting (tests use it to interleave a holder's renewal)
+	afterFence func()
 }
 
 // NewStore returns a Store on conn (owned by the caller).

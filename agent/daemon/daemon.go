@@ -68,11 +68,13 @@ type Daemon struct {
 
 	locks keyedLocks
 
-	mu        sync.Mutex
-	problems  map[state.Key]string // claims that cannot be renewed, devices that cannot be explained
-	lost      map[state.Key]bool   // claims this node knows it no longer holds (device kept)
-	unmanaged map[int]krbd.Device  // devices mapped behind the agent's back
-	heartbeat time.Time
+	mu       sync.Mutex
+	problems map[state.Key]string // claims that cannot be renewed, devices that cannot be explained
+	lost     map[state.Key]bool   // claims this node knows it no longer holds (device kept)
+	// selfFenced: when this node last re-blocklisted its own lost mapping
+	selfFenced map[state.Key]time.Time
+	unmanaged  map[int]krbd.Device // devices mapped behind the agent's back
+	heartbeat  time.Time
 
 	bg sync.WaitGroup // goroutines the daemon owns
 }
@@ -114,7 +116,7 @@ func New(opts Options) (*Daemon, error) {
 	d := &Daemon{
 		opts: opts, cfg: opts.Config, log: opts.Log, audit: opts.Audit, kernel: opts.Kernel, state: st,
 		addrs: nodeaddr.New(), clusters: map[string]*cluster{},
-		problems: map[state.Key]string{}, lost: map[state.Key]bool{}, unmanaged: map[int]krbd.Device{},
+		problems: map[state.Key]string{}, lost: map[state.Key]bool{}, selfFenced: map[state.Key]time.Time{}, unmanaged: map[int]krbd.Device{},
 	}
 	if opts.Peers != nil {
 		d.peers = *opts.Peers

@@ -55,6 +55,14 @@ func (d *Daemon) reconcile(ctx context.Context) {
 			continue
 		}
 		if cur, ok := d.state.Get(m.Key); ok {
+			// list again under the lock: a saga that finished since the first listing may have
+			// made a device that the old list does not have
+			if fresh, err := d.kernel.List(); err == nil {
+				byID = map[int]krbd.Device{}
+				for _, dv := range fresh {
+					byID[dv.ID] = dv
+				}
+			}
 			if id, adopted := d.settle(ctx, cur, byID); adopted {
 				explained[id] = true
 			}
@@ -62,10 +70,25 @@ func (d *Daemon) reconcile(ctx context.Context) {
 		unlock()
 	}
 	for _, dv := range devs {
-		if !explained[dv.ID] {
+		if !explained[dv.ID] && d.unexplained(dv) {
 			d.noteUnmanaged(dv)
 		}
 	}
+}
+
+// unexplained says whether a device is still there and still not one of ours (the listing
+// it came from may be older than a saga that adopted or removed it).
+func (d *Daemon) unexplained(dv krbd.Device) bool {
+	cur, err := d.kernel.ReadDevice(dv.ID)
+	if err != nil || cur.ClientAddr != dv.ClientAddr {
+		return false
+	}
+	for _, m := range d.state.All() {
+		if m.DeviceID == dv.ID && m.ClientAddr == dv.ClientAddr {
+			return false
+		}
+	}
+	return true
 }
 
 // settle finishes or undoes one mapping's saga. It returns the id of the device it kept.
@@ -96,23 +119,17 @@ func (d *Daemon) settle(ctx context.Context, m state.Mapping, devs map[int]krbd.
 	switch m.Phase {
 	case state.Claiming:
 		// crashed while writing the claim: whether it was written is only known to the cluster
-		store, err := cl.claims()
+		epoch, err := d.claimingEpoch(ctx, cl, m)
 		if err != nil {
 			d.setProblem(m.Key, "half-done map waits for the cluster: "+err.Error())
 			return 0, false
 		}
-		rec, err := store.Inspect(ctx, claim.Image{Pool: m.Pool, Namespace: m.Namespace, Name: m.Image})
-		if err == nil {
-			if h := rec.Holder(d.cfg.NodeID); h != nil && h.ClientAddr == "" {
-				m.Epoch = h.Epoch
-				if err := d.release(ctx, cl, m); err != nil {
-					d.setProblem(m.Key, "half-done map: claim release failed, will retry: "+err.Error())
-					return 0, false
-				}
+		if epoch != 0 {
+			m.Epoch = epoch
+			if err := d.release(ctx, cl, m); err != nil {
+				d.setProblem(m.Key, "half-done map: claim release failed, will retry: "+err.Error())
+				return 0, false
 			}
-		} else if !errors.Is(err, claim.ErrNoClaim) {
-			d.setProblem(m.Key, "half-done map waits for the cluster: "+err.Error())
-			return 0, false
 		}
 		log.Info("undid a map interrupted while claiming")
 		d.dropState(m)
@@ -316,6 +333,7 @@ func (d *Daemon) renewAll(ctx context.Context) {
 					Message: fmt.Sprintf("claim on %s is lost, device %s left in place: %v", m.Key, m.Device, err)})
 			}
 			d.setLost(m.Key, err.Error())
+			d.keepFenced(cl, m, err)
 		default:
 			d.setProblem(m.Key, "lease not renewed: "+err.Error())
 			if errors.Is(err, cephconn.ErrUnavailable) {
@@ -323,6 +341,48 @@ func (d *Daemon) renewAll(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// keepFenced re-blocklists this node's own mapping of an image another node now holds, before
+// the fence that took it expires: the device is left mapped (unmapping a file system in use is
+// not the agent's call), and when the blocklist entry ran out its kernel client would write
+// again. Only done when the record shows the image held by others or this hold fenced, so a
+// mapping whose record merely vanished is not cut off.
+func (d *Daemon) keepFenced(cl *cluster, m state.Mapping, lost error) {
+	var le *claim.LostError
+	if !errors.As(lost, &le) || le.Record == nil || m.ClientAddr == "" || m.Phase != state.Mapped {
+		return
+	}
+	h := le.Record.Holder(d.cfg.NodeID)
+	if !(len(le.Record.Holders) > 0 && (h == nil || h.Fenced || h.Epoch != m.Epoch)) {
+		return
+	}
+	if _, err := d.kernel.ReadDevice(m.DeviceID); err != nil {
+		return // gone: the reconciler handles it
+	}
+	d.mu.Lock()
+	last := d.selfFenced[m.Key]
+	d.mu.Unlock()
+	if time.Since(last) < d.cfg.FenceExpiry.D()/4 {
+		return
+	}
+	cl.mu.Lock()
+	conn := cl.conn
+	cl.mu.Unlock()
+	if conn == nil {
+		return
+	}
+	until, err := cephconn.Blocklist(conn, m.ClientAddr, d.cfg.FenceExpiry.D())
+	if err != nil {
+		d.log.WithError(err).WithField("image", m.Key.String()).Error("cannot keep this node's lost mapping fenced")
+		return
+	}
+	d.mu.Lock()
+	d.selfFenced[m.Key] = time.Now()
+	d.mu.Unlock()
+	d.audit.Record(audit.Entry{Event: audit.Fence, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace, Image: m.Image,
+		Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, Warning: true,
+		Message: fmt.Sprintf("%s lost its claim and stays mapped: its client %s is kept blocklisted until %s; unmap it", m.Device, m.ClientAddr, until.UTC().Format(time.RFC3339))})
 }
 
 func specOf(m state.Mapping) krbd.Spec {

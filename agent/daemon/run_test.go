@@ -130,6 +130,16 @@ func TestLostClaimIsReportedAndDeviceKept(t *testing.T) {
 	if _, err := a.d.Map(bg, mapReq("", img), nil); apiError(err).Code != api.CodeFenced {
 		t.Fatalf("map of a fenced mapping: want fenced, got %v", err)
 	}
+	// the kept device stays fenced beyond the fence that took it: node-a re-blocklists it
+	a.eventually("self-fence", func() bool { return len(a.audited(audit.Fence)) == 1 })
+	out, _, err := cephtest.AdminConn(t).MonCommand([]byte(`{"prefix":"osd blocklist ls","format":"json"}`))
+	if err != nil || !strings.Contains(string(out), resp.Claim.Holders[0].ClientAddr) {
+		t.Fatalf("blocklist lacks %s: %v", resp.Claim.Holders[0].ClientAddr, err)
+	}
+	time.Sleep(500 * time.Millisecond) // more renewals: at most one self-fence per quarter expiry
+	if n := len(a.audited(audit.Fence)); n != 1 {
+		t.Fatalf("%d self-fences, want 1", n)
+	}
 }
 
 func TestNotifyReadyStatusAndWatchdog(t *testing.T) {
@@ -363,5 +373,59 @@ func TestClusterUnavailableIs503(t *testing.T) {
 	_, err := a.d.Map(bg, mapReq("", "x"), nil)
 	if e := apiError(err); e.Code != api.CodeClusterUnavailable {
 		t.Fatalf("want cluster_unavailable, got %+v", e)
+	}
+}
+
+// `rbd-owner unmap /dev/rbdN` of a second mapping made behind the agent's back unmaps that
+// device alone: the claim protects the recorded device, which stays mapped.
+func TestUnmapByPathOfASecondMappingKeepsTheClaim(t *testing.T) {
+	a := newNode(t, "node-a")
+	img := a.image("")
+	resp, err := a.d.Map(bg, mapReq("", img), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := krbd.New(a.kernel.Config()).Map(bg, krbd.Spec{Pool: cephtest.Pool, Image: img}, krbd.MapOptions{
+		Monitors: []string{cephtest.MonitorV1(t)}, User: cephtest.Options(t).User, Secret: cephtest.Secret(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := a.d.Unmap(bg, api.UnmapRequest{Device: other.DevNode}, nil); !ok || err != nil {
+		t.Fatalf("unmap %s: %v %v", other.DevNode, ok, err)
+	}
+	if !a.consistent("", img) {
+		t.Fatal("the recorded device went away")
+	}
+	if again, err := a.d.Map(bg, mapReq("", img), nil); err != nil || !again.AlreadyMapped || again.Device != resp.Device {
+		t.Fatalf("the agent's own mapping: %+v %v", again, err)
+	}
+}
+
+// A map interrupted after the kernel write (state "claimed", device not recorded), then an
+// unmap before any reconciliation: the device is found by its names, unmapped, and the claim
+// released.
+func TestUnmapOfAnInterruptedMap(t *testing.T) {
+	a := newNode(t, "node-a")
+	img := a.image("")
+	a.fault = func(saga, step string) error {
+		if saga == "map" && step == "record" {
+			return ErrCrash
+		}
+		return nil
+	}
+	if _, err := a.d.Map(bg, mapReq("", img), nil); !errors.Is(err, ErrCrash) {
+		t.Fatal(err)
+	}
+	a.fault = nil
+	a.start() // restarted, but asked to unmap before it reconciles
+	if ok, err := a.d.Unmap(bg, unmapReq("", img), nil); !ok || err != nil {
+		t.Fatalf("unmap: %v %v", ok, err)
+	}
+	if a.consistent("", img) {
+		t.Fatal("still mapped")
+	}
+	rec, err := claimStore(t).Inspect(bg, claim.Image{Pool: cephtest.Pool, Name: img})
+	if err != nil || !rec.Free() {
+		t.Fatalf("claim not released: %+v %v", rec, err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
+	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
@@ -36,7 +37,11 @@ func (s *saga) step(name string) error {
 
 func (s *saga) onFail(f func(context.Context) error) { s.undo = append(s.undo, f) }
 
-// fail undoes what was done (unless the failure is a simulated crash) and returns err.
+// fail undoes what was done, newest first, and returns err. It stops at the first undo that
+// fails: what is left is then exactly what the persisted phase says (e.g. "claimed, maybe
+// mapped"), which the reconciler finishes or undoes later. Going on would be worse: releasing
+// the claim of a device that could not be removed leaves a device without a claim.
+// A simulated crash undoes nothing.
 func (s *saga) fail(err error) error {
 	if errors.Is(err, ErrCrash) {
 		return err
@@ -45,10 +50,24 @@ func (s *saga) fail(err error) error {
 	defer cancel()
 	for i := len(s.undo) - 1; i >= 0; i-- {
 		if uerr := s.undo[i](ctx); uerr != nil {
-			s.d.log.WithError(uerr).Error(s.name + ": undo failed; the reconciler will retry")
+			s.d.log.WithError(uerr).Error(s.name + ": undo failed; the state is kept for the reconciler to finish")
+			return err
 		}
 	}
 	return err
+}
+
+// keep abandons the undo list: the persisted state stays as it is for the reconciler.
+func (s *saga) keep(err error) error {
+	s.undo = nil
+	return err
+}
+
+// definite says whether a failed Acquire certainly wrote nothing: a refusal, not a timeout
+// whose write may have been applied.
+func definite(err error) bool {
+	return errors.Is(err, claim.ErrClaimedElsewhere) || errors.Is(err, claim.ErrInvalid) || errors.Is(err, claim.ErrBusy) ||
+		errors.Is(err, claim.ErrNotFound) || errors.Is(err, claim.ErrFenced) || errors.Is(err, cephconn.ErrPermission)
 }
 
 const undoTimeout = 2 * time.Minute
@@ -132,6 +151,11 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 		res, err = store.Acquire(ctx, claim.Request{Image: t.img, Access: access, ReadOnly: readOnly,
 			Takeover: req.Takeover || d.cfg.TakeoverPolicy == config.TakeoverAfterLeaseExpiry})
 		if err != nil {
+			if !definite(err) {
+				// the claim may have been written (e.g. a timeout after the OSD applied it):
+				// keep the "claiming" state; the reconciler looks at the claim and releases it
+				return nil, d.failed(req, peer, s.keep(err))
+			}
 			return nil, d.refused(req, peer, s.fail(err))
 		}
 		epoch := res.Holder.Epoch
@@ -160,9 +184,20 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 	before, _ := d.kernel.FindBySpec(t.spec, store.FSID())
 	dev, err := d.kernel.Map(ctx, t.spec, d.mapOptions(t.cl, readOnly))
 	if err != nil {
-		// the kernel may have made the device even though the wait failed: remove it too
-		d.removeStrays(t, store.FSID(), before)
+		// the kernel may have made the device even though the wait failed: remove it too;
+		// if that fails, keep the claim and the "claimed" state: the reconciler adopts it
+		if serr := d.removeStrays(t, store.FSID(), before); serr != nil {
+			return nil, d.failed(req, peer, s.keep(fmt.Errorf("%w (and a device it left could not be removed: %v)", err, serr)))
+		}
 		return nil, d.failed(req, peer, s.fail(err))
+	}
+	if dev.ClientAddr == "" {
+		// without the mapping's own address it could not be fenced alone: refuse it
+		s.onFail(func(ctx context.Context) error {
+			_, err := d.kernel.Unmap(ctx, dev.ID, krbd.UnmapOptions{Force: true})
+			return err
+		})
+		return nil, d.failed(req, peer, s.fail(fmt.Errorf("map %s: the kernel does not report the mapping's client_addr, so it could not be fenced alone; refusing it", t.spec)))
 	}
 	s.onFail(func(ctx context.Context) error {
 		_, err := d.kernel.Unmap(ctx, dev.ID, krbd.UnmapOptions{Force: true})
@@ -237,10 +272,10 @@ func (d *Daemon) alreadyMapped(ctx context.Context, t target, store *claim.Store
 }
 
 // removeStrays unmaps devices of spec that appeared during a failed map.
-func (d *Daemon) removeStrays(t target, fsid string, before []krbd.Device) {
+func (d *Daemon) removeStrays(t target, fsid string, before []krbd.Device) error {
 	after, err := d.kernel.FindBySpec(t.spec, fsid)
 	if err != nil {
-		return
+		return err
 	}
 	known := map[int]bool{}
 	for _, b := range before {
@@ -252,9 +287,11 @@ func (d *Daemon) removeStrays(t target, fsid string, before []krbd.Device) {
 		if !known[a.ID] {
 			if _, err := d.kernel.Unmap(ctx, a.ID, krbd.UnmapOptions{Force: true}); err != nil {
 				d.log.WithError(err).WithField("device", a.DevNode).Error("could not remove a device left by a failed map")
+				return err
 			}
 		}
 	}
+	return nil
 }
 
 func (d *Daemon) mapOptions(cl *cluster, readOnly bool) krbd.MapOptions {
@@ -288,12 +325,19 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 	var devs []krbd.Device
 	switch {
 	case dev != nil:
+		// a device named by path: it is this mapping's only if it is the recorded one; a
+		// second mapping of the image (made behind the agent's back) is unmapped alone and
+		// the claim, which protects the recorded device, is kept
 		devs = []krbd.Device{*dev}
-	case managed && m.Phase != state.Claiming:
-		if dd, err := d.kernel.ReadDevice(m.DeviceID); err == nil && dd.Spec() == t.spec && (m.ClientAddr == "" || dd.ClientAddr == m.ClientAddr) {
+		if managed && (dev.ID != m.DeviceID || dev.ClientAddr != m.ClientAddr || (m.Phase != state.Mapped && m.Phase != state.Unmapping)) {
+			managed = false
+		}
+	case managed && (m.Phase == state.Mapped || m.Phase == state.Unmapping):
+		if dd, err := d.kernel.ReadDevice(m.DeviceID); err == nil && dd.Spec() == t.spec && dd.ClientAddr == m.ClientAddr {
 			devs = []krbd.Device{dd}
 		}
 	default:
+		// not recorded as mapped (e.g. a map interrupted after the kernel write): by names
 		fsid := m.FSID
 		if store, err := t.cl.claims(); err == nil {
 			fsid = store.FSID()
@@ -302,6 +346,14 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 	}
 	if !managed && len(devs) == 0 {
 		return false, nil
+	}
+	if managed && m.Phase == state.Claiming {
+		// a map interrupted while claiming: the epoch is only known to the cluster
+		epoch, err := d.claimingEpoch(ctx, t.cl, m)
+		if err != nil {
+			return false, d.unmapFailed(t, peer, err)
+		}
+		m.Epoch = epoch
 	}
 	if managed {
 		if err := s.step("persist-intent"); err != nil {
@@ -349,6 +401,26 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 		Image: t.spec.Image, Device: devName, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
 		Message: fmt.Sprintf("unmapped %s (%s)%s", t.spec, devName, map[bool]string{true: ", claim released", false: ""}[managed && m.Claimed])})
 	return len(devs) > 0, nil
+}
+
+// claimingEpoch finds the epoch of a claim this node was writing when its map was
+// interrupted (0 when the claim was not written, or holds a mapping already).
+func (d *Daemon) claimingEpoch(ctx context.Context, cl *cluster, m state.Mapping) (uint64, error) {
+	store, err := cl.claims()
+	if err != nil {
+		return 0, err
+	}
+	rec, err := store.Inspect(ctx, claim.Image{Pool: m.Pool, Namespace: m.Namespace, Name: m.Image})
+	if errors.Is(err, claim.ErrNoClaim) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	if h := rec.Holder(d.cfg.NodeID); h != nil && h.ClientAddr == "" {
+		return h.Epoch, nil
+	}
+	return 0, nil
 }
 
 // release drops the claim of a mapping and audits it.
