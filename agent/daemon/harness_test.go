@@ -24,7 +24,7 @@ import (
 // node is one simulated node: a fake kernel, a state dir, and a daemon (re-creatable, as
 // after a restart) against the live test cluster.
 type node struct {
-	t        *testing.T
+	t        testing.TB
 	id       string
 	kernel   *fakekernel.Kernel
 	cfg      *config.Config
@@ -41,7 +41,7 @@ type node struct {
 	sock   string
 }
 
-func newNode(t *testing.T, id string) *node {
+func newNode(t testing.TB, id string) *node {
 	t.Helper()
 	fsid := clusterFSID(t)
 	k, err := fakekernel.New(t.TempDir(), fakekernel.Options{FSID: fsid})
@@ -71,7 +71,7 @@ var (
 	fsid     string
 )
 
-func clusterFSID(t *testing.T) string {
+func clusterFSID(t testing.TB) string {
 	fsidOnce.Do(func() {
 		conn := cephtest.Conn(t)
 		fsid, _ = conn.GetFSID()
@@ -196,7 +196,7 @@ func unmapReq(ns, image string) api.UnmapRequest {
 }
 
 // claimStore is an independent view of the claims (an admin's, or another node's).
-func claimStore(t *testing.T) *claim.Store {
+func claimStore(t testing.TB) *claim.Store {
 	conn, err := cephconn.Connect(cephtest.Options(t))
 	if err != nil {
 		t.Fatal(err)
