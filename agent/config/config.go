@@ -244,12 +244,13 @@ var reservedOptions = map[string]string{
 
 func checkOptions(key string, opts []string) error {
 	for i, o := range opts {
-		if o == "" || strings.ContainsAny(o, " \t\n\x00,") {
-			return fmt.Errorf("%s[%d]: %q: one option per entry, without spaces or commas", key, i, o)
-		}
 		name, _, _ := strings.Cut(o, "=")
+		// errors name the option, never its value: a misplaced secret must not reach a log
+		if o == "" || strings.ContainsAny(o, " \t\n\x00,") {
+			return fmt.Errorf("%s[%d]: option %q: one option per entry, without spaces or commas", key, i, name)
+		}
 		if why, ok := reservedOptions[name]; ok {
-			return fmt.Errorf("%s[%d]: %q is not allowed: %s", key, i, o, why)
+			return fmt.Errorf("%s[%d]: option %q is not allowed: %s", key, i, name, why)
 		}
 	}
 	return nil

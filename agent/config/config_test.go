@@ -74,6 +74,9 @@ func TestShippedConfigParses(t *testing.T) {
 
 func TestBadConfigNamesTheKey(t *testing.T) {
 	cl := "clusters:\n  - id: c\n    monitors: [m:6789]\n    user: u\n    keyring: /k\n"
+	if _, err := Parse([]byte("node_id: n\nmap_options: [\"secret=AQBsecretvalue==\"]\n"), machineID(t)); err == nil || strings.Contains(err.Error(), "AQBsecretvalue") {
+		t.Errorf("a refused option's value must not be echoed: %v", err)
+	}
 	for _, tc := range []struct{ doc, key string }{
 		{"lease_duration: 60\n", "lease_duration"},
 		{"lease_duration: soon\n", "not a duration"},
@@ -84,7 +87,7 @@ func TestBadConfigNamesTheKey(t *testing.T) {
 		{"nodeid: x\n", "nodeid"},
 		{"socket: relative.sock\n", "socket"},
 		{"map_options: [exclusive]\n", "map_options[0]"},
-		{"map_options: [\"secret=AQ==\"]\n", "map_options[0]"},
+		{"map_options: [\"secret=AQ==\"]\n", "map_options[0]: option \"secret\" is not allowed"},
 		{"map_options: [\"a,b\"]\n", "map_options[0]"},
 		{"clusters:\n  - id: c\n    user: u\n    keyring: /k\n", "clusters[0].monitors"},
 		{"clusters:\n  - id: c\n    monitors: [m]\n    user: client.u\n    keyring: /k\n", "clusters[0].user"},

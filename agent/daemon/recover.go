@@ -151,7 +151,7 @@ func (d *Daemon) settle(ctx context.Context, m state.Mapping, devs map[int]krbd.
 			}
 			if errors.Is(err, claim.ErrFenced) {
 				// the claim is gone and no one was handed the device: remove it
-				if _, uerr := d.kernel.Unmap(ctx, dev.ID, krbd.UnmapOptions{Force: true}); uerr == nil {
+				if _, uerr := d.kernel.UnmapDevice(ctx, *dev, krbd.UnmapOptions{Force: true}); uerr == nil {
 					log.WithError(err).Warn("removed the device of an interrupted map whose claim was lost")
 					d.dropState(m)
 					return 0, false
@@ -175,7 +175,7 @@ func (d *Daemon) settle(ctx context.Context, m state.Mapping, devs map[int]krbd.
 		return 0, false
 	case state.Unmapping:
 		if dev != nil {
-			if _, err := d.kernel.Unmap(ctx, dev.ID, krbd.UnmapOptions{}); err != nil {
+			if _, err := d.kernel.UnmapDevice(ctx, *dev, krbd.UnmapOptions{}); err != nil {
 				d.setProblem(m.Key, "interrupted unmap: "+err.Error())
 				return dev.ID, true
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"sync"
 	"time"
 
@@ -181,26 +182,25 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 	if err := s.step("map"); err != nil {
 		return nil, s.fail(err)
 	}
-	before, _ := d.kernel.FindBySpec(t.spec, store.FSID())
 	dev, err := d.kernel.Map(ctx, t.spec, d.mapOptions(t.cl, readOnly))
 	if err != nil {
-		// the kernel may have made the device even though the wait failed: remove it too;
-		// if that fails, keep the claim and the "claimed" state: the reconciler adopts it
-		if serr := d.removeStrays(t, store.FSID(), before); serr != nil {
-			return nil, d.failed(req, peer, s.keep(fmt.Errorf("%w (and a device it left could not be removed: %v)", err, serr)))
+		if errors.Is(err, krbd.ErrLeftMapped) {
+			// the kernel made the device but it could not be removed again: keep the claim and
+			// the "claimed" state; the reconciler adopts the device (no device without a claim)
+			return nil, d.failed(req, peer, s.keep(err))
 		}
 		return nil, d.failed(req, peer, s.fail(err))
 	}
 	if dev.ClientAddr == "" {
 		// without the mapping's own address it could not be fenced alone: refuse it
 		s.onFail(func(ctx context.Context) error {
-			_, err := d.kernel.Unmap(ctx, dev.ID, krbd.UnmapOptions{Force: true})
+			_, err := d.kernel.UnmapDevice(ctx, dev, krbd.UnmapOptions{Force: true})
 			return err
 		})
 		return nil, d.failed(req, peer, s.fail(fmt.Errorf("map %s: the kernel does not report the mapping's client_addr, so it could not be fenced alone; refusing it", t.spec)))
 	}
 	s.onFail(func(ctx context.Context) error {
-		_, err := d.kernel.Unmap(ctx, dev.ID, krbd.UnmapOptions{Force: true})
+		_, err := d.kernel.UnmapDevice(ctx, dev, krbd.UnmapOptions{Force: true})
 		return err
 	})
 
@@ -269,29 +269,6 @@ func (d *Daemon) alreadyMapped(ctx context.Context, t target, store *claim.Store
 		resp.Claim = apiClaim(t.key.Cluster, rec)
 	}
 	return resp, true, nil
-}
-
-// removeStrays unmaps devices of spec that appeared during a failed map.
-func (d *Daemon) removeStrays(t target, fsid string, before []krbd.Device) error {
-	after, err := d.kernel.FindBySpec(t.spec, fsid)
-	if err != nil {
-		return err
-	}
-	known := map[int]bool{}
-	for _, b := range before {
-		known[b.ID] = true
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
-	defer cancel()
-	for _, a := range after {
-		if !known[a.ID] {
-			if _, err := d.kernel.Unmap(ctx, a.ID, krbd.UnmapOptions{Force: true}); err != nil {
-				d.log.WithError(err).WithField("device", a.DevNode).Error("could not remove a device left by a failed map")
-				return err
-			}
-		}
-	}
-	return nil
 }
 
 func (d *Daemon) mapOptions(cl *cluster, readOnly bool) krbd.MapOptions {
@@ -370,7 +347,7 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 		return false, s.fail(err)
 	}
 	for _, dv := range devs {
-		if _, err := d.kernel.Unmap(ctx, dv.ID, krbd.UnmapOptions{Force: req.Force}); err != nil {
+		if _, err := d.kernel.UnmapDevice(ctx, dv, krbd.UnmapOptions{Force: req.Force}); err != nil {
 			return false, d.unmapFailed(t, peer, s.fail(err))
 		}
 		d.forgetUnmanaged(dv.ID)
@@ -522,7 +499,17 @@ func pidOf(p *peercred.Cred) int {
 }
 
 // linkOf is the stable udev link of a mapping (see udev/60-rbd-owner.rules).
-func linkOf(s krbd.Spec, fsid string) string { return "/dev/rbd-owner/" + fsid + "/" + s.String() }
+// It is "" when a name has characters udev would replace: the rule makes no link then.
+func linkOf(s krbd.Spec, fsid string) string {
+	for _, n := range []string{fsid, s.Pool, s.Namespace, s.Image, s.Snap} {
+		if !linkSafe.MatchString(n) {
+			return ""
+		}
+	}
+	return "/dev/rbd-owner/" + fsid + "/" + s.String()
+}
+
+var linkSafe = regexp.MustCompile(`^[A-Za-z0-9#+.:=@_-]*$`)
 
 // keyedLocks serialises the sagas of one image; different images proceed in parallel.
 type keyedLocks struct {

@@ -133,9 +133,9 @@ func apiError(err error) *api.Error {
 		o := held.Owner()
 		e.Owner = &api.Owner{NodeID: o.NodeID, Hostname: o.Hostname, NodeAddr: o.NodeAddr, ClientAddr: o.ClientAddr, Epoch: o.Epoch,
 			AcquiredAt: o.AcquiredAt, RenewedAt: o.RenewedAt, LeaseAge: held.Now.Sub(o.RenewedAt).Seconds(), Expired: o.Expired(held.Now)}
-	case errors.Is(err, claim.ErrFenced):
+	case errors.Is(err, claim.ErrFenced), errors.Is(err, krbd.ErrFenced):
 		e.Code = api.CodeFenced
-	case errors.Is(err, errInvalid), errors.Is(err, claim.ErrInvalid), errors.Is(err, krbd.ErrInvalid):
+	case errors.Is(err, errInvalid), errors.Is(err, claim.ErrInvalid), errors.Is(err, krbd.ErrInvalid), errors.Is(err, krbd.ErrUnsupported):
 		e.Code = api.CodeInvalidArgument
 	case errors.Is(err, claim.ErrNotFound), errors.Is(err, krbd.ErrNotFound), errors.Is(err, claim.ErrNoClaim):
 		e.Code = api.CodeNotFound

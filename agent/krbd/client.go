@@ -2,6 +2,8 @@ package krbd
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -10,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -158,7 +161,11 @@ func (c *Client) Map(ctx context.Context, spec Spec, o MapOptions) (Device, erro
 }
 
 func (c *Client) mapImage(ctx context.Context, spec Spec, o MapOptions) (Device, error) {
-	add, err := BuildAddString(spec, o)
+	nonce, err := newNonce()
+	if err != nil {
+		return Device{}, err
+	}
+	add, err := buildAddString(spec, o, nonce)
 	if err != nil {
 		return Device{}, err
 	}
@@ -189,13 +196,14 @@ func (c *Client) mapImage(ctx context.Context, spec Spec, o MapOptions) (Device,
 	if err != nil {
 		return Device{}, err
 	}
-	seen := make(map[int]bool, len(before))
+	// ids with their client ids: an id freed and reused meanwhile is a new device
+	seen := make(map[int]string, len(before))
 	for _, id := range before {
-		seen[id] = true
+		seen[id] = c.attr(id, "client_id")
 	}
 
 	start := time.Now()
-	if err := c.writeWithKey(KeyName(o.User), payload, file, []byte(add)); err != nil {
+	if err := c.writeWithKey(KeyName(o.User, nonce), payload, file, []byte(add)); err != nil {
 		return Device{}, classify(filepath.Base(file), err)
 	}
 	c.cfg.Logger.Debug("rbd add written", "spec", spec.String(), "file", file, "took", time.Since(start))
@@ -206,17 +214,70 @@ func (c *Client) mapImage(ctx context.Context, spec Spec, o MapOptions) (Device,
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return c.waitMapped(wctx, sub, spec, seen)
+	d, err := c.waitMapped(wctx, sub, spec, add, seen)
+	if err == nil {
+		return d, nil
+	}
+	// the kernel accepted the write but the device did not come up in time: remove it, found
+	// by its config_info (our add string, unique by its key name), so no claim-less device stays
+	if ours, ok := c.findByAdd(add); ok {
+		uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer ucancel()
+		if _, uerr := c.UnmapDevice(uctx, ours, UnmapOptions{Force: true}); uerr != nil {
+			return Device{}, fmt.Errorf("%w (and rbd%d, which it made, could not be removed: %v): %w", err, ours.ID, uerr, ErrLeftMapped)
+		}
+	}
+	return Device{}, err
 }
 
-// writeWithKey adds the key and writes on one locked OS thread, so the kernel's keyring
-// lookup (done in the writing task's context) finds the key.
+// newNonce returns a random lower-case hex string for a map's key name.
+func newNonce() (string, error) {
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("random key name: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// attr reads one attribute of device id ("" when unreadable).
+func (c *Client) attr(id int, name string) string {
+	b, err := os.ReadFile(filepath.Join(c.devicesDir(), strconv.Itoa(id), name))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// findByAdd finds the device whose config_info is add.
+func (c *Client) findByAdd(add string) (Device, bool) {
+	ids, err := c.ids()
+	if err != nil {
+		return Device{}, false
+	}
+	for _, id := range ids {
+		if c.attr(id, "config_info") == add {
+			if d, err := c.ReadDevice(id); err == nil {
+				return d, true
+			}
+		}
+	}
+	return Device{}, false
+}
+
+// writeWithKey adds the map's key and writes on one locked OS thread, so the kernel's keyring
+// lookup (done in the writing task's context) finds the key; the key is dropped afterwards
+// (the kernel copied the secret while parsing).
 func (c *Client) writeWithKey(keyName string, payload []byte, file string, data []byte) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if err := c.cfg.Keys.AddCephKey(keyName, payload); err != nil {
 		return err
 	}
+	defer func() {
+		if err := c.cfg.Keys.DropCephKey(keyName); err != nil {
+			c.cfg.Logger.Warn("could not drop the map's key from the keyring", "key", keyName, "err", err)
+		}
+	}()
 	return c.cfg.Writer.WriteControl(file, data)
 }
 
@@ -224,7 +285,7 @@ func (c *Client) writeWithKey(keyName string, payload []byte, file string, data 
 // write) whose attributes match spec, the rbd add and block add events for it, and
 // /dev/rbdN with sysfs's major:minor. Sysfs is re-read on every event and every Poll, so a
 // lost event (Overflow) delays nothing beyond one poll.
-func (c *Client) waitMapped(ctx context.Context, sub Subscription, spec Spec, seen map[int]bool) (Device, error) {
+func (c *Client) waitMapped(ctx context.Context, sub Subscription, spec Spec, add string, seen map[int]string) (Device, error) {
 	rbdAdded := map[int]bool{}
 	diskAdded := map[int]bool{}
 	lost := false
@@ -240,15 +301,17 @@ func (c *Client) waitMapped(ctx context.Context, sub Subscription, spec Spec, se
 				return Device{}, err
 			}
 			for _, id := range ids {
-				if seen[id] {
-					continue
+				if cid, old := seen[id]; old && cid == c.attr(id, "client_id") {
+					continue // there before the write
 				}
 				d, err := c.ReadDevice(id)
 				if err != nil {
 					continue // going away, or still being set up: look again later
 				}
-				if d.Spec() != spec {
-					seen[id] = true // someone else's device
+				// ours: config_info is exactly our add string (its key name is unique to this
+				// map); kernels without config_info fall back to the names
+				if ci := c.attr(id, "config_info"); ci != add && (ci != "" || d.Spec() != spec) {
+					seen[id] = d.ClientID // someone else's device
 					continue
 				}
 				cand = &d
@@ -313,17 +376,33 @@ type UnmapOptions struct {
 	Timeout time.Duration
 }
 
-// Unmap removes device id. It returns false (and no error) when no such device is mapped.
-// EBUSY is retried for Config.EBusyRetry, then returned as ErrBusy.
+// Unmap removes device id, whatever is mapped there now. It returns false (and no error)
+// when no such device is mapped. EBUSY is retried for Config.EBusyRetry, then returned as
+// ErrBusy. Prefer UnmapDevice, which makes sure the id still names the same mapping.
 func (c *Client) Unmap(ctx context.Context, id int, o UnmapOptions) (bool, error) {
-	ok, err := c.unmap(ctx, id, o)
+	ok, err := c.unmap(ctx, id, "", "", o)
 	if err != nil {
 		return false, fmt.Errorf("unmap rbd%d: %w", id, err)
 	}
 	return ok, nil
 }
 
-func (c *Client) unmap(ctx context.Context, id int, o UnmapOptions) (bool, error) {
+// UnmapDevice removes d only while its id still names the same mapping (same client_addr,
+// or client_id when the kernel gives no address): an id freed and reused by another map in
+// the meantime is left alone, and (false, nil) is returned as for "not mapped".
+func (c *Client) UnmapDevice(ctx context.Context, d Device, o UnmapOptions) (bool, error) {
+	attr, want := "client_addr", d.ClientAddr
+	if want == "" {
+		attr, want = "client_id", d.ClientID
+	}
+	ok, err := c.unmap(ctx, d.ID, attr, want, o)
+	if err != nil {
+		return false, fmt.Errorf("unmap %s (rbd%d): %w", d.Spec(), d.ID, err)
+	}
+	return ok, nil
+}
+
+func (c *Client) unmap(ctx context.Context, id int, attr, want string, o UnmapOptions) (bool, error) {
 	if id < 0 {
 		return false, fmt.Errorf("%w: negative id", ErrInvalid)
 	}
@@ -343,9 +422,13 @@ func (c *Client) unmap(ctx context.Context, id int, o UnmapOptions) (bool, error
 	if o.Force {
 		msg += " force"
 	}
+	same := func() bool { return want == "" || c.attr(id, attr) == want }
 	deadline := time.Now().Add(c.cfg.EBusyRetry)
 	backoff := 50 * time.Millisecond
 	for {
+		if !same() {
+			return false, nil // gone, or the id now names another mapping
+		}
 		err = classify(filepath.Base(file), c.cfg.Writer.WriteControl(file, []byte(msg)))
 		if err == nil {
 			break
@@ -372,12 +455,12 @@ func (c *Client) unmap(ctx context.Context, id int, o UnmapOptions) (bool, error
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return true, c.waitRemoved(wctx, sub, id)
+	return true, c.waitRemoved(wctx, sub, id, attr, want)
 }
 
 // waitRemoved waits until /sys/bus/rbd/devices/<id> is gone and the rbd remove event (the
 // last of an unmap) arrived, or events were lost and sysfs says it is gone.
-func (c *Client) waitRemoved(ctx context.Context, sub Subscription, id int) error {
+func (c *Client) waitRemoved(ctx context.Context, sub Subscription, id int, attr, want string) error {
 	dir := filepath.Join(c.devicesDir(), strconv.Itoa(id))
 	removed, lost := false, false
 	tick := time.NewTicker(c.cfg.Poll)
@@ -387,6 +470,9 @@ func (c *Client) waitRemoved(ctx context.Context, sub Subscription, id int) erro
 		gone := errors.Is(err, fs.ErrNotExist)
 		if gone && (removed || lost) {
 			return nil
+		}
+		if !gone && want != "" && removed && c.attr(id, attr) != want {
+			return nil // removed, and the id already reused by another map
 		}
 		select {
 		case <-ctx.Done():
@@ -418,7 +504,7 @@ func (c *Client) UnmapSpec(ctx context.Context, spec Spec, fsid string, o UnmapO
 	}
 	any := false
 	for _, d := range devs {
-		ok, err := c.Unmap(ctx, d.ID, o)
+		ok, err := c.UnmapDevice(ctx, d, o)
 		if err != nil {
 			return any, fmt.Errorf("unmap %s: %w", spec, err)
 		}
@@ -437,5 +523,5 @@ func (c *Client) UnmapPath(ctx context.Context, path string, o UnmapOptions) (bo
 	if err != nil {
 		return false, fmt.Errorf("unmap %s: %w", path, err)
 	}
-	return c.Unmap(ctx, d.ID, o)
+	return c.UnmapDevice(ctx, d, o)
 }

@@ -10,6 +10,7 @@ package krbd
 import (
 	"errors"
 	"fmt"
+	"os"
 	"syscall"
 )
 
@@ -30,6 +31,13 @@ var (
 	ErrBusy = errors.New("device busy")
 	// ErrNoKernelSupport: /sys/bus/rbd is absent and the rbd module could not be loaded.
 	ErrNoKernelSupport = errors.New("kernel rbd support unavailable")
+	// ErrUnsupported: the image uses features this kernel cannot map (ENXIO from add).
+	ErrUnsupported = errors.New("image features not supported by this kernel")
+	// ErrFenced: this client is blocklisted by the cluster (ESHUTDOWN).
+	ErrFenced = errors.New("client blocklisted")
+	// ErrLeftMapped: a map failed after the kernel made the device, and the device could
+	// not be removed again: it is still mapped.
+	ErrLeftMapped = errors.New("device left mapped")
 )
 
 // KernelError is an error returned by a write to a /sys/bus/rbd control file. It matches
@@ -60,14 +68,23 @@ func classify(file string, err error) error {
 	if err == nil {
 		return nil
 	}
+	var pe *os.PathError
+	if errors.As(err, &pe) && pe.Op == "open" {
+		// not the kernel's answer to the command: the control file itself is missing or closed
+		return fmt.Errorf("open %s: %w", file, pe.Err)
+	}
 	var errno syscall.Errno
 	if !errors.As(err, &errno) {
 		return fmt.Errorf("write %s: %w", file, err)
 	}
 	var kind error
 	switch errno {
-	case syscall.ENOENT, syscall.ENXIO:
+	case syscall.ENOENT:
 		kind = ErrNotFound
+	case syscall.ENXIO:
+		kind = ErrUnsupported
+	case syscall.ESHUTDOWN:
+		kind = ErrFenced
 	case syscall.EACCES, syscall.EPERM, syscall.EKEYREJECTED, syscall.ENOKEY:
 		kind = ErrPermission
 	case syscall.EINVAL:

@@ -13,11 +13,14 @@ import (
 
 // KeyStore puts a cephx secret into the kernel keyring so that the add string can name it
 // (key=<name>) instead of carrying it (secret=). The real one is KernelKeyring; the fake
-// kernel records what was added.
+// kernel records what was added. Every map uses a key of its own, dropped once the kernel
+// has read it (libceph copies the secret while it parses the add string).
 type KeyStore interface {
-	// AddCephKey adds (or updates) a key of type "ceph" described as name, with payload the
-	// decoded cephx secret. It is called on the same OS thread as the following write.
+	// AddCephKey adds a key of type "ceph" described as name, with payload the decoded cephx
+	// secret. It is called on the same OS thread as the following write.
 	AddCephKey(name string, payload []byte) error
+	// DropCephKey invalidates the key described as name.
+	DropCephKey(name string) error
 }
 
 // KernelKeyring adds keys to the calling process's keyring with add_key(2), as Ceph's
@@ -28,6 +31,18 @@ type KernelKeyring struct{}
 func (KernelKeyring) AddCephKey(name string, payload []byte) error {
 	if _, err := unix.AddKey("ceph", name, payload, unix.KEY_SPEC_PROCESS_KEYRING); err != nil {
 		return fmt.Errorf("add_key ceph %s: %w", name, err)
+	}
+	return nil
+}
+
+// DropCephKey implements KeyStore: it finds the key in the process keyring and invalidates it.
+func (KernelKeyring) DropCephKey(name string) error {
+	id, err := unix.KeyctlSearch(unix.KEY_SPEC_PROCESS_KEYRING, "ceph", name, 0)
+	if err != nil {
+		return fmt.Errorf("keyctl search ceph %s: %w", name, err)
+	}
+	if _, err := unix.KeyctlInt(unix.KEYCTL_INVALIDATE, id, 0, 0, 0); err != nil {
+		return fmt.Errorf("keyctl invalidate ceph %s: %w", name, err)
 	}
 	return nil
 }

@@ -118,7 +118,7 @@ func TestBuildAddString(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "203.0.113.1:6789 name=rbdowner,key=client.rbdowner,noshare,mount_timeout=5 rbd img1 -"; s != want {
+	if want := "203.0.113.1:6789 name=rbdowner,key=rbd-owner.rbdowner.0,noshare,mount_timeout=5 rbd img1 -"; s != want {
 		t.Errorf("got  %q\nwant %q", s, want)
 	}
 	o.Monitors = []string{"203.0.113.1", "[2001:db8::1]:3300", "mon-a.example:6789"}
@@ -129,7 +129,7 @@ func TestBuildAddString(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "203.0.113.1:6789,[2001:db8::1]:3300,mon-a.example:6789 name=rbdowner,key=client.rbdowner,noshare,mount_timeout=30,read_only,_pool_ns=ns1,ms_mode=crc,lock_on_read rbd img1 snap1"; s != want {
+	if want := "203.0.113.1:6789,[2001:db8::1]:3300,mon-a.example:6789 name=rbdowner,key=rbd-owner.rbdowner.0,noshare,mount_timeout=30,read_only,_pool_ns=ns1,ms_mode=crc,lock_on_read rbd img1 snap1"; s != want {
 		t.Errorf("got  %q\nwant %q", s, want)
 	}
 	if strings.Contains(s, "secret") || strings.Contains(s, testSecret) {
@@ -260,11 +260,21 @@ func TestMap(t *testing.T) {
 	if len(w) != 3 || !strings.HasPrefix(w[0], "add_single_major: ") {
 		t.Fatalf("writes %q", w)
 	}
+	keyNames := map[string]bool{}
 	for _, s := range w {
 		if strings.Contains(s, "secret") || strings.Contains(s, testSecret) || strings.Contains(s, "exclusive") ||
-			!strings.Contains(s, ",noshare,") || !strings.Contains(s, "key=client.rbdowner") {
+			!strings.Contains(s, ",noshare,") || !strings.Contains(s, "key=rbd-owner.rbdowner.") {
 			t.Errorf("bad add string %q", s)
 		}
+		_, rest, _ := strings.Cut(s, "key=")
+		name, _, _ := strings.Cut(rest, ",")
+		keyNames[name] = true
+	}
+	if len(keyNames) != len(w) {
+		t.Errorf("maps shared a key name: %v", keyNames)
+	}
+	if left := k.Keys(); len(left) != 0 {
+		t.Errorf("keys left in the keyring after the maps: %v", left)
 	}
 	if !strings.Contains(w[1], "_pool_ns=ns1") || !strings.Contains(w[2], "read_only") || !strings.HasSuffix(w[2], " snap1") {
 		t.Errorf("writes %q", w)
@@ -616,5 +626,33 @@ func TestKernelErrorClassify(t *testing.T) {
 	e := &krbd.KernelError{File: "add", Errno: syscall.EROFS}
 	if errors.Is(e, krbd.ErrBusy) || !errors.Is(e, syscall.EROFS) || !strings.Contains(e.Error(), "read-only") {
 		t.Errorf("%v", e)
+	}
+}
+
+// An id freed and reused by another map is not unmapped by a late UnmapDevice of the old one.
+func TestUnmapDeviceLeavesAReusedIDAlone(t *testing.T) {
+	k, c := newFake(t, fakekernel.Options{})
+	k.AddImage("rbd", "", "img2", 1<<20)
+	ctx := context.Background()
+	old, err := c.Map(ctx, mustSpec(t, "rbd/img1"), opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := c.UnmapDevice(ctx, old, krbd.UnmapOptions{}); !ok || err != nil {
+		t.Fatalf("first unmap: %v %v", ok, err)
+	}
+	other, err := c.Map(ctx, mustSpec(t, "rbd/img2"), opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other.ID != old.ID {
+		t.Fatalf("the fake did not reuse id %d (got %d)", old.ID, other.ID)
+	}
+	// a retried unmap of the old device comes late: it must not remove img2
+	if ok, err := c.UnmapDevice(ctx, old, krbd.UnmapOptions{}); ok || err != nil {
+		t.Fatalf("late unmap of the old device: %v %v", ok, err)
+	}
+	if d, err := c.ReadDevice(other.ID); err != nil || d.Image != "img2" {
+		t.Fatalf("img2's device is gone: %+v %v", d, err)
 	}
 }

@@ -75,27 +75,35 @@ var (
 	secretRE   = regexp.MustCompile(`^[A-Za-z0-9+/]+={0,2}$`)
 )
 
-// KeyName is the kernel keyring description (and key= value) for a cephx user.
-func KeyName(user string) string { return "client." + user }
+// KeyName is the kernel keyring description (and key= value) of one map's key: the cephx
+// user and a nonce, unique per map. Two maps (of two clusters with one user name, say) can
+// then never replace each other's key between add_key and the write, and config_info names
+// exactly one map, which is how Map recognises its own device.
+func KeyName(user, nonce string) string { return "rbd-owner." + user + "." + nonce }
+
+// maxAddLen: the kernel reads a sysfs write of at most one page; a longer add string would be
+// cut and the rest taken as a second, different add.
+const maxAddLen = 4000
 
 // ValidateExtraOption checks one extra kernel option ("name" or "name=value").
 func ValidateExtraOption(o string) error {
 	name, val, hasVal := strings.Cut(o, "=")
+	// errors name the option, never its value: a misplaced secret must not reach a log
 	if why, bad := refusedOptions[name]; bad {
-		return fmt.Errorf("%w: option %q: %s", ErrInvalid, o, why)
+		return fmt.Errorf("%w: option %q: %s", ErrInvalid, name, why)
 	}
 	wantVal, known := extraAllowed[name]
 	if !known {
-		return fmt.Errorf("%w: option %q: not a known kernel rbd/libceph option", ErrInvalid, o)
+		return fmt.Errorf("%w: option %q: not a known kernel rbd/libceph option", ErrInvalid, name)
 	}
 	if wantVal != hasVal {
 		if wantVal {
-			return fmt.Errorf("%w: option %q: needs a value (%s=...)", ErrInvalid, o, name)
+			return fmt.Errorf("%w: option %q: needs a value (%s=...)", ErrInvalid, name, name)
 		}
-		return fmt.Errorf("%w: option %q: takes no value", ErrInvalid, o)
+		return fmt.Errorf("%w: option %q: takes no value", ErrInvalid, name)
 	}
 	if hasVal && !optValueRE.MatchString(val) {
-		return fmt.Errorf("%w: option %q: value has characters other than letters, digits and _.:+-", ErrInvalid, o)
+		return fmt.Errorf("%w: option %q: value has characters other than letters, digits and _.:+-", ErrInvalid, name)
 	}
 	return nil
 }
@@ -164,11 +172,20 @@ func (o MapOptions) mountTimeout() time.Duration {
 
 // BuildAddString returns the string written to /sys/bus/rbd/add_single_major:
 //
-//	<mon>[,<mon>...] name=<user>,key=client.<user>,noshare,mount_timeout=<s>[,read_only][,_pool_ns=<ns>][,<extra>...] <pool> <image> <snap|->
+//	<mon>[,<mon>...] name=<user>,key=rbd-owner.<user>.<nonce>,noshare,mount_timeout=<s>[,read_only][,_pool_ns=<ns>][,<extra>...] <pool> <image> <snap|->
 //
 // Every part is validated first; nothing here can carry a secret (the key is referred to by
 // its keyring name).
 func BuildAddString(spec Spec, o MapOptions) (string, error) {
+	return buildAddString(spec, o, "0")
+}
+
+var nonceRE = regexp.MustCompile(`^[a-z0-9]{1,32}$`)
+
+func buildAddString(spec Spec, o MapOptions, nonce string) (string, error) {
+	if !nonceRE.MatchString(nonce) {
+		return "", fmt.Errorf("%w: key nonce %q", ErrInvalid, nonce)
+	}
 	if err := spec.Validate(); err != nil {
 		return "", err
 	}
@@ -181,7 +198,7 @@ func BuildAddString(spec Spec, o MapOptions) (string, error) {
 	}
 	opts := []string{
 		"name=" + o.User,
-		"key=" + KeyName(o.User),
+		"key=" + KeyName(o.User, nonce),
 		"noshare",
 		"mount_timeout=" + strconv.Itoa(int((o.mountTimeout()+time.Second-1)/time.Second)),
 	}
@@ -196,5 +213,9 @@ func BuildAddString(spec Spec, o MapOptions) (string, error) {
 	if snap == "" {
 		snap = "-"
 	}
-	return strings.Join(mons, ",") + " " + strings.Join(opts, ",") + " " + spec.Pool + " " + spec.Image + " " + snap, nil
+	add := strings.Join(mons, ",") + " " + strings.Join(opts, ",") + " " + spec.Pool + " " + spec.Image + " " + snap
+	if len(add) > maxAddLen {
+		return "", fmt.Errorf("%w: the add string would be %d bytes; the kernel reads at most one page (fewer monitors or options)", ErrInvalid, len(add))
+	}
+	return add, nil
 }

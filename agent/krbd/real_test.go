@@ -114,7 +114,7 @@ func TestRealKernel(t *testing.T) {
 				t.Errorf("config_info contains %q", bad)
 			}
 		}
-		if !bytes.Contains(cfg, []byte("noshare")) || !bytes.Contains(cfg, []byte("key=client."+user)) {
+		if !bytes.Contains(cfg, []byte("noshare")) || !bytes.Contains(cfg, []byte("key=rbd-owner."+user+".")) {
 			t.Errorf("config_info lacks noshare/key=: %s", cfg)
 		}
 		exec.Command("udevadm", "settle", "--timeout=10").Run()

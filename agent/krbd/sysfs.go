@@ -19,21 +19,22 @@ type ControlWriter interface {
 // SysfsWriter is the real ControlWriter: open O_WRONLY, one write.
 type SysfsWriter struct{}
 
-// WriteControl implements ControlWriter. A write error is returned as its syscall.Errno.
+// WriteControl implements ControlWriter: exactly one write(2) (os.File.Write would send the
+// rest of a short write as a second command). A write error is returned as its syscall.Errno.
 func (SysfsWriter) WriteControl(path string, data []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("open: %w", err)
+		return &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	n, werr := f.Write(data)
-	cerr := f.Close()
-	if werr != nil {
-		return werr // *os.PathError wrapping the errno
+	defer unix.Close(fd)
+	n, err := unix.Write(fd, data)
+	if err != nil {
+		return &os.PathError{Op: "write", Path: path, Err: err}
 	}
 	if n != len(data) {
-		return fmt.Errorf("short write %d/%d", n, len(data))
+		return fmt.Errorf("write %s: short write %d/%d", path, n, len(data))
 	}
-	return cerr
+	return nil
 }
 
 // ModprobeRBD loads the rbd module with /sbin/modprobe.

@@ -211,6 +211,9 @@ func (s *netlinkSub) run(ctx context.Context) {
 		n, _, err := unix.Recvfrom(s.conn.Fd, buf, 0)
 		switch {
 		case errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR):
+			if lost { // a loss not reported yet: say so now, not only with the next rbd event
+				lost = !s.offer(Uevent{Overflow: true})
+			}
 			continue
 		case errors.Is(err, unix.ENOBUFS):
 			// the socket overflowed: say so at once (nothing else may come to carry it)

@@ -149,6 +149,28 @@ func (k *Kernel) AddCephKey(name string, payload []byte) error {
 	return nil
 }
 
+// DropCephKey implements krbd.KeyStore (the keyring).
+func (k *Kernel) DropCephKey(name string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if _, ok := k.keys[name]; !ok {
+		return syscall.ENOKEY
+	}
+	delete(k.keys, name)
+	return nil
+}
+
+// Keys returns the descriptions of the keys in the keyring now.
+func (k *Kernel) Keys() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []string
+	for n := range k.keys {
+		out = append(out, n)
+	}
+	return out
+}
+
 // SetOpen marks device id open (remove fails EBUSY) or closed.
 func (k *Kernel) SetOpen(id int, open bool) { k.mu.Lock(); k.open[id] = open; k.mu.Unlock() }
 
