@@ -68,9 +68,11 @@ package: build
 package-check: package
 	@tests/package-check "dist/rbd-owner_$(VERSION)_$(ARCH).deb" "dist/rbd-owner-$(VERSION).x86_64.rpm"
 
+# gofmt, go vet, and shellcheck over every shell script in tests/, packaging/ and .ci/
 lint: deps
 	@out=$$(gofmt -l agent); [ -z "$$out" ] || { echo "gofmt needed:"; echo "$$out"; exit 1; }
 	$(GO) vet -tags "$(CEPH_TAG)" ./...
+	@tests/lint-shell
 
 clean:
 	rm -rf bin dist

@@ -12,11 +12,11 @@ printf 'boot_id=%s\nuptime=%s\n' "$(cat /proc/sys/kernel/random/boot_id)" "$(cut
 mv $H/out/.ready $H/out/ready
 shopt -s nullglob
 while :; do
-  for f in $H/cmd/*.sh; do
+  for f in "$H"/cmd/*.sh; do
     id=${f##*/}; id=${id%.sh}
     mv "$f" "$H/run/$id.sh" 2>/dev/null || continue
-    ( cd /root; bash "$H/run/$id.sh" > "$H/out/$id.out" 2>&1 < /dev/null
+    ( cd /root || exit; bash "$H/run/$id.sh" > "$H/out/$id.out" 2>&1 < /dev/null
       echo $? > "$H/out/.$id.rc"; mv "$H/out/.$id.rc" "$H/out/$id.rc" ) &
   done
-  read -t 0.1 -u 9
+  read -r -t 0.1 -u 9
 done

@@ -11,6 +11,7 @@
 H=/mnt/host; O=$H/out; mkdir -p "$O"
 exec >> "$O/setup.log" 2>&1
 ts() { echo "[up $(cut -d' ' -f1 /proc/uptime)s] $*"; }
+# shellcheck source=/dev/null  # written by the host into the guest's share at run time
 . $H/node.env    # NODE_ID GUEST_IP MON
 ts "run.sh: $NODE_ID boot $(cat /proc/sys/kernel/random/boot_id) kernel $(uname -r)"
 rm -f "$O/ready"

@@ -1,3 +1,6 @@
+# shellcheck shell=bash
+# Guest scripts are single-quoted on purpose throughout: they expand in the guest, not here.
+# shellcheck disable=SC2016
 # tests/lab/lib.sh — the two-node lab's plumbing, sourced by tests/lab/lab and tests/lab/e2e.
 #
 #   lab_up           image (cached) → netns (203.0.113.1/24 on br0, one tap per guest, no link to
@@ -10,7 +13,7 @@
 #                    its exit status (the command channel: tests/lab/cmdloop.sh over the 9p share)
 #   hmp NODE CMD     a qemu monitor command (stop, cont, info status)
 #   ceph / rbd / rados   the admin CLIs inside the lab namespace
-#   step NAME / step_done [RESULT]   progress lines with wall times, and the summary table
+#   step NAME / step_done / step_end RESULT   progress lines with wall times, and the summary table
 #
 # State of a running lab: $LAB_DIR/lab.env (NS, PIDs, …); $LAB_DIR/logs/ has consoles, ceph logs,
 # timeline.txt. The newest lab's directory is recorded in $CACHE/current (for `lab sh`, `lab down`).
@@ -34,10 +37,12 @@ elapsed() { printf '%.1f' "$(echo "$(now) - ${1:-$LAB_T0}" | bc)"; }
 log() { printf '[%6.1fs] %s\n' "$(elapsed)" "$*" | tee -a "${LAB_DIR:-/tmp}/logs/timeline.txt" >&2; }
 STEP_NAMES=(); STEP_SECS=(); STEP_RES=(); STEP_T=
 step() { step_done; STEP_NAME=$1; STEP_T=$(now); log "── $1"; }
-step_done() {
+# step_end RESULT: close the current step with RESULT (ok, FAILED …); step_done: with ok
+step_end() {
   [ -n "$STEP_T" ] || return 0
-  STEP_NAMES+=("$STEP_NAME"); STEP_SECS+=("$(elapsed "$STEP_T")"); STEP_RES+=("${1:-ok}"); STEP_T=
+  STEP_NAMES+=("$STEP_NAME"); STEP_SECS+=("$(elapsed "$STEP_T")"); STEP_RES+=("$1"); STEP_T=
 }
+step_done() { step_end ok; }
 summary_table() {
   local i
   printf '  %-78s %8s  %s\n' STEP SECONDS RESULT
@@ -47,6 +52,20 @@ summary_table() {
   printf '  %-78s %8s\n' "total wall time" "$(elapsed)"
 }
 die() { log "FATAL: $*"; exit 1; }
+
+# ---- captured values are checked before use -----------------------------------------------------
+# is_pid VALUE: a process id (digits only, not 0)
+is_pid() { [[ $1 =~ ^[1-9][0-9]*$ ]]; }
+# is_image_dir DIR: a guest image as tests/vm/build-image leaves it (an absolute path to a
+# directory holding root.ext4, a kernel and an initrd)
+is_image_dir() { [[ $1 == /* ]] && [ -d "$1" ] && [ -s "$1/root.ext4" ] && [ -s "$1/vmlinuz" ] && [ -s "$1/initrd.img" ]; }
+# lab_refuse_if_running WHO: exit when a lab recorded in $CACHE/current is still running
+lab_refuse_if_running() {
+  local cur
+  cur=$(readlink "$CACHE/current" 2>/dev/null) || return 0
+  [ -f "$cur/lab.env" ] || return 0
+  echo "$1: a lab is already running in $cur (tests/lab/lab down)" >&2; exit 1
+}
 
 # ---- admin CLIs inside the namespace --------------------------------------------------------
 NSX() { ip netns exec "$NS" "$@"; }
@@ -58,6 +77,20 @@ claim_json() {
   local pool=${2:-rbd} nsarg=()
   case $pool in */*) nsarg=(-N "${pool#*/}"); pool=${pool%%/*} ;; esac
   rados -p "$pool" "${nsarg[@]}" get "rbd-owner.claim.$1" - 2>/dev/null
+}
+# first_holder_field IMAGE FIELD: a field of the claim's first holder
+first_holder_field() { claim_json "$1" | jq -r ".holders[0].$2"; }
+# wait_lease_unrenewed IMAGE: poll the claim until its renewed_at has stayed the same for a whole
+# lease (plus 2 s), measured on this host's clock from the first look; bounded by 4 leases
+wait_lease_unrenewed() {
+  local lease_s=${LEASE%s} last seen cur end
+  last=$(first_holder_field "$1" renewed_at); seen=$(now); end=$(echo "$seen + 4 * $lease_s" | bc)
+  while [ "$(echo "$(now) - $seen < $lease_s + 2" | bc)" = 1 ]; do
+    [ "$(echo "$(now) < $end" | bc)" = 1 ] || return 1
+    cur=$(first_holder_field "$1" renewed_at)
+    [ "$cur" = "$last" ] || { last=$cur; seen=$(now); }
+    sleep 0.5
+  done
 }
 
 # ---- the command channel --------------------------------------------------------------------
@@ -84,6 +117,7 @@ on() {
   done
   cat "$s/out/$id.out"
   local rc; rc=$(cat "$s/out/$id.rc")
+  [[ $rc =~ ^[0-9]+$ ]] || { echo "lab: command on $node left exit status '$rc', not a number" >&2; return 125; }
   rm -f "$s/out/$id.out" "$s/out/$id.rc" "$s/run/$id.sh"
   return "$rc"
 }
@@ -110,7 +144,8 @@ PY
 
 # ---- up / down --------------------------------------------------------------------------------
 # the newest .deb from `make package`
-lab_deb() { ls -t "$LAB_REPO"/dist/rbd-owner_*_amd64.deb 2>/dev/null | head -1; }
+lab_deb() { local d newest=""; for d in "$LAB_REPO"/dist/rbd-owner_*_amd64.deb; do
+  [ -f "$d" ] || continue; [ -z "$newest" ] || [ "$d" -nt "$newest" ] && newest=$d; done; echo "$newest"; }
 
 lab_save_env() {
   { echo "NS=$NS"; echo "CEPHDIR=$CEPHDIR"; echo "LAB_DIR=$LAB_DIR"; echo "FSID=${FSID:-}"
@@ -122,23 +157,30 @@ lab_load() {
   # shellcheck disable=SC1091
   . "$LAB_DIR/lab.env"
   declare -gA QPID=()
-  local n v; for n in "${NODES[@]}"; do v=QPID_${n#node-}; QPID[$n]=${!v}; done
+  local n v; for n in "${NODES[@]}"; do
+    v=QPID_${n#node-}
+    [ -z "${!v}" ] || is_pid "${!v}" || { echo "lab: $LAB_DIR/lab.env: $v='${!v}' is not a process id" >&2; return 1; }
+    QPID[$n]=${!v}
+  done
 }
 
 declare -A QPID=()
-lab_up() {  # lab_up [extra images...]
+lab_up() {
   LAB_DIR=${LAB_DIR:-$CACHE/runs/lab-$(date +%Y%m%d-%H%M%S)-$$}
   NS=rbdo-lab-$$; CEPHDIR=$LAB_DIR/ceph
   mkdir -p "$LAB_DIR/logs" || return 1
   # keep the logs of the last 10 runs
-  ls -dt "$CACHE"/runs/lab-* 2>/dev/null | tail -n +11 | while read -r d; do [ -f "$d/lab.env" ] || rm -rf "$d"; done
+  local old; old=("$CACHE"/runs/lab-*)   # names sort by start time
+  while [ ${#old[@]} -gt 10 ]; do [ -f "${old[0]}/lab.env" ] || rm -rf "${old[0]}"; old=("${old[@]:1}"); done
   ln -sfn "$LAB_DIR" "$CACHE/current"
   lab_save_env
-  local deb; deb=$(lab_deb); [ -n "$deb" ] || die "no dist/rbd-owner_*_amd64.deb: run make package"
+  local deb; deb=$(lab_deb)
+  { [ -n "$deb" ] && [ -s "$deb" ]; } || die "package: no dist/rbd-owner_*_amd64.deb (run make package)"
 
   step "guest image (cached; rebuilt only when its inputs change)"
   local img; img=$(nice -n 15 "$LAB_REPO/tests/vm/build-image" 2> >(tee -a "$LAB_DIR/logs/build-image.log" >&2)) \
-    || die "image build failed"
+    || die "guest image: tests/vm/build-image failed (log: $LAB_DIR/logs/build-image.log)"
+  is_image_dir "$img" || die "guest image: tests/vm/build-image printed '${img:0:200}', not an image directory (root.ext4, vmlinuz, initrd.img)"
   step_done
 
   step "network namespace $NS (br0 203.0.113.1/24, taps for ${NODES[*]})"
@@ -172,6 +214,7 @@ EOF
     MEM=$GUEST_MEM REBOOT=1 MONITOR=$LAB_DIR/$n.mon setsid nice -n 5 "$LAB_REPO/tests/vm/boot-guest" "$img" "$NS" "${taps[$i]}" \
       "${NODE_MAC[$n]}" "$s" "$LAB_DIR/logs" "$n" &
     QPID[$n]=$!; i=$((i + 1))
+    is_pid "${QPID[$n]}" || die "boot $n: qemu's process id '${QPID[$n]}' is not a number"
     log "$n: qemu pid ${QPID[$n]} (${NODE_IP[$n]}, console $LAB_DIR/logs/$n.console)"
   done
   lab_save_env
@@ -181,7 +224,8 @@ EOF
     nice -n 5 "$LAB_REPO/tests/ceph/up" "$CEPHDIR" 3300 6800 > "$LAB_DIR/logs/ceph-up.log" 2>&1 \
     || { cat "$LAB_DIR/logs/ceph-up.log" >&2; die "ceph up failed"; }
   FSID=$(awk '$1=="fsid"{print $3}' "$CEPHDIR/ceph.conf")
-  local im; for im in img2 img3 ns1/img4 kimg1 ns1/kimg2 "$@"; do rbd create --size 64M "rbd/$im" || die "rbd create $im"; done
+  [[ $FSID =~ ^[0-9a-f-]{36}$ ]] || die "ceph up: no fsid in $CEPHDIR/ceph.conf (got '$FSID')"
+  local im; for im in img2 img3 ns1/img4 kimg1 ns1/kimg2; do rbd create --size 64M "rbd/$im" || die "rbd create $im"; done
   rbd snap create rbd/kimg1@s1 >/dev/null 2>&1 || die "rbd snap create kimg1@s1"
   lab_save_env
   for n in "${NODES[@]}"; do install -m 0600 "$CEPHDIR/client.rbdowner.keyring" "$(share "$n")/keyring"; done
