@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/fault"
 )
 
 // Paths of the v1 calls.
@@ -17,7 +19,9 @@ const (
 	PathClaims  = "/v1/claims"
 	PathFence   = "/v1/fence"
 	PathRelease = "/v1/release"
-	// PathOrphans removes the claims of deleted images (an addition to the contract's calls).
+	// PathOrphanList lists the claims of deleted images (GET ?cluster=&pool=).
+	PathOrphanList = "/v1/orphans"
+	// PathOrphans removes the claims of deleted images (admin).
 	PathOrphans = "/v1/orphans/remove"
 )
 
@@ -182,6 +186,29 @@ const (
 	CodeTimeout            = "timeout"
 	CodeInternal           = "internal"
 )
+
+// CodeOf is the contract's code for an error kind (the agent's one classification).
+func CodeOf(k fault.Kind) string {
+	switch k {
+	case fault.Invalid:
+		return CodeInvalidArgument
+	case fault.PermissionDenied:
+		return CodePermissionDenied
+	case fault.NotFound:
+		return CodeNotFound
+	case fault.ClaimedElsewhere:
+		return CodeClaimedElsewhere
+	case fault.Busy:
+		return CodeBusy
+	case fault.Fenced:
+		return CodeFenced
+	case fault.Unavailable:
+		return CodeClusterUnavailable
+	case fault.Timeout:
+		return CodeTimeout
+	}
+	return CodeInternal
+}
 
 // HTTPStatus returns the status that goes with an error code.
 func HTTPStatus(code string) int {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/ceph/go-ceph/rados"
+
+	"github.com/rbd-owner/rbd-owner/agent/fault"
 )
 
 // Options says how to reach one cluster as one cephx identity.
@@ -100,16 +102,16 @@ func monHost(monitors []string) string {
 	return strings.Join(out, ",")
 }
 
-// Errors callers branch on (with errors.Is).
+// Errors callers branch on (with errors.Is); they are the agent's shared fault sentinels.
 var (
 	// ErrUnavailable: the cluster did not answer within the deadline, or the connection is gone.
-	ErrUnavailable = errors.New("cluster unavailable")
+	ErrUnavailable = fault.ErrUnavailable
 	// ErrNotFound: the pool, namespace, image or object does not exist.
-	ErrNotFound = errors.New("not found")
+	ErrNotFound = fault.ErrNotFound
 	// ErrPermission: cephx refused the operation; the PermissionError says which cap is missing.
-	ErrPermission = errors.New("permission denied")
+	ErrPermission = fault.ErrPermission
 	// ErrBlocklisted: this client has been blocklisted (fenced) by the cluster.
-	ErrBlocklisted = errors.New("client blocklisted")
+	ErrBlocklisted = fault.ErrBlocklisted
 )
 
 // PermissionError names the operation that was refused and the cap that allows it.
@@ -124,6 +126,7 @@ func (e *PermissionError) Error() string {
 }
 func (e *PermissionError) Unwrap() error        { return e.Err }
 func (e *PermissionError) Is(target error) bool { return target == ErrPermission }
+func (e *PermissionError) Kind() fault.Kind     { return fault.PermissionDenied }
 
 // Code returns the negative errno carried by a go-ceph error, or 0.
 func Code(err error) int {

@@ -1,30 +1,30 @@
 package claim
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
-	"github.com/rbd-owner/rbd-owner/agent/cephconn"
+	"github.com/rbd-owner/rbd-owner/agent/fault"
 )
 
-// Errors callers branch on with errors.Is. cephconn.ErrUnavailable and cephconn.ErrPermission
-// (a *cephconn.PermissionError naming the missing cap) come through as well.
+// Errors callers branch on with errors.Is; each has its kind in the agent's one classification
+// (package fault). cephconn.ErrUnavailable and cephconn.ErrPermission (a
+// *cephconn.PermissionError naming the missing cap) come through as well.
 var (
 	// ErrClaimedElsewhere: another node holds the image (a *HeldError says who).
-	ErrClaimedElsewhere = errors.New("claimed by another node")
+	ErrClaimedElsewhere = fault.ErrClaimedElsewhere
 	// ErrFenced: this node's hold is gone or was fenced (taken over, force-released, blocklisted).
-	ErrFenced = errors.New("claim lost")
+	ErrFenced = fault.New(fault.Fenced, "claim lost")
 	// ErrNotFound: the image (or pool, or namespace) does not exist.
-	ErrNotFound = cephconn.ErrNotFound
+	ErrNotFound = fault.ErrNotFound
 	// ErrNoClaim: the image has no claim record.
-	ErrNoClaim = errors.New("no claim")
+	ErrNoClaim = fault.New(fault.NotFound, "no claim")
 	// ErrBusy: the image has watchers that no claim explains (mapped or opened behind the
 	// agent's back), or a change could not be written after many concurrent retries.
-	ErrBusy = errors.New("busy")
+	ErrBusy = fault.ErrBusy
 	// ErrInvalid: the request is malformed or conflicts with what this node already holds.
-	ErrInvalid = errors.New("invalid request")
+	ErrInvalid = fault.ErrInvalid
 )
 
 // HeldError says who holds an image that was asked for.
@@ -39,6 +39,7 @@ type HeldError struct {
 }
 
 func (e *HeldError) Is(target error) bool { return target == ErrClaimedElsewhere }
+func (e *HeldError) Kind() fault.Kind     { return fault.ClaimedElsewhere }
 
 // Owner is the first holder (the only one for rwo).
 func (e *HeldError) Owner() Holder {
@@ -80,6 +81,7 @@ type LostError struct {
 }
 
 func (e *LostError) Is(target error) bool { return target == ErrFenced }
+func (e *LostError) Kind() fault.Kind     { return fault.Fenced }
 
 func (e *LostError) Error() string {
 	return fmt.Sprintf("claim on %s at epoch %d is lost: %s", e.Image, e.Epoch, e.Why)

@@ -4,15 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"sort"
-	"strconv"
-	"strings"
 	"time"
-
-	"github.com/ceph/go-ceph/rados"
-
-	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 )
 
 // Request asks for a hold on an image.
@@ -48,103 +40,52 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 	if err := req.Image.validate(); err != nil {
 		return nil, fmt.Errorf("acquire %s: %w: %w", req.Image, ErrInvalid, err)
 	}
-	info, err := s.inspectImage(req.Image)
+	info, err := s.inspectImage(ctx, req.Image)
 	if err != nil {
 		return nil, fmt.Errorf("acquire %s: %w", req.Image, err)
 	}
-	self := s.cfg.Node.ID
+	in := acquireInput{Self: s.cfg.Node.ID, FSID: s.fsid, Image: req.Image, Access: access, ReadOnly: req.ReadOnly,
+		Takeover: req.Takeover, Info: info, Me: s.me(), Fenced: map[string]bool{}}
 	var res Result
-	// holders this call has already blocklisted, by node and epoch: if the write then loses a
-	// race to the holder's own renewal, the holder's mapping is fenced all the same, so the
-	// takeover must go through rather than leave a live-looking claim whose device cannot write
-	fenced := map[string]Fence{}
-	fkey := func(h Holder) string { return h.NodeID + "@" + strconv.FormatUint(h.Epoch, 10) + "@" + h.fenceAddr() }
+	fences := map[string]Fence{} // holders this call has blocklisted (see acquireInput.Fenced)
 	rec, err := s.update(ctx, req.Image, func(cur *Record) (*Record, error) {
-		now := s.cfg.Now().UTC()
+		in.Now = s.cfg.Now().UTC()
 		res = Result{}
-		if cur == nil {
-			cur = &Record{Format: FormatVersion, Image: req.Image}
-		}
-		if cur.ImageID != "" && cur.ImageID != info.ID {
-			// the claim was for an older image of the same name, since deleted (an image with
-			// a mapping cannot be removed): its holders are gone with it; the epoch goes on
-			cur.Holders, cur.Access = nil, ""
-		}
-		cur.ClusterFSID, cur.ImageID = s.fsid, info.ID
-		mine := cur.Holder(self)
-		if mine != nil {
-			if cur.Access != access {
-				return nil, fmt.Errorf("%w: this node already holds %s as %s, not %s", ErrInvalid, req.Image, cur.Access, access)
-			}
-			if mine.Fenced {
-				return nil, &LostError{Image: req.Image, Epoch: mine.Epoch, Record: cur, Why: "this node's hold was fenced by an admin; release it (rbd-owner release --force) before mapping again"}
-			}
-			if w := unexplained(info.Watchers, cur.Holders); w != nil {
-				return nil, fmt.Errorf("%w: %s has watchers no claim explains: %s (mapped or opened outside rbd-owner?)", ErrBusy, req.Image, strings.Join(w, ", "))
-			}
-			s.refresh(mine, now)
-			res.Again = true
-			res.Holder = *mine
-			return cur, nil
-		}
-		var evict []Holder
-		if !cur.Free() && !(cur.Access == access && access != RWO) {
-			if !req.Takeover {
-				return nil, &HeldError{Image: req.Image, Access: cur.Access, Epoch: cur.Epoch, Holders: cur.Holders, Now: now,
-					Reason: "map with takeover only once its lease has expired, or have an admin run `rbd-owner fence` and `rbd-owner release --force`"}
-			}
-			for _, h := range cur.Holders {
-				if _, done := fenced[fkey(h)]; done {
-					continue
-				}
-				if !h.Expired(now) {
-					return nil, &HeldError{Image: req.Image, Access: cur.Access, Epoch: cur.Epoch, Holders: cur.Holders, Now: now,
-						Reason: fmt.Sprintf("takeover refused: node %s's lease is still live until %s", h.NodeID, h.LeaseExpiry().UTC().Format(time.RFC3339))}
-				}
-				if h.fenceAddr() == "" {
-					return nil, &HeldError{Image: req.Image, Access: cur.Access, Epoch: cur.Epoch, Holders: cur.Holders, Now: now,
-						Reason: fmt.Sprintf("takeover refused: node %s recorded no address to fence", h.NodeID)}
-				}
-			}
-			evict = cur.Holders
-		}
-		// watchers: only the holders we keep may explain them (evicted ones are fenced below,
-		// and a blocklisted client's watch is dropped by the OSDs)
-		kept := cur.Holders
-		if evict != nil {
-			kept = nil
-		}
-		if w := unexplained(withoutAddrsOf(info.Watchers, evict), kept); w != nil {
-			return nil, fmt.Errorf("%w: %s has watchers no claim explains: %s (mapped or opened outside rbd-owner?)", ErrBusy, req.Image, strings.Join(w, ", "))
+		plan, err := decideAcquire(cur, in)
+		if err != nil {
+			return nil, err
 		}
 		// fence first, write after: a crash in between leaves the old holder blocklisted and
 		// the record unchanged, and the next attempt blocklists again (idempotent) and writes
-		for _, h := range evict {
-			f, done := fenced[fkey(h)]
+		for _, h := range plan.Evict {
+			f, done := fences[fenceKey(h)]
 			if !done {
-				var err error
-				if f, err = s.fence(h, now); err != nil {
+				if f, err = s.fence(ctx, h, in.Now); err != nil {
 					return nil, fmt.Errorf("takeover of %s from node %s: %w", req.Image, h.NodeID, err)
 				}
-				fenced[fkey(h)] = f
+				fences[fenceKey(h)], in.Fenced[fenceKey(h)] = f, true
 			}
-			cur.without(h.NodeID)
-			cur.addFence(f)
+			plan.Next.addFence(f)
 			res.Fenced = append(res.Fenced, f)
 		}
-		cur.Epoch++
-		h := Holder{NodeID: self, ReadOnly: req.ReadOnly, Epoch: cur.Epoch, AcquiredAt: now}
-		s.refresh(&h, now)
-		cur.Holders = append(cur.Holders, h)
-		cur.Access = access
-		res.Holder = h
-		return cur, nil
+		res.Holder, res.Again = plan.Holder, plan.Again
+		return plan.Next, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("acquire %s: %w", req.Image, err)
 	}
 	res.Record = rec
 	return &res, nil
+}
+
+// me is this node's holder entry as it would be written now: its node facts and lease.
+func (s *Store) me() Holder {
+	h := Holder{NodeID: s.cfg.Node.ID, Hostname: s.cfg.Node.Hostname, AgentVersion: s.cfg.Node.AgentVersion,
+		LeaseSeconds: int64(s.cfg.Lease / time.Second)}
+	if s.cfg.Node.Addr != nil {
+		h.NodeAddr = s.cfg.Node.Addr()
+	}
+	return h
 }
 
 // withoutAddrsOf drops the watchers that belong to the given holders' mappings.
@@ -168,23 +109,15 @@ func withoutAddrsOf(watchers []string, hs []Holder) []string {
 }
 
 func (s *Store) refresh(h *Holder, now time.Time) {
-	h.RenewedAt = now
-	h.LeaseSeconds = int64(s.cfg.Lease / time.Second)
-	h.Hostname = s.cfg.Node.Hostname
-	if s.cfg.Node.Addr != nil {
-		if a := s.cfg.Node.Addr(); a != "" {
-			h.NodeAddr = a
-		}
-	}
-	h.AgentVersion = s.cfg.Node.AgentVersion
+	acquireInput{Now: now, Me: s.me()}.refresh(h)
 }
 
-func (s *Store) fence(h Holder, now time.Time) (Fence, error) {
+func (s *Store) fence(ctx context.Context, h Holder, now time.Time) (Fence, error) {
 	addr := h.fenceAddr()
 	if addr == "" {
 		return Fence{}, fmt.Errorf("node %s recorded no address to fence", h.NodeID)
 	}
-	until, err := cephconn.Blocklist(s.conn, addr, s.cfg.FenceExpiry)
+	until, err := s.b.Blocklist(ctx, addr, s.cfg.FenceExpiry)
 	if err != nil {
 		return Fence{}, err
 	}
@@ -196,23 +129,7 @@ func (s *Store) fence(h Holder, now time.Time) (Fence, error) {
 
 // mine finds this node's live holder entry at epoch, or explains why there is none.
 func (s *Store) mine(img Image, cur *Record, epoch uint64) (*Holder, error) {
-	if cur == nil {
-		return nil, &LostError{Image: img, Epoch: epoch, Why: "the claim record is gone"}
-	}
-	h := cur.Holder(s.cfg.Node.ID)
-	switch {
-	case h == nil:
-		why := "this node no longer holds it"
-		if len(cur.Holders) > 0 {
-			why = fmt.Sprintf("node %s holds it now at epoch %d", cur.Holders[0].NodeID, cur.Holders[0].Epoch)
-		}
-		return nil, &LostError{Image: img, Epoch: epoch, Record: cur, Why: why}
-	case h.Epoch != epoch:
-		return nil, &LostError{Image: img, Epoch: epoch, Record: cur, Why: fmt.Sprintf("this node holds it at epoch %d now", h.Epoch)}
-	case h.Fenced:
-		return nil, &LostError{Image: img, Epoch: epoch, Record: cur, Why: "an admin fenced this node's mapping"}
-	}
-	return h, nil
+	return decideMine(img, cur, s.cfg.Node.ID, epoch)
 }
 
 // Renew extends this node's lease, only if it still holds the image at epoch.
@@ -277,12 +194,7 @@ func (s *Store) Inspect(ctx context.Context, img Image) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	io, err := s.ioctx(img)
-	if err != nil {
-		return nil, fmt.Errorf("inspect %s: %w", img, err)
-	}
-	defer io.Destroy()
-	rec, _, err := s.read(io, img)
+	rec, _, err := s.read(ctx, img)
 	if err != nil {
 		return nil, fmt.Errorf("inspect %s: %w", img, err)
 	}
@@ -294,30 +206,10 @@ func (s *Store) Inspect(ctx context.Context, img Image) (*Record, error) {
 
 // List returns every claim record of a pool, in all its namespaces: the cluster-wide view.
 func (s *Store) List(ctx context.Context, pool string) ([]Record, error) {
-	io, err := s.conn.OpenIOContext(pool)
+	imgs, err := s.b.Objects(ctx, pool)
 	if err != nil {
-		return nil, cephconn.Classify(fmt.Errorf("list claims of pool %s: %w", pool, err), "open pool "+pool, osdCap)
+		return nil, err
 	}
-	defer io.Destroy()
-	io.SetNamespace(rados.AllNamespaces)
-	iter, err := io.Iter()
-	if err != nil {
-		return nil, cephconn.Classify(fmt.Errorf("list claims of pool %s: %w", pool, err), "list objects of "+pool, osdCap)
-	}
-	defer iter.Close()
-	var imgs []Image
-	for iter.Next() {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		if name, ok := strings.CutPrefix(iter.Value(), ObjectPrefix); ok && name != "" {
-			imgs = append(imgs, Image{Pool: pool, Namespace: iter.Namespace(), Name: name})
-		}
-	}
-	if err := iter.Err(); err != nil {
-		return nil, cephconn.Classify(fmt.Errorf("list claims of pool %s: %w", pool, err), "list objects of "+pool, osdCap)
-	}
-	sort.Slice(imgs, func(i, j int) bool { return imgs[i].String() < imgs[j].String() })
 	out := make([]Record, 0, len(imgs))
 	for _, img := range imgs {
 		rec, err := s.Inspect(ctx, img)
@@ -350,7 +242,7 @@ func (s *Store) Fence(ctx context.Context, img Image) (*FenceResult, error) {
 		}
 		now := s.cfg.Now().UTC()
 		for i := range cur.Holders {
-			f, err := s.fence(cur.Holders[i], now)
+			f, err := s.fence(ctx, cur.Holders[i], now)
 			if err != nil {
 				return nil, err
 			}
@@ -401,7 +293,7 @@ func (s *Store) Orphans(ctx context.Context, pool string) ([]Record, error) {
 	}
 	var out []Record
 	for _, r := range recs {
-		orphan, err := s.isOrphan(r)
+		orphan, err := s.isOrphan(ctx, r)
 		if err != nil {
 			return nil, err
 		}
@@ -412,13 +304,8 @@ func (s *Store) Orphans(ctx context.Context, pool string) ([]Record, error) {
 	return out, nil
 }
 
-func (s *Store) isOrphan(r Record) (bool, error) {
-	io, err := s.ioctx(r.Image)
-	if err != nil {
-		return false, err
-	}
-	defer io.Destroy()
-	ok, err := s.imageExists(io, r.Image, r.ImageID)
+func (s *Store) isOrphan(ctx context.Context, r Record) (bool, error) {
+	ok, err := s.imageExists(ctx, r.Image, r.ImageID)
 	return !ok, err
 }
 
@@ -428,39 +315,28 @@ func (s *Store) RemoveOrphan(ctx context.Context, img Image) (bool, error) {
 	if err := img.validate(); err != nil {
 		return false, fmt.Errorf("remove orphan %s: %w: %w", img, ErrInvalid, err)
 	}
-	io, err := s.ioctx(img)
-	if err != nil {
-		return false, err
-	}
-	defer io.Destroy()
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return false, err
 		}
-		rec, ver, err := s.read(io, img)
+		rec, ver, err := s.read(ctx, img)
 		if err != nil || rec == nil {
 			return false, err
 		}
-		exists, err := s.imageExists(io, img, rec.ImageID)
+		exists, err := s.imageExists(ctx, img, rec.ImageID)
 		if err != nil {
 			return false, fmt.Errorf("remove orphan %s: %w", img, err)
 		}
 		if exists {
 			return false, fmt.Errorf("remove orphan %s: %w: the image exists; its claim is not an orphan", img, ErrInvalid)
 		}
-		err = s.casRemove(io, img, ver)
+		err = s.b.CompareAndRemove(ctx, img, ver)
 		if err == nil {
 			return true, nil
 		}
-		if err != errConflict {
+		if !errors.Is(err, ErrConflict) {
 			return false, fmt.Errorf("remove orphan %s: %w", img, err)
 		}
 	}
 	return false, fmt.Errorf("remove orphan %s: %w", img, ErrBusy)
-}
-
-// Hostname is os.Hostname without an error ("" when unknown).
-func Hostname() string {
-	h, _ := os.Hostname()
-	return h
 }

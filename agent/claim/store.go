@@ -15,13 +15,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"syscall"
 	"time"
 
 	"github.com/ceph/go-ceph/rados"
-	"github.com/ceph/go-ceph/rbd"
-
-	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 )
 
 // Node is who this agent is.
@@ -52,18 +48,27 @@ const (
 	DefaultFenceExpiry = 7 * 24 * time.Hour
 )
 
-// Store reads and changes the claims of one cluster through one RADOS connection.
+// Store reads and changes the claims of one cluster through its Backend.
 // It is safe for concurrent use.
 type Store struct {
-	conn *rados.Conn
+	b    Backend
 	fsid string
 	cfg  Config
 	// afterFence runs after each blocklisting (tests use it to interleave a holder's renewal)
 	afterFence func()
 }
 
-// NewStore returns a Store on conn (owned by the caller).
+// NewStore returns a Store on a RADOS connection (owned by the caller).
 func NewStore(conn *rados.Conn, cfg Config) (*Store, error) {
+	b, err := NewRados(conn)
+	if err != nil {
+		return nil, err
+	}
+	return NewStoreOn(b, cfg)
+}
+
+// NewStoreOn returns a Store on any Backend (Memory in tests).
+func NewStoreOn(b Backend, cfg Config) (*Store, error) {
 	if cfg.Node.ID == "" {
 		return nil, errors.New("claim store: node id is empty")
 	}
@@ -79,11 +84,7 @@ func NewStore(conn *rados.Conn, cfg Config) (*Store, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	fsid, err := conn.GetFSID()
-	if err != nil {
-		return nil, cephconn.Classify(fmt.Errorf("claim store: read cluster fsid: %w", err), "get fsid", "mon 'profile rbd'")
-	}
-	return &Store{conn: conn, fsid: fsid, cfg: cfg}, nil
+	return &Store{b: b, fsid: b.FSID(), cfg: cfg}, nil
 }
 
 // FSID is the cluster's fsid.
@@ -92,83 +93,31 @@ func (s *Store) FSID() string { return s.fsid }
 // NodeID is this agent's node id.
 func (s *Store) NodeID() string { return s.cfg.Node.ID }
 
-const osdCap = "osd 'profile rbd'"
-
-// ioctx opens a private IOContext for one operation: GetLastVersion is per IOContext, so
-// sharing one between goroutines would mix up versions.
-func (s *Store) ioctx(img Image) (*rados.IOContext, error) {
-	io, err := s.conn.OpenIOContext(img.Pool)
-	if err != nil {
-		return nil, cephconn.Classify(fmt.Errorf("open pool %s: %w", img.Pool, err), "open pool "+img.Pool, osdCap)
-	}
-	io.SetNamespace(img.Namespace)
-	return io, nil
-}
+// Backend is the store's cluster side.
+func (s *Store) Backend() Backend { return s.b }
 
 // read returns the record and its object version; (nil, 0, nil) when there is none.
-func (s *Store) read(io *rados.IOContext, img Image) (*Record, uint64, error) {
-	op := rados.CreateReadOp()
-	defer op.Release()
-	buf := make([]byte, maxRecordSize)
-	step := op.Read(0, buf)
-	if err := op.Operate(io, img.Object(), rados.OperationNoFlag); err != nil {
-		if cephconn.Code(err) == -int(syscall.ENOENT) {
-			return nil, 0, nil
-		}
-		return nil, 0, cephconn.Classify(fmt.Errorf("read claim of %s: %w", img, err), "read claim of "+img.String(), osdCap)
+func (s *Store) read(ctx context.Context, img Image) (*Record, uint64, error) {
+	data, ver, err := s.b.Read(ctx, img)
+	if err != nil || data == nil {
+		return nil, 0, err
 	}
-	ver, err := io.GetLastVersion()
-	if err != nil {
-		return nil, 0, fmt.Errorf("read claim of %s: version: %w", img, err)
-	}
-	rec, err := decode(buf[:step.BytesRead])
+	rec, err := decode(data)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read claim of %s (object %s): %w", img, img.Object(), err)
 	}
 	return rec, ver, nil
 }
 
-// errConflict means the compare of a compare-and-set failed: someone else wrote first.
-var errConflict = errors.New("claim changed concurrently")
-
 // cas writes rec if and only if the object is still at version ver (0: does not exist yet),
-// in ONE RADOS write operation. A lost race returns errConflict.
-func (s *Store) cas(io *rados.IOContext, img Image, ver uint64, rec *Record) error {
+// in ONE atomic write. A lost race returns ErrConflict.
+func (s *Store) cas(ctx context.Context, img Image, ver uint64, rec *Record) error {
 	rec.UpdatedAt = s.cfg.Now().UTC()
 	data, err := encode(rec)
 	if err != nil {
 		return fmt.Errorf("write claim of %s: %w", img, err)
 	}
-	op := rados.CreateWriteOp()
-	defer op.Release()
-	if ver == 0 {
-		op.Create(rados.CreateExclusive)
-	} else {
-		op.AssertVersion(ver)
-	}
-	op.WriteFull(data)
-	return s.operate(op, io, img)
-}
-
-// casRemove deletes the record if and only if it is still at version ver.
-func (s *Store) casRemove(io *rados.IOContext, img Image, ver uint64) error {
-	op := rados.CreateWriteOp()
-	defer op.Release()
-	op.AssertVersion(ver)
-	op.Remove()
-	return s.operate(op, io, img)
-}
-
-func (s *Store) operate(op *rados.WriteOp, io *rados.IOContext, img Image) error {
-	err := op.Operate(io, img.Object(), rados.OperationNoFlag)
-	switch -cephconn.Code(err) {
-	case 0:
-		return err
-	case int(syscall.EEXIST), int(syscall.ERANGE), int(syscall.EOVERFLOW), int(syscall.ENOENT):
-		// EEXIST: created meanwhile; ERANGE/EOVERFLOW: version moved on; ENOENT: removed.
-		return errConflict
-	}
-	return cephconn.Classify(fmt.Errorf("write claim of %s: %w", img, err), "write claim of "+img.String(), osdCap)
+	return s.b.CompareAndWrite(ctx, img, ver, data)
 }
 
 // maxAttempts bounds the compare-and-set retries of one operation.
@@ -181,16 +130,11 @@ func (s *Store) update(ctx context.Context, img Image, decide func(cur *Record) 
 	if err := img.validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	io, err := s.ioctx(img)
-	if err != nil {
-		return nil, err
-	}
-	defer io.Destroy()
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("claim %s: %w", img, err)
 		}
-		cur, ver, err := s.read(io, img)
+		cur, ver, err := s.read(ctx, img)
 		if err != nil {
 			return nil, err
 		}
@@ -202,11 +146,11 @@ func (s *Store) update(ctx context.Context, img Image, decide func(cur *Record) 
 		if err != nil || next == nil {
 			return cur, err
 		}
-		err = s.cas(io, img, ver, next)
+		err = s.cas(ctx, img, ver, next)
 		if err == nil {
 			return next, nil
 		}
-		if !errors.Is(err, errConflict) {
+		if !errors.Is(err, ErrConflict) {
 			return nil, err
 		}
 		// lost a race: back off a little, at random, so that a crowd spreads out
@@ -221,33 +165,20 @@ type imageInfo struct {
 	Watchers []string // client addresses watching the image header
 }
 
-// inspectImage checks that the image exists and lists its watchers.
-func (s *Store) inspectImage(img Image) (imageInfo, error) {
-	io, err := s.ioctx(img)
+// inspectImage checks that the image exists and lists its watchers, other than this client.
+func (s *Store) inspectImage(ctx context.Context, img Image) (imageInfo, error) {
+	info, err := s.b.ImageInfo(ctx, img)
 	if err != nil {
 		return imageInfo{}, err
 	}
-	defer io.Destroy()
-	im, err := rbd.OpenImageReadOnly(io, img.Name, rbd.NoSnapshot)
-	if err != nil {
-		return imageInfo{}, cephconn.Classify(fmt.Errorf("open image %s: %w", img, err), "open image "+img.String(), osdCap)
-	}
-	defer im.Close()
-	id, err := im.GetId()
-	if err != nil {
-		return imageInfo{}, cephconn.Classify(fmt.Errorf("image %s: id: %w", img, err), "read image "+img.String(), osdCap)
-	}
-	ws, err := im.ListWatchers()
-	if err != nil {
-		return imageInfo{}, cephconn.Classify(fmt.Errorf("image %s: watchers: %w", img, err), "list watchers of "+img.String(), osdCap)
-	}
-	own, _ := s.conn.GetAddrs()
-	info := imageInfo{ID: id}
-	for _, w := range ws {
-		if w.Addr != own { // a read-only open may watch too; that is us
-			info.Watchers = append(info.Watchers, w.Addr)
+	own := s.b.OwnAddr() // without it every watcher counts, ours too: stricter, never looser
+	kept := info.Watchers[:0:0]
+	for _, w := range info.Watchers {
+		if own == "" || w != own { // a read-only open may watch too; that is us
+			kept = append(kept, w)
 		}
 	}
+	info.Watchers = kept
 	return info, nil
 }
 
@@ -276,22 +207,10 @@ func unexplained(watchers []string, holders []Holder) []string {
 }
 
 // imageExists says whether img still exists with the given id ("" accepts any id).
-func (s *Store) imageExists(io *rados.IOContext, img Image, id string) (bool, error) {
-	buf := make([]byte, 256)
-	n, err := io.Read("rbd_id."+img.Name, buf, 0)
-	if cephconn.Code(err) == -int(syscall.ENOENT) {
-		return false, nil
+func (s *Store) imageExists(ctx context.Context, img Image, id string) (bool, error) {
+	got, ok, err := s.b.ImageID(ctx, img)
+	if err != nil || !ok {
+		return false, err
 	}
-	if err != nil {
-		return false, cephconn.Classify(fmt.Errorf("image %s: read id: %w", img, err), "read image "+img.String(), osdCap)
-	}
-	// rbd_id.<name> holds the id as a length-prefixed string (4 bytes little endian + bytes)
-	if n < 4 {
-		return false, fmt.Errorf("image %s: id object too short", img)
-	}
-	l := int(buf[0]) | int(buf[1])<<8 | int(buf[2])<<16 | int(buf[3])<<24
-	if l < 0 || 4+l > n {
-		return false, fmt.Errorf("image %s: id object malformed", img)
-	}
-	return id == "" || string(buf[4:4+l]) == id, nil
+	return id == "" || got == id, nil
 }

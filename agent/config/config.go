@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -29,6 +30,7 @@ const (
 type Config struct {
 	NodeID         string    `yaml:"node_id"`
 	Socket         string    `yaml:"socket"`
+	CSISocket      string    `yaml:"csi_socket"`
 	StateDir       string    `yaml:"state_dir"`
 	Clusters       []Cluster `yaml:"clusters"`
 	LeaseDuration  Duration  `yaml:"lease_duration"`
@@ -71,8 +73,11 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 
 // Defaults.
 const (
-	DefaultSocket   = "/run/rbd-owner/rbd-owner.sock"
-	DefaultStateDir = "/var/lib/rbd-owner"
+	DefaultSocket = "/run/rbd-owner/rbd-owner.sock"
+	// DefaultCSISocket serves the CSI role only, whoever calls; it sits in a directory of its
+	// own so that a CSI plugin's pod can mount that directory and nothing else.
+	DefaultCSISocket = "/run/rbd-owner/csi/csi.sock"
+	DefaultStateDir  = "/var/lib/rbd-owner"
 )
 
 // Load reads and validates the file at path. machineID is the path of the machine-id file
@@ -131,6 +136,9 @@ func (c *Config) fill(machineID string) error {
 	if c.Socket == "" {
 		c.Socket = DefaultSocket
 	}
+	if c.CSISocket == "" {
+		c.CSISocket = DefaultCSISocket
+	}
 	if c.StateDir == "" {
 		c.StateDir = DefaultStateDir
 	}
@@ -174,6 +182,12 @@ func (c *Config) validate() error {
 	}
 	if !strings.HasPrefix(c.Socket, "/") {
 		return fmt.Errorf("socket: %q must be an absolute path", c.Socket)
+	}
+	if c.CSISocket != "none" && !strings.HasPrefix(c.CSISocket, "/") {
+		return fmt.Errorf("csi_socket: %q must be an absolute path (or none)", c.CSISocket)
+	}
+	if c.CSISocket == c.Socket || filepath.Dir(c.CSISocket) == filepath.Dir(c.Socket) {
+		return fmt.Errorf("csi_socket: %q must be in a directory of its own, not beside socket %q (a pod mounts that directory)", c.CSISocket, c.Socket)
 	}
 	if !strings.HasPrefix(c.StateDir, "/") {
 		return fmt.Errorf("state_dir: %q must be an absolute path", c.StateDir)

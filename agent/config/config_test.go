@@ -36,7 +36,7 @@ func TestParseGoodAndDefaults(t *testing.T) {
 	}
 	if c.NodeID != "node-a" || c.LeaseDuration.D() != 90*time.Second || c.RenewInterval.D() != 30*time.Second ||
 		c.TakeoverPolicy != TakeoverAfterLeaseExpiry || c.FenceExpiry.D() != 168*time.Hour ||
-		c.Socket != DefaultSocket || c.StateDir != DefaultStateDir || c.Clusters[0].MapOptions[0] != "ms_mode=prefer-crc" {
+		c.Socket != DefaultSocket || c.CSISocket != DefaultCSISocket || c.StateDir != DefaultStateDir || c.Clusters[0].MapOptions[0] != "ms_mode=prefer-crc" {
 		t.Fatalf("parsed: %+v", c)
 	}
 	cl, err := c.Cluster("")
@@ -86,6 +86,9 @@ func TestBadConfigNamesTheKey(t *testing.T) {
 		{"fence_expiry: 10m\n", "fence_expiry"},
 		{"nodeid: x\n", "nodeid"},
 		{"socket: relative.sock\n", "socket"},
+		{"csi_socket: csi.sock\n", "csi_socket"},
+		{"csi_socket: /run/rbd-owner/csi.sock\n", "csi_socket: \"/run/rbd-owner/csi.sock\" must be in a directory of its own"},
+		{"csi_socket: /run/rbd-owner/rbd-owner.sock\n", "csi_socket"},
 		{"map_options: [exclusive]\n", "map_options[0]"},
 		{"map_options: [\"secret=AQ==\"]\n", "map_options[0]: option \"secret\" is not allowed"},
 		{"map_options: [\"a,b\"]\n", "map_options[0]"},

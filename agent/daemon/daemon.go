@@ -21,6 +21,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/devwatch"
+	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/nodeaddr"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
@@ -35,9 +36,13 @@ type Options struct {
 	Audit  *audit.Log
 	// Kernel maps and unmaps (a krbd client on a fake kernel in tests).
 	Kernel *krbd.Client
-	// Listener is the API socket; nil: socket activation, else the daemon creates it.
+	// Listener is the main API socket; nil: socket activation, else the daemon creates it.
 	Listener net.Listener
-	// Peers decides who may call (default: root and group rbd-owner).
+	// CSIListener is the CSI socket (the CSI role whoever calls); nil: socket activation, else
+	// the daemon creates it at Config.CSISocket (unless that is "" or "none").
+	CSIListener net.Listener
+	// Peers gives callers on the main socket their role (default: root and group
+	// rbd-owner-admin are admins, group rbd-owner has the CSI role).
 	Peers *peercred.Policy
 	// Notify sends sd_notify states (default: go-systemd's daemon.SdNotify).
 	Notify func(state string)
@@ -75,6 +80,7 @@ type Daemon struct {
 	selfFenced map[state.Key]time.Time
 	unmanaged  map[int]krbd.Device // devices mapped behind the agent's back
 	heartbeat  time.Time
+	notifyOff  bool // sd_notify said there is no notify socket (logged once)
 
 	bg sync.WaitGroup // goroutines the daemon owns
 }
@@ -104,7 +110,7 @@ func New(opts Options) (*Daemon, error) {
 		opts.Audit = audit.New(opts.Log, true)
 	}
 	if opts.Kernel == nil {
-		opts.Kernel = krbd.New(krbd.Config{})
+		opts.Kernel = krbd.New(krbd.Config{Logger: opts.Log})
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -121,7 +127,7 @@ func New(opts Options) (*Daemon, error) {
 	if opts.Peers != nil {
 		d.peers = *opts.Peers
 	} else {
-		d.peers = peercred.Policy{Group: lookupGroup("rbd-owner")}
+		d.peers = peercred.Policy{AdminGroup: lookupGroup("rbd-owner-admin"), CSIGroup: lookupGroup("rbd-owner")}
 	}
 	for _, c := range d.cfg.Clusters {
 		d.clusters[c.ID] = &cluster{cfg: c, d: d}
@@ -192,7 +198,10 @@ func (c *cluster) connect() (*claim.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	hostname, _ := os.Hostname()
+	hostname, err := os.Hostname()
+	if err != nil {
+		c.d.log.WithError(err).Warn("hostname unknown; claim records will show none")
+	}
 	store, err := claim.NewStore(conn, claim.Config{
 		Node: claim.Node{
 			ID: c.d.cfg.NodeID, Hostname: hostname, AgentVersion: version.Version,
@@ -244,7 +253,7 @@ func (d *Daemon) clusterByFSID(fsid string) *cluster {
 	return nil
 }
 
-var errInvalid = errors.New("invalid argument")
+var errInvalid = fault.ErrInvalid
 
 // Run recovers, serves the API, renews leases and follows device events until ctx ends.
 // Stopping leaves every mapping in place.
@@ -264,21 +273,25 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	d.recover(ctx)
 
-	l := d.opts.Listener
-	if l == nil {
-		if l, err = listen(d.cfg.Socket, d.log); err != nil {
-			return err
-		}
+	l, lcsi, err := d.listeners()
+	if err != nil {
+		return err
 	}
-	srv := d.server()
-	d.bg.Add(1)
-	go func() {
-		defer d.bg.Done()
-		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			d.log.WithError(err).Error("API server stopped")
-			cancel()
-		}
-	}()
+	srv, csiSrv := d.servers()
+	serve := func(srv *http.Server, l net.Listener, name string) {
+		d.bg.Add(1)
+		go func() {
+			defer d.bg.Done()
+			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				d.log.WithError(err).WithField("socket", name).Error("API server stopped")
+				cancel()
+			}
+		}()
+	}
+	serve(srv, l, socketMain)
+	if lcsi != nil {
+		serve(csiSrv, lcsi, socketCSI)
+	}
 	d.bg.Add(1)
 	go func() {
 		defer d.bg.Done()
@@ -295,7 +308,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.notify("STOPPING=1")
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer scancel()
-	_ = srv.Shutdown(sctx)
+	for _, s := range []*http.Server{srv, csiSrv} {
+		if err := s.Shutdown(sctx); err != nil {
+			d.log.WithError(err).Warn("API server did not stop cleanly")
+		}
+	}
 	cancel()
 	d.bg.Wait()
 	d.log.Info("rbd-owner agent stopped; mappings left in place")
@@ -304,7 +321,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 // loop is the main loop: lease renewal, device events, reconciliation. It owns watcher.
 func (d *Daemon) loop(ctx context.Context, watcher *devwatch.Watcher) {
-	defer func() { _ = watcher.Close() }()
+	defer func() {
+		if err := watcher.Close(); err != nil {
+			d.log.WithError(err).Warn("device watcher did not close cleanly")
+		}
+	}()
 	renew := time.NewTicker(d.cfg.RenewInterval.D())
 	defer renew.Stop()
 	beat := time.NewTicker(time.Second)
@@ -322,7 +343,9 @@ func (d *Daemon) loop(ctx context.Context, watcher *devwatch.Watcher) {
 		case <-renew.C:
 			if events == nil { // the watcher died: start a new one (it resyncs from sysfs)
 				if w, err := devwatch.Start(ctx, devwatch.Config{Client: d.kernel, Resync: d.cfg.RenewInterval.D()}); err == nil {
-					_ = watcher.Close()
+					if err := watcher.Close(); err != nil {
+						d.log.WithError(err).Warn("the old device watcher did not close cleanly")
+					}
 					watcher, events = w, w.Events()
 				} else {
 					d.log.WithError(err).Error("device watcher restart failed")

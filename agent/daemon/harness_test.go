@@ -97,7 +97,7 @@ func (n *node) start() {
 			n.mu.Unlock()
 		}),
 		Kernel: krbd.New(func() krbd.Config { c := n.kernel.Config(); c.Poll = 20 * time.Millisecond; return c }()),
-		Peers:  &peercred.Policy{Group: -1},
+		Peers:  &peercred.Policy{AdminGroup: -1, CSIGroup: -1},
 		Notify: func(s string) { n.mu.Lock(); n.notes = append(n.notes, s); n.mu.Unlock() },
 		Fault: func(saga, step string) error {
 			if n.fault != nil {

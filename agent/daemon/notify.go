@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
@@ -12,7 +13,22 @@ func (d *Daemon) notify(state string) {
 		d.opts.Notify(state)
 		return
 	}
-	_, _ = sddaemon.SdNotify(false, state)
+	sent, err := sddaemon.SdNotify(false, state)
+	switch {
+	case err != nil:
+		d.log.WithError(err).WithField("state", firstLine(state)).Warn("sd_notify failed")
+	case !sent && !d.notifyOff:
+		// (false, nil): not run by systemd with Type=notify; say so once
+		d.notifyOff = true
+		d.log.Debug("sd_notify: no NOTIFY_SOCKET, not running under systemd's notify protocol")
+	}
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
 }
 
 // startWatchdog pings systemd's watchdog at half its interval, but only while the main loop
@@ -20,7 +36,11 @@ func (d *Daemon) notify(state string) {
 func (d *Daemon) startWatchdog(ctx context.Context) {
 	interval := d.opts.Watchdog
 	if interval == 0 {
-		interval, _ = sddaemon.SdWatchdogEnabled(false)
+		var err error
+		if interval, err = sddaemon.SdWatchdogEnabled(false); err != nil {
+			d.log.WithError(err).Error("systemd watchdog settings unreadable; not pinging the watchdog")
+			return
+		}
 	}
 	if interval <= 0 {
 		return

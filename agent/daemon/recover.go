@@ -220,7 +220,11 @@ func (d *Daemon) deviceGone(ctx context.Context, m state.Mapping, how string) {
 		if err := d.release(ctx, cl, m); err != nil {
 			d.setProblem(m.Key, "device lost; claim release failed, will retry: "+err.Error())
 			m.Phase = state.Unmapping // the reconciler finishes the release
-			_ = d.state.Put(m)
+			if perr := d.state.Put(m); perr != nil {
+				// the old record (phase mapped) stays: the next reconcile finds its device
+				// gone and comes back here, so the release is still retried
+				d.log.WithError(perr).WithField("image", m.Key.String()).Error("device lost: could not persist the pending claim release; the next reconcile retries it")
+			}
 			return
 		}
 	}

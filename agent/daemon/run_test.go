@@ -315,7 +315,7 @@ func TestAPIRefusesPeersOutsideTheGroup(t *testing.T) {
 	defer os.RemoveAll(cdir)
 	_ = os.Chmod(cdir, 0o755)
 	a := newNode(t, "node-a")
-	a.d.peers = peercred.Policy{Group: 4242} // a group the child is not in
+	a.d.peers = peercred.Policy{AdminGroup: 4243, CSIGroup: 4242} // groups the child is not in
 	a.cfg.Socket = cdir + "/s.sock"
 	a.run()
 	if err := os.Chmod(a.cfg.Socket, 0o666); err != nil { // let the child connect at all

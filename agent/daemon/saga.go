@@ -10,9 +10,9 @@ import (
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
-	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/state"
@@ -62,13 +62,6 @@ func (s *saga) fail(err error) error {
 func (s *saga) keep(err error) error {
 	s.undo = nil
 	return err
-}
-
-// definite says whether a failed Acquire certainly wrote nothing: a refusal, not a timeout
-// whose write may have been applied.
-func definite(err error) bool {
-	return errors.Is(err, claim.ErrClaimedElsewhere) || errors.Is(err, claim.ErrInvalid) || errors.Is(err, claim.ErrBusy) ||
-		errors.Is(err, claim.ErrNotFound) || errors.Is(err, claim.ErrFenced) || errors.Is(err, cephconn.ErrPermission)
 }
 
 const undoTimeout = 2 * time.Minute
@@ -152,7 +145,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 		res, err = store.Acquire(ctx, claim.Request{Image: t.img, Access: access, ReadOnly: readOnly,
 			Takeover: req.Takeover || d.cfg.TakeoverPolicy == config.TakeoverAfterLeaseExpiry})
 		if err != nil {
-			if !definite(err) {
+			if fault.MayHaveApplied(err) {
 				// the claim may have been written (e.g. a timeout after the OSD applied it):
 				// keep the "claiming" state; the reconciler looks at the claim and releases it
 				return nil, d.failed(req, peer, s.keep(err))
@@ -310,8 +303,13 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 			managed = false
 		}
 	case managed && (m.Phase == state.Mapped || m.Phase == state.Unmapping):
-		if dd, err := d.kernel.ReadDevice(m.DeviceID); err == nil && dd.Spec() == t.spec && dd.ClientAddr == m.ClientAddr {
+		dd, err := d.kernel.ReadDevice(m.DeviceID)
+		switch {
+		case err == nil && dd.Spec() == t.spec && dd.ClientAddr == m.ClientAddr:
 			devs = []krbd.Device{dd}
+		case err != nil && !errors.Is(err, krbd.ErrNotFound):
+			// unreadable is not gone: never release the claim of a device that may be there
+			return false, d.unmapFailed(t, peer, fmt.Errorf("unmap %s: reading %s: %w", t.spec, m.Device, err))
 		}
 	default:
 		// not recorded as mapped (e.g. a map interrupted after the kernel write): by names
@@ -319,7 +317,13 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 		if store, err := t.cl.claims(); err == nil {
 			fsid = store.FSID()
 		}
-		devs, _ = d.kernel.FindBySpec(t.spec, fsid)
+		found, err := d.kernel.FindBySpec(t.spec, fsid)
+		if err != nil {
+			// an unreadable sysfs is not "not mapped": unmap would answer false and the
+			// caller would think the image free while a device may still be there
+			return false, d.unmapFailed(t, peer, fmt.Errorf("unmap %s: looking for its device: %w", t.spec, err))
+		}
+		devs = found
 	}
 	if !managed && len(devs) == 0 {
 		return false, nil
@@ -511,44 +515,69 @@ func linkOf(s krbd.Spec, fsid string) string {
 
 var linkSafe = regexp.MustCompile(`^[A-Za-z0-9#+.:=@_-]*$`)
 
-// keyedLocks serialises the sagas of one image; different images proceed in parallel.
+// keyedLocks serialises the sagas of one image; different images proceed in parallel. An
+// image's entry lives only while someone holds or waits for its lock, so the map does not grow
+// with every image the node has ever seen.
 type keyedLocks struct {
 	mu sync.Mutex
-	m  map[state.Key]chan struct{}
+	m  map[state.Key]*keyLock
 }
 
-func (k *keyedLocks) get(key state.Key) chan struct{} {
+type keyLock struct {
+	ch   chan struct{} // holds one token while the lock is held
+	refs int           // holders and waiters
+}
+
+func (k *keyedLocks) ref(key state.Key) *keyLock {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.m == nil {
-		k.m = map[state.Key]chan struct{}{}
+		k.m = map[state.Key]*keyLock{}
 	}
-	ch := k.m[key]
-	if ch == nil {
-		ch = make(chan struct{}, 1)
-		k.m[key] = ch
+	l := k.m[key]
+	if l == nil {
+		l = &keyLock{ch: make(chan struct{}, 1)}
+		k.m[key] = l
 	}
-	return ch
+	l.refs++
+	return l
+}
+
+func (k *keyedLocks) unref(key state.Key, l *keyLock) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if l.refs--; l.refs == 0 {
+		delete(k.m, key)
+	}
 }
 
 // lock waits for the image's lock, at most until ctx ends.
 func (k *keyedLocks) lock(ctx context.Context, key state.Key) (func(), error) {
-	ch := k.get(key)
+	l := k.ref(key)
 	select {
-	case ch <- struct{}{}:
-		return func() { <-ch }, nil
+	case l.ch <- struct{}{}:
+		return func() { <-l.ch; k.unref(key, l) }, nil
 	case <-ctx.Done():
+		k.unref(key, l)
 		return nil, fmt.Errorf("%w: another operation on %s is still running", claim.ErrBusy, key)
 	}
 }
 
 // tryLock takes the lock only if it is free.
 func (k *keyedLocks) tryLock(key state.Key) (func(), bool) {
-	ch := k.get(key)
+	l := k.ref(key)
 	select {
-	case ch <- struct{}{}:
-		return func() { <-ch }, true
+	case l.ch <- struct{}{}:
+		return func() { <-l.ch; k.unref(key, l) }, true
 	default:
+		k.unref(key, l)
 		return nil, false
 	}
+}
+
+// held is the number of images with an entry (tests).
+func (k *keyedLocks) held() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.m)
 }

@@ -23,66 +23,164 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 	"github.com/rbd-owner/rbd-owner/agent/version"
 )
 
-// Handler returns the v1 API (for tests that serve it on their own listener).
-func (d *Daemon) Handler() http.Handler { return d.server().Handler }
+// Handler returns the v1 API (for tests that serve it on their own listener). Requests reach
+// it with the caller that ConnContext put in their context; without one they are refused.
+func (d *Daemon) Handler() http.Handler { return d.handler() }
 
-func (d *Daemon) server() *http.Server {
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+api.PathMap, call(d.Map))
-	mux.HandleFunc("POST "+api.PathUnmap, call(d.unmapCall))
-	mux.HandleFunc("GET "+api.PathStatus, d.handleStatus)
-	mux.HandleFunc("GET "+api.PathClaims, d.handleClaims)
-	mux.HandleFunc("POST "+api.PathFence, call(d.Fence))
-	mux.HandleFunc("POST "+api.PathRelease, call(d.releaseCall))
-	mux.HandleFunc("POST "+api.PathOrphans, call(d.RemoveOrphans))
-	return &http.Server{
-		Handler:           d.authorize(mux),
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			if cred, err := peercred.FromConn(c); err == nil {
-				return peercred.WithCred(ctx, cred)
-			}
-			return ctx
-		},
-		ErrorLog: nil,
+// servers returns the HTTP servers of the main socket (a role by the peer's credentials) and of
+// the CSI socket (the CSI role, whoever calls). Both serve the same routes.
+func (d *Daemon) servers() (main, csi *http.Server) {
+	h := d.handler()
+	mk := func(socket string) *http.Server {
+		return &http.Server{
+			Handler:           h,
+			ReadHeaderTimeout: 10 * time.Second,
+			ReadTimeout:       30 * time.Second,
+			IdleTimeout:       2 * time.Minute,
+			ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+				return withCaller(ctx, d.callerOf(c, socket))
+			},
+		}
+	}
+	return mk(socketMain), mk(socketCSI)
+}
+
+const (
+	socketMain = "main"
+	socketCSI  = "csi"
+)
+
+// caller is who is at the other end of one connection, decided once when it connects.
+type caller struct {
+	cred   peercred.Cred
+	known  bool // cred was read from the socket (SO_PEERCRED)
+	role   peercred.Role
+	why    error // why role is RoleNone
+	socket string
+}
+
+// callerOf reads a connection's peer and gives it its role: on the CSI socket the CSI role,
+// whoever it is; on the main socket what the peer's credentials allow.
+func (d *Daemon) callerOf(c net.Conn, socket string) caller {
+	cl := caller{socket: socket}
+	cred, err := peercred.FromConn(c)
+	cl.cred, cl.known = cred, err == nil
+	switch {
+	case socket == socketCSI:
+		cl.role = peercred.RoleCSI
+	case err != nil:
+		cl.role, cl.why = peercred.RoleNone, err
+	default:
+		cl.role, cl.why = d.peers.Role(cred)
+	}
+	return cl
+}
+
+type callerKey struct{}
+
+func withCaller(ctx context.Context, c caller) context.Context {
+	return context.WithValue(peercred.WithCred(ctx, c.cred), callerKey{}, c)
+}
+
+func callerFrom(ctx context.Context) (caller, bool) {
+	c, ok := ctx.Value(callerKey{}).(caller)
+	return c, ok
+}
+
+// route is one call of the API: its method, the least role it needs, and its handler.
+type route struct {
+	method string
+	need   peercred.Role
+	serve  http.HandlerFunc
+}
+
+// routes is the API, call by call. Release is open to the CSI role for a node's own claims;
+// with force it needs the admin role, which releaseCall checks once the body is read.
+func (d *Daemon) routes() map[string]route {
+	return map[string]route{
+		api.PathMap:        {http.MethodPost, peercred.RoleCSI, call(d.Map)},
+		api.PathUnmap:      {http.MethodPost, peercred.RoleCSI, call(d.unmapCall)},
+		api.PathRelease:    {http.MethodPost, peercred.RoleCSI, call(d.releaseCall)},
+		api.PathStatus:     {http.MethodGet, peercred.RoleCSI, d.handleStatus},
+		api.PathClaims:     {http.MethodGet, peercred.RoleCSI, d.handleClaims},
+		api.PathOrphanList: {http.MethodGet, peercred.RoleCSI, d.handleOrphans},
+		api.PathFence:      {http.MethodPost, peercred.RoleAdmin, call(d.Fence)},
+		api.PathOrphans:    {http.MethodPost, peercred.RoleAdmin, call(d.RemoveOrphans)},
 	}
 }
 
-// authorize lets root and the rbd-owner group through; everyone else gets 403 and an audit entry.
-func (d *Daemon) authorize(next http.Handler) http.Handler {
+// handler checks the caller's role against the route and answers every error, an unknown path
+// and a wrong method included, as the contract's JSON error.
+func (d *Daemon) handler() http.Handler {
+	routes := d.routes()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		cred, ok := peercred.FromContext(r.Context())
-		var err error
+		c, ok := callerFrom(r.Context())
 		if !ok {
-			err = errors.New("peer credentials unknown")
-		} else {
-			err = d.peers.Allow(cred)
+			c = caller{role: peercred.RoleNone, why: errors.New("peer credentials unknown")}
 		}
-		if err != nil {
-			d.audit.Record(audit.Entry{Event: audit.Denied, Result: audit.Refused, UID: cred.UID, PID: cred.PID, HasPeer: ok, Warning: true,
-				Message: fmt.Sprintf("denied %s %s to uid %d pid %d: %v", r.Method, r.URL.Path, cred.UID, cred.PID, err)})
-			writeError(w, &api.Error{Code: api.CodePermissionDenied,
-				Message: fmt.Sprintf("uid %d may not use rbd-owner: %v (add the user to group rbd-owner)", cred.UID, err)})
+		if c.role == peercred.RoleNone {
+			if c.why == nil {
+				c.why = peercred.ErrDenied
+			}
+			d.deny(w, r.Method+" "+r.URL.Path, c, fmt.Sprintf("uid %d may not use rbd-owner: %v (add the user to group rbd-owner, or rbd-owner-admin for admin calls)", c.cred.UID, c.why))
 			return
 		}
-		next.ServeHTTP(w, r)
+		rt, ok := routes[r.URL.Path]
+		if !ok {
+			writeError(w, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("no such call: %s %s (this agent serves the v1 API)", r.Method, r.URL.Path)})
+			return
+		}
+		if r.Method != rt.method {
+			w.Header().Set("Allow", rt.method)
+			writeJSON(w, http.StatusMethodNotAllowed, api.ErrorBody{Error: &api.Error{Code: api.CodeInvalidArgument,
+				Message: fmt.Sprintf("%s %s: method not allowed, use %s", r.Method, r.URL.Path, rt.method)}})
+			return
+		}
+		if c.role < rt.need {
+			d.deny(w, r.Method+" "+r.URL.Path, c, needsAdmin(r.Method+" "+r.URL.Path, c))
+			return
+		}
+		rt.serve(w, r)
 	})
 }
 
+// needsAdmin is the message of a refusal for want of the admin role.
+func needsAdmin(what string, c caller) string {
+	if c.socket == socketCSI {
+		return fmt.Sprintf("%s needs the admin role; the CSI socket grants the CSI role only (use the main socket as root or a member of group rbd-owner-admin)", what)
+	}
+	return fmt.Sprintf("%s needs the admin role: uid %d has the %s role (root and members of group rbd-owner-admin are admins)", what, c.cred.UID, c.role)
+}
+
+// deny answers 403 and records who was refused what.
+func (d *Daemon) deny(w http.ResponseWriter, what string, c caller, msg string) {
+	writeError(w, apiError(d.denied(what, c, msg)))
+}
+
+// denied records who was refused what, and returns the error to answer.
+func (d *Daemon) denied(what string, c caller, msg string) error {
+	d.audit.Record(audit.Entry{Event: audit.Denied, Result: audit.Refused, UID: c.cred.UID, PID: c.cred.PID, HasPeer: c.known, Warning: true,
+		Message: fmt.Sprintf("denied %s to uid %d pid %d on the %s socket (%s role): %s", what, c.cred.UID, c.cred.PID, c.socket, c.role, msg)})
+	return fmt.Errorf("%w: %s", errDenied, msg)
+}
+
+// peerOf is the caller's credentials, for audit entries (nil when they could not be read).
 func peerOf(r *http.Request) *peercred.Cred {
-	if c, ok := peercred.FromContext(r.Context()); ok {
-		return &c
+	if c, ok := callerFrom(r.Context()); ok && c.known {
+		return &c.cred
 	}
 	return nil
 }
+
+// errDenied: the caller's role does not allow the call.
+var errDenied = fault.ErrPermission
 
 // decode reads a size-limited JSON body and refuses unknown fields and trailing data.
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
@@ -113,9 +211,14 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		// only a type that cannot be encoded gets here: a bug, answered as one
+		status, buf = http.StatusInternalServerError, bytes.Buffer{}
+		fmt.Fprintf(&buf, `{"error":{"code":%q,"message":%q}}`+"\n", api.CodeInternal, "encoding the answer: "+err.Error())
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
+	// a write error means the caller has gone; there is no one left to tell
 	_, _ = w.Write(buf.Bytes())
 }
 
@@ -123,30 +226,14 @@ func writeError(w http.ResponseWriter, e *api.Error) {
 	writeJSON(w, api.HTTPStatus(e.Code), api.ErrorBody{Error: e})
 }
 
-// apiError turns an error into the API's code, message and owner.
+// apiError turns an error into the API's code (by its kind, package fault), message and owner.
 func apiError(err error) *api.Error {
-	e := &api.Error{Code: api.CodeInternal, Message: err.Error()}
+	e := &api.Error{Code: api.CodeOf(fault.KindOf(err)), Message: err.Error()}
 	var held *claim.HeldError
-	switch {
-	case errors.As(err, &held):
-		e.Code = api.CodeClaimedElsewhere
+	if errors.As(err, &held) {
 		o := held.Owner()
 		e.Owner = &api.Owner{NodeID: o.NodeID, Hostname: o.Hostname, NodeAddr: o.NodeAddr, ClientAddr: o.ClientAddr, Epoch: o.Epoch,
 			AcquiredAt: o.AcquiredAt, RenewedAt: o.RenewedAt, LeaseAge: held.Now.Sub(o.RenewedAt).Seconds(), Expired: o.Expired(held.Now)}
-	case errors.Is(err, claim.ErrFenced), errors.Is(err, krbd.ErrFenced):
-		e.Code = api.CodeFenced
-	case errors.Is(err, errInvalid), errors.Is(err, claim.ErrInvalid), errors.Is(err, krbd.ErrInvalid), errors.Is(err, krbd.ErrUnsupported):
-		e.Code = api.CodeInvalidArgument
-	case errors.Is(err, claim.ErrNotFound), errors.Is(err, krbd.ErrNotFound), errors.Is(err, claim.ErrNoClaim):
-		e.Code = api.CodeNotFound
-	case errors.Is(err, claim.ErrBusy), errors.Is(err, krbd.ErrBusy):
-		e.Code = api.CodeBusy
-	case errors.Is(err, cephconn.ErrUnavailable), errors.Is(err, krbd.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded):
-		e.Code = api.CodeClusterUnavailable
-	case errors.Is(err, context.DeadlineExceeded):
-		e.Code = api.CodeTimeout
-	case errors.Is(err, cephconn.ErrPermission), errors.Is(err, krbd.ErrPermission):
-		e.Code = api.CodePermissionDenied
 	}
 	return e
 }
@@ -177,6 +264,10 @@ func (d *Daemon) unmapCall(ctx context.Context, req api.UnmapRequest, peer *peer
 }
 
 func (d *Daemon) releaseCall(ctx context.Context, req api.ImageRequest, peer *peercred.Cred) (api.ReleaseResponse, error) {
+	if c, _ := callerFrom(ctx); req.Force && c.role < peercred.RoleAdmin {
+		what := "POST " + api.PathRelease + " with force"
+		return api.ReleaseResponse{}, d.denied(what, c, needsAdmin(what, c))
+	}
 	ok, err := d.Release(ctx, req, peer)
 	return api.ReleaseResponse{Released: ok}, err
 }
@@ -186,6 +277,16 @@ func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
 }
 
 func (d *Daemon) handleClaims(w http.ResponseWriter, r *http.Request) {
+	d.listClaims(w, r, false)
+}
+
+func (d *Daemon) handleOrphans(w http.ResponseWriter, r *http.Request) {
+	d.listClaims(w, r, true)
+}
+
+// listClaims answers the claim records of a cluster's pools (?cluster=&pool=), each marked when
+// its image is gone; onlyOrphans keeps just those.
+func (d *Daemon) listClaims(w http.ResponseWriter, r *http.Request, onlyOrphans bool) {
 	cl, err := d.cluster(r.URL.Query().Get("cluster"))
 	if err != nil {
 		writeError(w, apiError(err))
@@ -211,12 +312,23 @@ func (d *Daemon) handleClaims(w http.ResponseWriter, r *http.Request) {
 			writeError(w, apiError(err))
 			return
 		}
-		orphans, _ := store.Orphans(r.Context(), p)
+		orphans, err := store.Orphans(r.Context(), p)
+		if err != nil {
+			// the claims are still worth showing; which images are gone is not known
+			d.log.WithError(err).WithField("pool", p).Warn("claims listing: could not tell which images are gone")
+			if onlyOrphans {
+				writeError(w, apiError(err))
+				return
+			}
+		}
 		isOrphan := map[string]bool{}
 		for _, o := range orphans {
 			isOrphan[o.Image.String()] = true
 		}
 		for i := range recs {
+			if onlyOrphans && !isOrphan[recs[i].Image.String()] {
+				continue
+			}
 			c := apiClaim(cl.cfg.ID, &recs[i])
 			c.Orphan = isOrphan[recs[i].Image.String()]
 			out = append(out, *c)
@@ -340,7 +452,11 @@ func (d *Daemon) Release(ctx context.Context, req api.ImageRequest, peer *peercr
 		}
 		return store.Release(ctx, t.img, h.Epoch)
 	}
-	rec, _ := store.Inspect(ctx, t.img)
+	// the record as it was, for the audit trail: who is being released
+	rec, err := store.Inspect(ctx, t.img)
+	if err != nil && !errors.Is(err, claim.ErrNoClaim) {
+		return false, fmt.Errorf("release --force %s: reading the claim: %w", t.spec, err)
+	}
 	ok, err := store.ForceRelease(ctx, t.img)
 	if err != nil {
 		return false, err
@@ -373,7 +489,14 @@ func (d *Daemon) Status() api.Status {
 			cs.Error = c.lastErr.Error()
 		}
 		c.mu.Unlock()
-		cs.NodeAddr, _ = d.addrs.SourceFor(c.cfg.Monitors)
+		var err error
+		if cs.NodeAddr, err = d.addrs.SourceFor(c.cfg.Monitors); err != nil {
+			msg := "node address toward the monitors unknown: " + err.Error()
+			if cs.Error != "" {
+				msg = cs.Error + "; " + msg
+			}
+			cs.Error = msg
+		}
 		st.Clusters = append(st.Clusters, cs)
 	}
 	mappings := d.state.All()
@@ -425,19 +548,52 @@ func apiClaim(clusterID string, r *claim.Record) *api.Claim {
 	return c
 }
 
-// listen takes the socket from systemd (rbd-owner.socket) or creates it: mode 0660, group
-// rbd-owner.
-func listen(path string, log *logrus.Logger) (net.Listener, error) {
-	ls, err := activation.Listeners()
-	if err != nil {
-		return nil, fmt.Errorf("socket activation: %w", err)
-	}
-	for _, l := range ls {
-		if l != nil {
-			log.WithField("socket", l.Addr().String()).Info("using the socket systemd passed")
-			return l, nil
+// listeners returns the main socket and the CSI socket (nil when the config has none): those in
+// Options, else those systemd passed (rbd-owner.socket listens on both; they are told apart by
+// path), else sockets the daemon creates: mode 0660, group rbd-owner.
+func (d *Daemon) listeners() (main, csi net.Listener, err error) {
+	main, csi = d.opts.Listener, d.opts.CSIListener
+	wantCSI := d.cfg.CSISocket != "" && d.cfg.CSISocket != "none"
+	if main == nil || (csi == nil && wantCSI) {
+		passed, err := activation.Listeners()
+		if err != nil {
+			return nil, nil, fmt.Errorf("socket activation: %w", err)
+		}
+		for _, l := range passed {
+			if l == nil {
+				continue
+			}
+			switch addr := l.Addr().String(); {
+			case addr == d.cfg.Socket && main == nil:
+				main = l
+			case addr == d.cfg.CSISocket && wantCSI && csi == nil:
+				csi = l
+			default:
+				d.log.WithField("socket", addr).Warn("systemd passed a socket the config does not name; closing it")
+				if err := l.Close(); err != nil {
+					d.log.WithError(err).WithField("socket", addr).Warn("closing the unexpected socket")
+				}
+				continue
+			}
+			d.log.WithField("socket", l.Addr().String()).Info("using the socket systemd passed")
 		}
 	}
+	if main == nil {
+		if main, err = listen(d.cfg.Socket, d.log); err != nil {
+			return nil, nil, err
+		}
+	}
+	if csi == nil && wantCSI {
+		if csi, err = listen(d.cfg.CSISocket, d.log); err != nil {
+			main.Close()
+			return nil, nil, err
+		}
+	}
+	return main, csi, nil
+}
+
+// listen creates a socket at path: mode 0660, group rbd-owner, in a directory of mode 0755.
+func listen(path string, log *logrus.Logger) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("socket %s: %w", path, err)
 	}
@@ -449,7 +605,9 @@ func listen(path string, log *logrus.Logger) (net.Listener, error) {
 			c.Close()
 			return nil, fmt.Errorf("socket %s: another agent is answering on it", path)
 		}
-		_ = os.Remove(path) // stale
+		if err := os.Remove(path); err != nil { // stale
+			return nil, fmt.Errorf("socket %s: removing the stale socket: %w", path, err)
+		}
 	}
 	l, err := net.Listen("unix", path)
 	if err != nil {
@@ -458,10 +616,10 @@ func listen(path string, log *logrus.Logger) (net.Listener, error) {
 	gid := lookupGroup("rbd-owner")
 	if gid < 0 {
 		gid = 0
-		log.Warn("group rbd-owner does not exist: only root can use the socket")
+		log.WithField("socket", path).Warn("group rbd-owner does not exist: only root can use the socket")
 	}
 	if err := os.Chown(path, 0, gid); err != nil {
-		log.WithError(err).Warn("cannot give the socket to group rbd-owner")
+		log.WithError(err).WithField("socket", path).Warn("cannot give the socket to group rbd-owner")
 	}
 	if err := os.Chmod(path, 0o660); err != nil {
 		l.Close()

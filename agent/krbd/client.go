@@ -6,8 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -15,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sirupsen/logrus"
 )
 
 // Config holds the seams between this package and the kernel. Zero fields get the real thing.
@@ -26,7 +28,7 @@ type Config struct {
 	Keys       KeyStore                                           // default KernelKeyring
 	LoadModule func(ctx context.Context) error                    // default ModprobeRBD; called when /sys/bus/rbd is absent
 	StatDev    func(path string) (major, minor uint32, err error) // default StatDevNode
-	Logger     *slog.Logger                                       // default: discard
+	Logger     logrus.FieldLogger                                 // the agent's logger; default: discard
 	// EBusyRetry bounds how long Unmap retries EBUSY (default 3 s): udev's probe holds a
 	// freshly mapped device open for a moment.
 	EBusyRetry time.Duration
@@ -71,7 +73,9 @@ func New(cfg Config) *Client {
 		cfg.StatDev = StatDevNode
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+		discard := logrus.New()
+		discard.SetOutput(io.Discard)
+		cfg.Logger = discard
 	}
 	if cfg.EBusyRetry == 0 {
 		cfg.EBusyRetry = 3 * time.Second
@@ -120,7 +124,7 @@ func (c *Client) EnsureModule(ctx context.Context) error {
 	if _, err := os.Stat(c.busDir()); err == nil {
 		return nil
 	}
-	c.cfg.Logger.Info("loading rbd module", "bus", c.busDir())
+	c.cfg.Logger.WithField("bus", c.busDir()).Info("loading rbd module")
 	if err := c.cfg.LoadModule(ctx); err != nil {
 		return fmt.Errorf("%w: %w", ErrNoKernelSupport, err)
 	}
@@ -206,7 +210,7 @@ func (c *Client) mapImage(ctx context.Context, spec Spec, o MapOptions) (Device,
 	if err := c.writeWithKey(KeyName(o.User, nonce), payload, file, []byte(add)); err != nil {
 		return Device{}, classify(filepath.Base(file), err)
 	}
-	c.cfg.Logger.Debug("rbd add written", "spec", spec.String(), "file", file, "took", time.Since(start))
+	c.cfg.Logger.WithFields(logrus.Fields{"spec": spec.String(), "file": file, "took": time.Since(start)}).Debug("rbd add written")
 
 	timeout := o.Timeout
 	if timeout == 0 {
@@ -275,7 +279,7 @@ func (c *Client) writeWithKey(keyName string, payload []byte, file string, data 
 	}
 	defer func() {
 		if err := c.cfg.Keys.DropCephKey(keyName); err != nil {
-			c.cfg.Logger.Warn("could not drop the map's key from the keyring", "key", keyName, "err", err)
+			c.cfg.Logger.WithError(err).WithField("key", keyName).Warn("could not drop the map's key from the keyring")
 		}
 	}()
 	return c.cfg.Writer.WriteControl(file, data)
@@ -439,7 +443,7 @@ func (c *Client) unmap(ctx context.Context, id int, attr, want string, o UnmapOp
 		if !errors.Is(err, ErrBusy) || time.Now().Add(backoff).After(deadline) {
 			return false, err
 		}
-		c.cfg.Logger.Debug("rbd remove busy, retrying", "id", id, "backoff", backoff)
+		c.cfg.Logger.WithFields(logrus.Fields{"id": id, "backoff": backoff}).Debug("rbd remove busy, retrying")
 		select {
 		case <-ctx.Done():
 			return false, fmt.Errorf("%w (after EBUSY)", ctx.Err())

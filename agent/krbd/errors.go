@@ -12,32 +12,36 @@ import (
 	"fmt"
 	"os"
 	"syscall"
+
+	"github.com/rbd-owner/rbd-owner/agent/fault"
 )
 
-// Typed errors, usable with errors.Is. Kernel errno values map onto them (see classify).
+// Typed errors, usable with errors.Is; each has its kind in the agent's one classification
+// (package fault). Kernel errno values map onto them (see classify).
 var (
 	// ErrNotFound: the pool, namespace, image or snapshot does not exist (ENOENT from add),
 	// or no such mapped device.
-	ErrNotFound = errors.New("not found")
+	ErrNotFound = fault.ErrNotFound
 	// ErrPermission: the cephx user or key was refused (EACCES/EPERM from add).
-	ErrPermission = errors.New("permission denied")
+	ErrPermission = fault.ErrPermission
 	// ErrInvalid: a name or option was refused, by this package before writing or by the
 	// kernel (EINVAL).
-	ErrInvalid = errors.New("invalid argument")
+	ErrInvalid = fault.ErrInvalid
 	// ErrTimeout: the monitors did not answer within mount_timeout (ETIMEDOUT), or a wait
-	// for the device's events ran out.
-	ErrTimeout = errors.New("timed out")
+	// for the device's events ran out: the cluster is unavailable (a Timeout when the
+	// caller's own deadline ran out).
+	ErrTimeout = fault.New(fault.Unavailable, "timed out")
 	// ErrBusy: the device is open (EBUSY from remove).
-	ErrBusy = errors.New("device busy")
+	ErrBusy = fault.New(fault.Busy, "device busy")
 	// ErrNoKernelSupport: /sys/bus/rbd is absent and the rbd module could not be loaded.
-	ErrNoKernelSupport = errors.New("kernel rbd support unavailable")
+	ErrNoKernelSupport = fault.New(fault.Internal, "kernel rbd support unavailable")
 	// ErrUnsupported: the image uses features this kernel cannot map (ENXIO from add).
-	ErrUnsupported = errors.New("image features not supported by this kernel")
+	ErrUnsupported = fault.New(fault.Invalid, "image features not supported by this kernel")
 	// ErrFenced: this client is blocklisted by the cluster (ESHUTDOWN).
-	ErrFenced = errors.New("client blocklisted")
+	ErrFenced = fault.ErrBlocklisted
 	// ErrLeftMapped: a map failed after the kernel made the device, and the device could
 	// not be removed again: it is still mapped.
-	ErrLeftMapped = errors.New("device left mapped")
+	ErrLeftMapped = fault.New(fault.Internal, "device left mapped")
 )
 
 // KernelError is an error returned by a write to a /sys/bus/rbd control file. It matches

@@ -1,5 +1,6 @@
 // Package peercred identifies the process at the other end of a unix socket (SO_PEERCRED)
-// and decides whether it may use the agent: uid 0, or a member of the agent's group.
+// and decides what it may do (its Role): uid 0 or group rbd-owner-admin is an admin, group
+// rbd-owner has the CSI role.
 package peercred
 
 import (
@@ -14,6 +15,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rbd-owner/rbd-owner/agent/fault"
 )
 
 // Cred is what the kernel says about a peer, as of when it connected.
@@ -46,38 +49,73 @@ func FromConn(c net.Conn) (Cred, error) {
 	return Cred{UID: int(ucred.Uid), GID: int(ucred.Gid), PID: int(ucred.Pid)}, nil
 }
 
-// Policy says who may call: root, and members of Group (a gid; -1 for none).
+// Role is what a caller may do. Each API route names the least role it needs.
+type Role int
+
+const (
+	// RoleNone may do nothing: every call is refused with 403 and audited.
+	RoleNone Role = iota
+	// RoleCSI may map, unmap, release its own claims and read status, claims, orphans and
+	// metrics: what a CSI node plugin needs, and nothing that acts on another node.
+	RoleCSI
+	// RoleAdmin may also fence, release with force and remove orphaned claims.
+	RoleAdmin
+)
+
+func (r Role) String() string {
+	switch r {
+	case RoleCSI:
+		return "csi"
+	case RoleAdmin:
+		return "admin"
+	}
+	return "none"
+}
+
+// Policy gives a role to a caller on the main socket by its credentials: uid 0 or a member of
+// AdminGroup is an admin, a member of CSIGroup has the CSI role, anyone else none. (The CSI
+// socket grants the CSI role whoever calls: that is the daemon's choice, not the policy's.)
 type Policy struct {
-	Group int
+	AdminGroup int // gid of rbd-owner-admin; -1 for none
+	CSIGroup   int // gid of rbd-owner; -1 for none
 	// ProcRoot is where /proc is ("" means /proc); the peer's supplementary groups are read
 	// from ProcRoot/PID/status.
 	ProcRoot string
 }
 
-// ErrDenied is returned by Allow for a peer that may not call.
-var ErrDenied = errors.New("not root and not in the rbd-owner group")
+// ErrDenied is returned by Role for a peer that may not call at all.
+var ErrDenied = fault.New(fault.PermissionDenied, "not root and not in group rbd-owner or rbd-owner-admin")
 
-// Allow says whether the peer may call.
-func (p Policy) Allow(c Cred) error {
+// Role says what the peer may do. A peer that may do nothing gets RoleNone and an error that
+// wraps ErrDenied (and says so when its groups could not be read: it is then refused).
+func (p Policy) Role(c Cred) (Role, error) {
 	if c.UID == 0 {
-		return nil
+		return RoleAdmin, nil
 	}
-	if p.Group < 0 {
-		return ErrDenied
+	if p.AdminGroup < 0 && p.CSIGroup < 0 {
+		return RoleNone, ErrDenied
 	}
-	if c.GID == p.Group {
-		return nil
-	}
-	groups, err := p.groupsOf(c.PID)
-	if err != nil {
-		return fmt.Errorf("%w (its groups are unreadable: %v)", ErrDenied, err)
-	}
+	groups := []int{c.GID}
+	extra, err := p.groupsOf(c.PID)
+	groups = append(groups, extra...)
+	best := RoleNone
 	for _, g := range groups {
-		if g == p.Group {
-			return nil
+		switch {
+		case p.AdminGroup >= 0 && g == p.AdminGroup:
+			return RoleAdmin, nil
+		case p.CSIGroup >= 0 && g == p.CSIGroup:
+			best = RoleCSI
 		}
 	}
-	return ErrDenied
+	if best != RoleNone {
+		// a CSI member whose other groups could not be read is still a CSI member; it is
+		// never raised to admin on a guess
+		return best, nil
+	}
+	if err != nil {
+		return RoleNone, fmt.Errorf("%w (its groups are unreadable: %v)", ErrDenied, err)
+	}
+	return RoleNone, ErrDenied
 }
 
 // groupsOf reads the supplementary groups of a process from /proc/PID/status.

@@ -36,7 +36,7 @@ func TestFromConnSeesThisProcess(t *testing.T) {
 	}
 }
 
-func TestAllow(t *testing.T) {
+func TestRole(t *testing.T) {
 	proc := t.TempDir()
 	write := func(pid, groups string) {
 		_ = os.MkdirAll(filepath.Join(proc, pid), 0o755)
@@ -45,24 +45,37 @@ func TestAllow(t *testing.T) {
 	write("10", "100 990 27")
 	write("11", "100")
 	write("12", "")
-	p := Policy{Group: 990, ProcRoot: proc}
+	write("14", "100 991")
+	write("15", "990 991")
+	p := Policy{CSIGroup: 990, AdminGroup: 991, ProcRoot: proc}
 	for _, tc := range []struct {
-		c  Cred
-		ok bool
+		name string
+		c    Cred
+		want Role
 	}{
-		{Cred{UID: 0, GID: 0, PID: 1}, true},
-		{Cred{UID: 1000, GID: 990, PID: 99}, true},  // primary group
-		{Cred{UID: 1000, GID: 100, PID: 10}, true},  // supplementary group
-		{Cred{UID: 1000, GID: 100, PID: 11}, false}, // not a member
-		{Cred{UID: 1000, GID: 100, PID: 12}, false}, // no groups
-		{Cred{UID: 1000, GID: 100, PID: 13}, false}, // process gone: refuse
+		{"root", Cred{UID: 0, GID: 0, PID: 1}, RoleAdmin},
+		{"root whose process is gone", Cred{UID: 0, GID: 0, PID: 13}, RoleAdmin},
+		{"csi: primary group", Cred{UID: 1000, GID: 990, PID: 99}, RoleCSI},
+		{"csi: supplementary group", Cred{UID: 1000, GID: 100, PID: 10}, RoleCSI},
+		{"admin: primary group", Cred{UID: 1000, GID: 991, PID: 99}, RoleAdmin},
+		{"admin: supplementary group", Cred{UID: 1000, GID: 100, PID: 14}, RoleAdmin},
+		{"member of both", Cred{UID: 1000, GID: 100, PID: 15}, RoleAdmin},
+		{"not a member", Cred{UID: 1000, GID: 100, PID: 11}, RoleNone},
+		{"no groups", Cred{UID: 1000, GID: 100, PID: 12}, RoleNone},
+		{"process gone: refused", Cred{UID: 1000, GID: 100, PID: 13}, RoleNone},
 	} {
-		err := p.Allow(tc.c)
-		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrDenied)) {
-			t.Errorf("%+v: %v, want ok=%v", tc.c, err, tc.ok)
+		got, err := p.Role(tc.c)
+		if got != tc.want {
+			t.Errorf("%s: role %v, want %v (err %v)", tc.name, got, tc.want, err)
+		}
+		if (got == RoleNone) != (err != nil) || (err != nil && !errors.Is(err, ErrDenied)) {
+			t.Errorf("%s: err %v with role %v", tc.name, err, got)
 		}
 	}
-	if err := (Policy{Group: -1}).Allow(Cred{UID: 5, GID: 5}); !errors.Is(err, ErrDenied) {
-		t.Errorf("no group configured: %v", err)
+	if r, err := (Policy{AdminGroup: -1, CSIGroup: -1}).Role(Cred{UID: 5, GID: 5}); r != RoleNone || !errors.Is(err, ErrDenied) {
+		t.Errorf("no group configured: %v %v", r, err)
+	}
+	if r, _ := (Policy{AdminGroup: -1, CSIGroup: 990, ProcRoot: proc}).Role(Cred{UID: 5, GID: 991, PID: 13}); r != RoleNone {
+		t.Errorf("admin group not configured: gid 991 got %v", r)
 	}
 }

@@ -14,17 +14,29 @@ import (
 	"time"
 )
 
+// Phase is where a mapping's saga stands; each names what recovery must finish.
+type Phase string
+
 // Phases of a mapping, in the order the map saga goes through them.
 const (
 	// Claiming: about to write the claim (the epoch is not known yet).
-	Claiming = "claiming"
+	Claiming Phase = "claiming"
 	// Claimed: the claim is ours at Epoch; the kernel map may or may not have happened.
-	Claimed = "claimed"
+	Claimed Phase = "claimed"
 	// Mapped: the device exists and its address is recorded in the claim.
-	Mapped = "mapped"
+	Mapped Phase = "mapped"
 	// Unmapping: an unmap was asked for and is under way.
-	Unmapping = "unmapping"
+	Unmapping Phase = "unmapping"
 )
+
+// Valid says whether p is one of the phases (a state file from a newer agent may hold others).
+func (p Phase) Valid() bool {
+	switch p {
+	case Claiming, Claimed, Mapped, Unmapping:
+		return true
+	}
+	return false
+}
 
 // Key names one image on one cluster.
 type Key struct {
@@ -51,7 +63,7 @@ func (k Key) String() string {
 type Mapping struct {
 	Key
 	FSID       string    `json:"cluster_fsid"`
-	Phase      string    `json:"phase"`
+	Phase      Phase     `json:"phase"`
 	Epoch      uint64    `json:"epoch"`
 	Access     string    `json:"access"`
 	ReadOnly   bool      `json:"read_only"`
@@ -184,9 +196,14 @@ func (s *Store) save() error {
 	if err := os.Rename(tmp, s.path); err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
-	if d, err := os.Open(filepath.Dir(s.path)); err == nil {
-		_ = d.Sync()
-		d.Close()
+	// the rename is durable only once the directory is synced
+	d, err := os.Open(filepath.Dir(s.path))
+	if err != nil {
+		return fmt.Errorf("state: sync %s: %w", filepath.Dir(s.path), err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("state: sync %s: %w", filepath.Dir(s.path), err)
 	}
 	return nil
 }

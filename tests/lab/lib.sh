@@ -52,6 +52,11 @@ summary_table() {
   printf '  %-78s %8s\n' "total wall time" "$(elapsed)"
 }
 die() { log "FATAL: $*"; exit 1; }
+# within SECONDS CMD [ARG...]: run CMD every 0.2 s until it succeeds (0), or 1 once SECONDS ran out
+within() {
+  local end; end=$(echo "$(now) + $1" | bc); shift
+  until "$@" >/dev/null 2>&1; do [ "$(echo "$(now) < $end" | bc)" = 1 ] || return 1; sleep 0.2; done
+}
 
 # ---- captured values are checked before use -----------------------------------------------------
 # is_pid VALUE: a process id (digits only, not 0)

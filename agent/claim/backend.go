@@ -1,0 +1,49 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Backend is everything the claim protocol needs from a cluster, and nothing more: versioned
+// reads and compare-and-set writes of one small object per image, two facts about the image,
+// and the blocklist. Rados is the real one; Memory keeps the same version semantics in memory
+// so that the protocol's decisions are tested without a cluster.
+//
+// Every method takes a context and must return when it ends (a cluster call that cannot be
+// cancelled is bounded by the connection's own timeouts).
+type Backend interface {
+	// FSID is the cluster's fsid.
+	FSID() string
+	// Read returns the claim object's content and version; (nil, 0, nil) when there is none.
+	Read(ctx context.Context, img Image) ([]byte, uint64, error)
+	// CompareAndWrite replaces the object's content with data if and only if it is still at
+	// version ver (0: it must not exist yet), in ONE atomic operation; ErrConflict when the
+	// compare fails.
+	CompareAndWrite(ctx context.Context, img Image, ver uint64, data []byte) error
+	// CompareAndRemove deletes the object if and only if it is still at version ver;
+	// ErrConflict when the compare fails.
+	CompareAndRemove(ctx context.Context, img Image, ver uint64) error
+	// Objects lists the images that have a claim object in a pool, in every namespace.
+	Objects(ctx context.Context, pool string) ([]Image, error)
+	// Pools lists the cluster's pools.
+	Pools(ctx context.Context) ([]string, error)
+	// ImageInfo returns the image's id and the client addresses watching its header;
+	// ErrNotFound when the image does not exist.
+	ImageInfo(ctx context.Context, img Image) (imageInfo, error)
+	// ImageID returns the id of the image named img now ("", false when there is none).
+	ImageID(ctx context.Context, img Image) (string, bool, error)
+	// Blocklist adds a client address to the cluster's blocklist for expire, and returns when
+	// it ends.
+	Blocklist(ctx context.Context, addr string, expire time.Duration) (time.Time, error)
+	// OwnAddr is this client's own address ("" when unknown): its read-only opens of an
+	// image watch it too and are not counted as foreign watchers.
+	OwnAddr() string
+}
+
+// ErrConflict means the compare of a compare-and-set failed: someone else wrote first.
+var ErrConflict = errors.New("claim changed concurrently")
+
+// errConflict is the package's old name for ErrConflict.
+var errConflict = ErrConflict

@@ -1,0 +1,153 @@
+package claim
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// acquireInput is everything the acquire decision looks at. It holds no connection and no
+// clock: the caller reads the record, the image and the time, and the decision is a pure
+// function of them (so it is tested with any clock and any record, without a cluster).
+type acquireInput struct {
+	Self     string // this node's id
+	FSID     string // the cluster's fsid, recorded in the record
+	Image    Image
+	Access   Access // parsed: rwo, rox or rwx
+	ReadOnly bool
+	Takeover bool
+	Info     imageInfo // the image's id and the watchers of its header other than this client
+	Now      time.Time // this node's clock
+	// Me is this node's holder entry as it would be written now (hostname, address, version,
+	// lease); refresh copies it into a holder.
+	Me Holder
+	// Fenced holds the holders (fenceKey) that this call already blocklisted: if a write then
+	// lost a race to such a holder's own renewal, its mapping is fenced all the same, so the
+	// takeover goes on rather than leave a live-looking claim whose device cannot write.
+	Fenced map[string]bool
+}
+
+// acquirePlan is what the decision wants written: Next, once every holder in Evict has been
+// blocklisted (their fences are added to Next by the caller, which does the fencing).
+type acquirePlan struct {
+	Next   *Record
+	Evict  []Holder
+	Holder Holder // this node's entry in Next
+	Again  bool   // this node already held the image: same epoch, lease renewed
+}
+
+// fenceKey names one holder's hold for the Fenced set.
+func fenceKey(h Holder) string {
+	return h.NodeID + "@" + strconv.FormatUint(h.Epoch, 10) + "@" + h.fenceAddr()
+}
+
+// refresh renews h's lease at in.Now and brings its node facts up to date.
+func (in acquireInput) refresh(h *Holder) {
+	h.RenewedAt = in.Now
+	h.LeaseSeconds = in.Me.LeaseSeconds
+	h.Hostname = in.Me.Hostname
+	if in.Me.NodeAddr != "" {
+		h.NodeAddr = in.Me.NodeAddr
+	}
+	h.AgentVersion = in.Me.AgentVersion
+}
+
+// decideAcquire is the ownership decision: who may acquire, when a takeover is allowed and
+// whom it fences. cur is the record as read (nil when there is none); it is not modified.
+//
+//   - this node already holds it: renew (same epoch), unless an admin fenced it or the access
+//     differs;
+//   - free, or shared (rox/rwx) with the same access: add this node at epoch+1;
+//   - held otherwise: refuse with who holds it, unless a takeover was asked for and every holder's
+//     lease has expired on this node's clock (or this call already fenced it) and has an
+//     address to fence: then evict them all (fenced first by the caller) and add this node at
+//     epoch+1;
+//   - watchers that no kept holder explains (a mapping made outside rbd-owner): refuse, busy.
+func decideAcquire(cur *Record, in acquireInput) (acquirePlan, error) {
+	if cur == nil {
+		cur = &Record{Format: FormatVersion, Image: in.Image}
+	} else {
+		cur = cur.clone()
+	}
+	if cur.ImageID != "" && cur.ImageID != in.Info.ID {
+		// the claim was for an older image of the same name, since deleted (an image with a
+		// mapping cannot be removed): its holders are gone with it; the epoch goes on
+		cur.Holders, cur.Access = nil, ""
+	}
+	cur.ClusterFSID, cur.ImageID = in.FSID, in.Info.ID
+	if mine := cur.Holder(in.Self); mine != nil {
+		if cur.Access != in.Access {
+			return acquirePlan{}, fmt.Errorf("%w: this node already holds %s as %s, not %s", ErrInvalid, in.Image, cur.Access, in.Access)
+		}
+		if mine.Fenced {
+			return acquirePlan{}, &LostError{Image: in.Image, Epoch: mine.Epoch, Record: cur, Why: "this node's hold was fenced by an admin; release it (rbd-owner release --force) before mapping again"}
+		}
+		if w := unexplained(in.Info.Watchers, cur.Holders); w != nil {
+			return acquirePlan{}, fmt.Errorf("%w: %s has watchers no claim explains: %s (mapped or opened outside rbd-owner?)", ErrBusy, in.Image, strings.Join(w, ", "))
+		}
+		in.refresh(mine)
+		return acquirePlan{Next: cur, Holder: *mine, Again: true}, nil
+	}
+	held := func(reason string) error {
+		return &HeldError{Image: in.Image, Access: cur.Access, Epoch: cur.Epoch, Holders: cur.Holders, Now: in.Now, Reason: reason}
+	}
+	var evict []Holder
+	if !cur.Free() && !(cur.Access == in.Access && in.Access != RWO) {
+		if !in.Takeover {
+			return acquirePlan{}, held("map with takeover only once its lease has expired, or have an admin run `rbd-owner fence` and `rbd-owner release --force`")
+		}
+		for _, h := range cur.Holders {
+			if in.Fenced[fenceKey(h)] {
+				continue
+			}
+			if !h.Expired(in.Now) {
+				return acquirePlan{}, held(fmt.Sprintf("takeover refused: node %s's lease is still live until %s", h.NodeID, h.LeaseExpiry().UTC().Format(time.RFC3339)))
+			}
+			if h.fenceAddr() == "" {
+				return acquirePlan{}, held(fmt.Sprintf("takeover refused: node %s recorded no address to fence", h.NodeID))
+			}
+		}
+		evict = append(evict, cur.Holders...)
+	}
+	// watchers: only the holders we keep may explain them (evicted ones are fenced, and a
+	// blocklisted client's watch is dropped by the OSDs)
+	kept := cur.Holders
+	if evict != nil {
+		kept = nil
+	}
+	if w := unexplained(withoutAddrsOf(in.Info.Watchers, evict), kept); w != nil {
+		return acquirePlan{}, fmt.Errorf("%w: %s has watchers no claim explains: %s (mapped or opened outside rbd-owner?)", ErrBusy, in.Image, strings.Join(w, ", "))
+	}
+	for _, h := range evict {
+		cur.without(h.NodeID)
+	}
+	cur.Epoch++
+	h := Holder{NodeID: in.Self, ReadOnly: in.ReadOnly, Epoch: cur.Epoch, AcquiredAt: in.Now}
+	in.refresh(&h)
+	cur.Holders = append(cur.Holders, h)
+	cur.Access = in.Access
+	return acquirePlan{Next: cur, Evict: evict, Holder: h}, nil
+}
+
+// decideMine finds node's live holder entry at epoch in cur, or explains why there is none
+// (the decision behind Renew and SetMapping: only the holder at that epoch may write).
+func decideMine(img Image, cur *Record, node string, epoch uint64) (*Holder, error) {
+	if cur == nil {
+		return nil, &LostError{Image: img, Epoch: epoch, Why: "the claim record is gone"}
+	}
+	h := cur.Holder(node)
+	switch {
+	case h == nil:
+		why := "this node no longer holds it"
+		if len(cur.Holders) > 0 {
+			why = fmt.Sprintf("node %s holds it now at epoch %d", cur.Holders[0].NodeID, cur.Holders[0].Epoch)
+		}
+		return nil, &LostError{Image: img, Epoch: epoch, Record: cur, Why: why}
+	case h.Epoch != epoch:
+		return nil, &LostError{Image: img, Epoch: epoch, Record: cur, Why: fmt.Sprintf("this node holds it at epoch %d now", h.Epoch)}
+	case h.Fenced:
+		return nil, &LostError{Image: img, Epoch: epoch, Record: cur, Why: "an admin fenced this node's mapping"}
+	}
+	return h, nil
+}

@@ -1,0 +1,256 @@
+package claim
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Memory is a Backend in memory with RADOS's version semantics: every successful write gives
+// the object a new, higher version; CompareAndWrite at version 0 is an exclusive create;
+// a compare against any other version than the current one fails with ErrConflict. It also
+// plays the image side (ids, watchers) and the blocklist. Safe for concurrent use.
+//
+// Hook, when set, runs at the start of every call with the call's name ("read", "write",
+// "remove", "objects", "pools", "image", "imageid", "blocklist"); an error it returns is the
+// call's error. Tests use it to fail, count, or block calls (a stalled cluster).
+type Memory struct {
+	fsid string
+
+	mu          sync.Mutex
+	objects     map[Image]memObject
+	images      map[Image]memImage
+	pools       map[string]bool
+	blocklisted map[string]time.Time
+	version     uint64
+	own         string
+	Hook        func(ctx context.Context, call string, img Image) error
+}
+
+type memObject struct {
+	data []byte
+	ver  uint64
+}
+
+type memImage struct {
+	id       string
+	watchers []string
+}
+
+// NewMemory returns an empty in-memory cluster with the given fsid.
+func NewMemory(fsid string) *Memory {
+	return &Memory{fsid: fsid, objects: map[Image]memObject{}, images: map[Image]memImage{}, pools: map[string]bool{},
+		blocklisted: map[string]time.Time{}}
+}
+
+// AddImage creates (or recreates, with a new id) an image.
+func (m *Memory) AddImage(img Image, id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.images[Image{Pool: img.Pool, Namespace: img.Namespace, Name: img.Name}] = memImage{id: id}
+	m.pools[img.Pool] = true
+}
+
+// RemoveImage deletes an image (its claim object stays, as with `rbd rm`).
+func (m *Memory) RemoveImage(img Image) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.images, img)
+}
+
+// SetWatchers sets the client addresses watching an image's header.
+func (m *Memory) SetWatchers(img Image, addrs ...string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	im := m.images[img]
+	im.watchers = append([]string(nil), addrs...)
+	m.images[img] = im
+}
+
+// SetOwnAddr sets this client's address (OwnAddr).
+func (m *Memory) SetOwnAddr(a string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.own = a
+}
+
+// Blocklisted says whether addr is on the blocklist.
+func (m *Memory) Blocklisted(addr string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.blocklisted[addr]
+	return ok
+}
+
+// Version is the claim object's current version (0: none).
+func (m *Memory) Version(img Image) uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.objects[img].ver
+}
+
+func (m *Memory) hook(ctx context.Context, call string, img Image) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	h := m.Hook
+	m.mu.Unlock()
+	if h != nil {
+		return h(ctx, call, img)
+	}
+	return nil
+}
+
+// SetHook replaces Hook (safe while calls run).
+func (m *Memory) SetHook(h func(ctx context.Context, call string, img Image) error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.Hook = h
+}
+
+// FSID is the cluster's fsid.
+func (m *Memory) FSID() string { return m.fsid }
+
+// Read returns the object's content and version.
+func (m *Memory) Read(ctx context.Context, img Image) ([]byte, uint64, error) {
+	if err := m.hook(ctx, "read", img); err != nil {
+		return nil, 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.pools[img.Pool] {
+		return nil, 0, fmt.Errorf("open pool %s: %w", img.Pool, ErrNotFound)
+	}
+	o, ok := m.objects[img]
+	if !ok {
+		return nil, 0, nil
+	}
+	return append([]byte(nil), o.data...), o.ver, nil
+}
+
+// CompareAndWrite writes iff the object is at ver (0: does not exist).
+func (m *Memory) CompareAndWrite(ctx context.Context, img Image, ver uint64, data []byte) error {
+	if err := m.hook(ctx, "write", img); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.pools[img.Pool] {
+		return fmt.Errorf("open pool %s: %w", img.Pool, ErrNotFound)
+	}
+	o, ok := m.objects[img]
+	if (ver == 0 && ok) || (ver != 0 && (!ok || o.ver != ver)) {
+		return ErrConflict
+	}
+	m.version++
+	m.objects[img] = memObject{data: append([]byte(nil), data...), ver: m.version}
+	return nil
+}
+
+// CompareAndRemove deletes iff the object is at ver.
+func (m *Memory) CompareAndRemove(ctx context.Context, img Image, ver uint64) error {
+	if err := m.hook(ctx, "remove", img); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	o, ok := m.objects[img]
+	if !ok || o.ver != ver {
+		return ErrConflict
+	}
+	delete(m.objects, img)
+	return nil
+}
+
+// Objects lists the images with a claim object in pool, sorted.
+func (m *Memory) Objects(ctx context.Context, pool string) ([]Image, error) {
+	if err := m.hook(ctx, "objects", Image{Pool: pool}); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.pools[pool] {
+		return nil, fmt.Errorf("list claims of pool %s: %w", pool, ErrNotFound)
+	}
+	var out []Image
+	for img := range m.objects {
+		if img.Pool == pool {
+			out = append(out, img)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out, nil
+}
+
+// Pools lists the pools that have images.
+func (m *Memory) Pools(ctx context.Context) ([]string, error) {
+	if err := m.hook(ctx, "pools", Image{}); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for p := range m.pools {
+		out = append(out, p)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// ImageInfo returns the image's id and watchers; ErrNotFound when it does not exist.
+func (m *Memory) ImageInfo(ctx context.Context, img Image) (imageInfo, error) {
+	if err := m.hook(ctx, "image", img); err != nil {
+		return imageInfo{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	im, ok := m.images[img]
+	if !ok {
+		return imageInfo{}, fmt.Errorf("open image %s: %w", img, ErrNotFound)
+	}
+	return imageInfo{ID: im.id, Watchers: append([]string(nil), im.watchers...)}, nil
+}
+
+// ImageID returns the id of the image named img now.
+func (m *Memory) ImageID(ctx context.Context, img Image) (string, bool, error) {
+	if err := m.hook(ctx, "imageid", img); err != nil {
+		return "", false, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	im, ok := m.images[img]
+	return im.id, ok, nil
+}
+
+// Blocklist adds addr until expire from now.
+func (m *Memory) Blocklist(ctx context.Context, addr string, expire time.Duration) (time.Time, error) {
+	if err := m.hook(ctx, "blocklist", Image{}); err != nil {
+		return time.Time{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	until := time.Now().Add(expire)
+	m.blocklisted[addr] = until
+	// a blocklisted client's watches are dropped by the OSDs
+	for k, im := range m.images {
+		var kept []string
+		for _, w := range im.watchers {
+			if w != addr {
+				kept = append(kept, w)
+			}
+		}
+		im.watchers = kept
+		m.images[k] = im
+	}
+	return until, nil
+}
+
+// OwnAddr is this client's address.
+func (m *Memory) OwnAddr() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.own
+}

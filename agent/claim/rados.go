@@ -1,0 +1,239 @@
+package claim
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ceph/go-ceph/rados"
+	"github.com/ceph/go-ceph/rbd"
+
+	"github.com/rbd-owner/rbd-owner/agent/cephconn"
+)
+
+// Rados is the Backend on a RADOS connection (owned by the caller).
+type Rados struct {
+	conn *rados.Conn
+	fsid string
+}
+
+// NewRados returns the Backend of conn; it reads the cluster's fsid once.
+func NewRados(conn *rados.Conn) (*Rados, error) {
+	fsid, err := conn.GetFSID()
+	if err != nil {
+		return nil, cephconn.Classify(fmt.Errorf("claim store: read cluster fsid: %w", err), "get fsid", "mon 'profile rbd'")
+	}
+	return &Rados{conn: conn, fsid: fsid}, nil
+}
+
+const osdCap = "osd 'profile rbd'"
+
+// FSID is the cluster's fsid.
+func (r *Rados) FSID() string { return r.fsid }
+
+// ioctx opens a private IOContext for one operation: GetLastVersion is per IOContext, so
+// sharing one between goroutines would mix up versions.
+func (r *Rados) ioctx(img Image) (*rados.IOContext, error) {
+	io, err := r.conn.OpenIOContext(img.Pool)
+	if err != nil {
+		return nil, cephconn.Classify(fmt.Errorf("open pool %s: %w", img.Pool, err), "open pool "+img.Pool, osdCap)
+	}
+	io.SetNamespace(img.Namespace)
+	return io, nil
+}
+
+// Read returns the claim object's content and version; (nil, 0, nil) when there is none.
+func (r *Rados) Read(ctx context.Context, img Image) ([]byte, uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	io, err := r.ioctx(img)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer io.Destroy()
+	op := rados.CreateReadOp()
+	defer op.Release()
+	buf := make([]byte, maxRecordSize)
+	step := op.Read(0, buf)
+	if err := op.Operate(io, img.Object(), rados.OperationNoFlag); err != nil {
+		if cephconn.Code(err) == -int(syscall.ENOENT) {
+			return nil, 0, nil
+		}
+		return nil, 0, cephconn.Classify(fmt.Errorf("read claim of %s: %w", img, err), "read claim of "+img.String(), osdCap)
+	}
+	ver, err := io.GetLastVersion()
+	if err != nil {
+		return nil, 0, fmt.Errorf("read claim of %s: version: %w", img, err)
+	}
+	return buf[:step.BytesRead], ver, nil
+}
+
+// CompareAndWrite writes data iff the object is at version ver (0: exclusive create), in one
+// RADOS write operation (assert-version or create-exclusive, then write-full).
+func (r *Rados) CompareAndWrite(ctx context.Context, img Image, ver uint64, data []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	io, err := r.ioctx(img)
+	if err != nil {
+		return err
+	}
+	defer io.Destroy()
+	op := rados.CreateWriteOp()
+	defer op.Release()
+	if ver == 0 {
+		op.Create(rados.CreateExclusive)
+	} else {
+		op.AssertVersion(ver)
+	}
+	op.WriteFull(data)
+	return r.operate(op, io, img)
+}
+
+// CompareAndRemove deletes the object iff it is still at version ver.
+func (r *Rados) CompareAndRemove(ctx context.Context, img Image, ver uint64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	io, err := r.ioctx(img)
+	if err != nil {
+		return err
+	}
+	defer io.Destroy()
+	op := rados.CreateWriteOp()
+	defer op.Release()
+	op.AssertVersion(ver)
+	op.Remove()
+	return r.operate(op, io, img)
+}
+
+func (r *Rados) operate(op *rados.WriteOp, io *rados.IOContext, img Image) error {
+	err := op.Operate(io, img.Object(), rados.OperationNoFlag)
+	switch -cephconn.Code(err) {
+	case 0:
+		return err
+	case int(syscall.EEXIST), int(syscall.ERANGE), int(syscall.EOVERFLOW), int(syscall.ENOENT):
+		// EEXIST: created meanwhile; ERANGE/EOVERFLOW: version moved on; ENOENT: removed.
+		return ErrConflict
+	}
+	return cephconn.Classify(fmt.Errorf("write claim of %s: %w", img, err), "write claim of "+img.String(), osdCap)
+}
+
+// Objects lists the images with a claim object in pool, in every namespace, sorted.
+func (r *Rados) Objects(ctx context.Context, pool string) ([]Image, error) {
+	io, err := r.conn.OpenIOContext(pool)
+	if err != nil {
+		return nil, cephconn.Classify(fmt.Errorf("list claims of pool %s: %w", pool, err), "open pool "+pool, osdCap)
+	}
+	defer io.Destroy()
+	io.SetNamespace(rados.AllNamespaces)
+	iter, err := io.Iter()
+	if err != nil {
+		return nil, cephconn.Classify(fmt.Errorf("list claims of pool %s: %w", pool, err), "list objects of "+pool, osdCap)
+	}
+	defer iter.Close()
+	var imgs []Image
+	for iter.Next() {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if name, ok := strings.CutPrefix(iter.Value(), ObjectPrefix); ok && name != "" {
+			imgs = append(imgs, Image{Pool: pool, Namespace: iter.Namespace(), Name: name})
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return nil, cephconn.Classify(fmt.Errorf("list claims of pool %s: %w", pool, err), "list objects of "+pool, osdCap)
+	}
+	sort.Slice(imgs, func(i, j int) bool { return imgs[i].String() < imgs[j].String() })
+	return imgs, nil
+}
+
+// Pools lists the cluster's pools.
+func (r *Rados) Pools(ctx context.Context) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	pools, err := r.conn.ListPools()
+	return pools, cephconn.Classify(err, "list pools", "mon 'profile rbd'")
+}
+
+// ImageInfo opens the image read-only for its id and watchers (what `rbd status` shows).
+func (r *Rados) ImageInfo(ctx context.Context, img Image) (imageInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return imageInfo{}, err
+	}
+	io, err := r.ioctx(img)
+	if err != nil {
+		return imageInfo{}, err
+	}
+	defer io.Destroy()
+	im, err := rbd.OpenImageReadOnly(io, img.Name, rbd.NoSnapshot)
+	if err != nil {
+		return imageInfo{}, cephconn.Classify(fmt.Errorf("open image %s: %w", img, err), "open image "+img.String(), osdCap)
+	}
+	defer im.Close()
+	id, err := im.GetId()
+	if err != nil {
+		return imageInfo{}, cephconn.Classify(fmt.Errorf("image %s: id: %w", img, err), "read image "+img.String(), osdCap)
+	}
+	ws, err := im.ListWatchers()
+	if err != nil {
+		return imageInfo{}, cephconn.Classify(fmt.Errorf("image %s: watchers: %w", img, err), "list watchers of "+img.String(), osdCap)
+	}
+	info := imageInfo{ID: id}
+	for _, w := range ws {
+		info.Watchers = append(info.Watchers, w.Addr)
+	}
+	return info, nil
+}
+
+// ImageID reads rbd_id.<name>: the id of the image that has that name now.
+func (r *Rados) ImageID(ctx context.Context, img Image) (string, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return "", false, err
+	}
+	io, err := r.ioctx(img)
+	if err != nil {
+		return "", false, err
+	}
+	defer io.Destroy()
+	buf := make([]byte, 256)
+	n, err := io.Read("rbd_id."+img.Name, buf, 0)
+	if cephconn.Code(err) == -int(syscall.ENOENT) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, cephconn.Classify(fmt.Errorf("image %s: read id: %w", img, err), "read image "+img.String(), osdCap)
+	}
+	// rbd_id.<name> holds the id as a length-prefixed string (4 bytes little endian + bytes)
+	if n < 4 {
+		return "", false, fmt.Errorf("image %s: id object too short", img)
+	}
+	l := int(binary.LittleEndian.Uint32(buf[:4]))
+	if l < 0 || 4+l > n {
+		return "", false, fmt.Errorf("image %s: id object malformed", img)
+	}
+	return string(buf[4 : 4+l]), true, nil
+}
+
+// Blocklist adds addr to the blocklist (the agent's user needs `allow command "osd blocklist"`).
+func (r *Rados) Blocklist(ctx context.Context, addr string, expire time.Duration) (time.Time, error) {
+	if err := ctx.Err(); err != nil {
+		return time.Time{}, err
+	}
+	return cephconn.Blocklist(r.conn, addr, expire)
+}
+
+// OwnAddr is this connection's client address ("" when unknown).
+func (r *Rados) OwnAddr() string {
+	a, err := r.conn.GetAddrs()
+	if err != nil {
+		return ""
+	}
+	return a
+}
