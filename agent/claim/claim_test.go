@@ -298,6 +298,22 @@ func TestTakeoverFencesTheOldHolder(t *testing.T) {
 	if d := got.Fenced[0].Expires.Sub(clk.Now()); d < 50*time.Minute {
 		t.Fatalf("fence expires too soon: %s", d)
 	}
+	// the new holder's mapping (a fresh client, as node-b's kernel mapping would be) writes
+	// first: it knows the OSD map with the blocklist entry and the OSD catches up to that map
+	// before serving it, so the order below does not depend on how fast the monitor's new map
+	// reaches the OSD on its own
+	newMapping := cephtest.Conn(t)
+	if err := newMapping.WaitForLatestOSDMap(); err != nil {
+		t.Fatal(err)
+	}
+	nio, err := newMapping.OpenIOContext(img.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nio.Destroy()
+	if err := nio.WriteFull(obj, []byte("new holder")); err != nil {
+		t.Fatalf("write by the new holder's mapping: %v", err)
+	}
 	// the fenced holder really lost access: its next write fails with ESHUTDOWN (-108)
 	err = mio.WriteFull(obj, []byte("after"))
 	if cephconn.Code(err) != -int(syscall.ESHUTDOWN) {

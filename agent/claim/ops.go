@@ -312,6 +312,16 @@ func (s *Store) isOrphan(ctx context.Context, r Record) (bool, error) {
 // RemoveOrphan deletes the claim record of a deleted image, only if the image is still gone
 // and the record has not changed since it was checked (one compare-and-delete operation).
 func (s *Store) RemoveOrphan(ctx context.Context, img Image) (bool, error) {
+	return s.removeOrphan(ctx, img, false)
+}
+
+// SweepOrphan is RemoveOrphan for the automatic sweep: it removes only a free record (no
+// holder at all), so a claim taken or still listed meanwhile is never removed by a sweep.
+func (s *Store) SweepOrphan(ctx context.Context, img Image) (bool, error) {
+	return s.removeOrphan(ctx, img, true)
+}
+
+func (s *Store) removeOrphan(ctx context.Context, img Image, onlyFree bool) (bool, error) {
 	if err := img.validate(); err != nil {
 		return false, fmt.Errorf("remove orphan %s: %w: %w", img, ErrInvalid, err)
 	}
@@ -322,6 +332,9 @@ func (s *Store) RemoveOrphan(ctx context.Context, img Image) (bool, error) {
 		rec, ver, err := s.read(ctx, img)
 		if err != nil || rec == nil {
 			return false, err
+		}
+		if onlyFree && !rec.Free() {
+			return false, nil
 		}
 		exists, err := s.imageExists(ctx, img, rec.ImageID)
 		if err != nil {

@@ -40,7 +40,15 @@ type Config struct {
 	MapTimeout     Duration  `yaml:"map_timeout"`
 	MountTimeout   Duration  `yaml:"mount_timeout"`
 	MapOptions     []string  `yaml:"map_options"`
+	// OrphanSweep turns the automatic removal of deleted images' free claims on (default) or off.
+	OrphanSweep *bool `yaml:"orphan_sweep"`
+	// OrphanSweepInterval is how often each pool is swept (default 1h; each node starts at a
+	// random point in the period, so nodes spread out).
+	OrphanSweepInterval Duration `yaml:"orphan_sweep_interval"`
 }
+
+// SweepsOrphans says whether the orphan sweep is on.
+func (c *Config) SweepsOrphans() bool { return c.OrphanSweep == nil || *c.OrphanSweep }
 
 // Cluster is one Ceph cluster the node maps images from.
 type Cluster struct {
@@ -160,6 +168,9 @@ func (c *Config) fill(machineID string) error {
 	if c.MountTimeout == 0 {
 		c.MountTimeout = Duration(30 * time.Second)
 	}
+	if c.OrphanSweepInterval == 0 {
+		c.OrphanSweepInterval = Duration(time.Hour)
+	}
 	if c.NodeID == "" {
 		if machineID == "" {
 			machineID = "/etc/machine-id"
@@ -188,6 +199,9 @@ func (c *Config) validate() error {
 	}
 	if c.CSISocket == c.Socket || filepath.Dir(c.CSISocket) == filepath.Dir(c.Socket) {
 		return fmt.Errorf("csi_socket: %q must be in a directory of its own, not beside socket %q (a pod mounts that directory)", c.CSISocket, c.Socket)
+	}
+	if c.OrphanSweepInterval.D() < time.Minute {
+		return fmt.Errorf("orphan_sweep_interval: %s is shorter than a minute (each sweep lists every claim of a pool)", c.OrphanSweepInterval.D())
 	}
 	if !strings.HasPrefix(c.StateDir, "/") {
 		return fmt.Errorf("state_dir: %q must be an absolute path", c.StateDir)

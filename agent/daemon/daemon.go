@@ -9,16 +9,13 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/ceph/go-ceph/rados"
 	"github.com/sirupsen/logrus"
 
 	"github.com/rbd-owner/rbd-owner/agent/audit"
-	"github.com/rbd-owner/rbd-owner/agent/cephconn"
-	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/devwatch"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
@@ -26,7 +23,6 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/nodeaddr"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/state"
-	"github.com/rbd-owner/rbd-owner/agent/version"
 )
 
 // Options are the daemon's parts. Zero fields get the real thing.
@@ -53,6 +49,9 @@ type Options struct {
 	Fault func(saga, step string) error
 	// Now is the clock used for leases (tests); default time.Now.
 	Now func() time.Time
+	// Connect opens a cluster (default: RADOS with the cluster's keyring); tests give an
+	// in-memory cluster.
+	Connect func(ctx context.Context, c config.Cluster) (Connection, error)
 }
 
 // ErrCrash, returned by Options.Fault, simulates a kill -9 at that step: nothing is undone.
@@ -78,24 +77,15 @@ type Daemon struct {
 	lost     map[state.Key]bool   // claims this node knows it no longer holds (device kept)
 	// selfFenced: when this node last re-blocklisted its own lost mapping
 	selfFenced map[state.Key]time.Time
-	unmanaged  map[int]krbd.Device // devices mapped behind the agent's back
-	heartbeat  time.Time
-	notifyOff  bool // sd_notify said there is no notify socket (logged once)
+	unmanaged  map[int]krbd.Device  // devices mapped behind the agent's back
+	beats      map[string]time.Time // when each loop last beat (see loops.go)
+	renewed    atomic.Int64         // successful renewals (tests)
+	beatEvery  time.Duration        // how often an idle loop beats (set by Run)
+	notifyOff  bool                 // sd_notify said there is no notify socket (logged once)
+
+	ops *executor
 
 	bg sync.WaitGroup // goroutines the daemon owns
-}
-
-// cluster is one configured cluster: its connection and claim store, made on first use.
-type cluster struct {
-	cfg config.Cluster
-	d   *Daemon
-
-	mu      sync.Mutex
-	conn    *rados.Conn
-	store   *claim.Store
-	secret  string
-	lastTry time.Time
-	lastErr error
 }
 
 // New builds a daemon; it does not touch the kernel or the clusters yet.
@@ -122,8 +112,9 @@ func New(opts Options) (*Daemon, error) {
 	d := &Daemon{
 		opts: opts, cfg: opts.Config, log: opts.Log, audit: opts.Audit, kernel: opts.Kernel, state: st,
 		addrs: nodeaddr.New(), clusters: map[string]*cluster{},
-		problems: map[state.Key]string{}, lost: map[state.Key]bool{}, selfFenced: map[state.Key]time.Time{}, unmanaged: map[int]krbd.Device{},
+		beats: map[string]time.Time{}, problems: map[state.Key]string{}, lost: map[state.Key]bool{}, selfFenced: map[state.Key]time.Time{}, unmanaged: map[int]krbd.Device{},
 	}
+	d.ops = newExecutor(d)
 	if opts.Peers != nil {
 		d.peers = *opts.Peers
 	} else {
@@ -135,105 +126,6 @@ func New(opts Options) (*Daemon, error) {
 	return d, nil
 }
 
-// connectAll connects every cluster in the background, retrying until it works, so that a
-// wrong monitor address or keyring shows in status and the journal at start, not at the
-// first map.
-func (d *Daemon) connectAll(ctx context.Context) {
-	for _, c := range d.clusters {
-		d.bg.Add(1)
-		go func() {
-			defer d.bg.Done()
-			logged := false
-			for {
-				_, err := c.claims()
-				if err == nil {
-					if logged {
-						d.log.WithField("cluster", c.cfg.ID).Info("connected to the cluster")
-					}
-					return
-				}
-				if !logged {
-					d.log.WithError(err).WithField("cluster", c.cfg.ID).Error("cannot reach the cluster; retrying")
-					logged = true
-				}
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(reconnectEvery):
-				}
-			}
-		}()
-	}
-}
-
-// reconnectEvery limits how often a failed cluster connection is retried.
-const reconnectEvery = 5 * time.Second
-
-// claims returns the cluster's claim store, connecting when needed.
-func (c *cluster) claims() (*claim.Store, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.store != nil {
-		return c.store, nil
-	}
-	if c.lastErr != nil && time.Since(c.lastTry) < reconnectEvery {
-		return nil, fmt.Errorf("cluster %s: %w", c.cfg.ID, c.lastErr)
-	}
-	c.lastTry = time.Now()
-	store, err := c.connect()
-	c.lastErr = err
-	if err != nil {
-		return nil, fmt.Errorf("cluster %s: %w", c.cfg.ID, err)
-	}
-	c.store = store
-	return store, nil
-}
-
-func (c *cluster) connect() (*claim.Store, error) {
-	secret, err := krbd.ReadKeyringFile(c.cfg.Keyring, "client."+c.cfg.User)
-	if err != nil {
-		return nil, fmt.Errorf("keyring: %w", err)
-	}
-	conn, err := cephconn.Connect(cephconn.Options{User: c.cfg.User, Keyring: c.cfg.Keyring, Monitors: c.cfg.Monitors})
-	if err != nil {
-		return nil, err
-	}
-	hostname, err := os.Hostname()
-	if err != nil {
-		c.d.log.WithError(err).Warn("hostname unknown; claim records will show none")
-	}
-	store, err := claim.NewStore(conn, claim.Config{
-		Node: claim.Node{
-			ID: c.d.cfg.NodeID, Hostname: hostname, AgentVersion: version.Version,
-			Addr: func() string {
-				a, err := c.d.addrs.SourceFor(c.cfg.Monitors)
-				if err != nil {
-					c.d.log.WithError(err).Warn("node address unknown")
-				}
-				return a
-			},
-		},
-		Lease:       c.d.cfg.LeaseDuration.D(),
-		FenceExpiry: c.d.cfg.FenceExpiry.D(),
-		Now:         c.d.opts.Now,
-	})
-	if err != nil {
-		conn.Shutdown()
-		return nil, err
-	}
-	c.conn, c.secret = conn, secret
-	return store, nil
-}
-
-func (c *cluster) close() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.conn != nil {
-		c.conn.Shutdown()
-		c.conn, c.store = nil, nil
-	}
-}
-
 // cluster returns the configured cluster named id ("" for the only one).
 func (d *Daemon) cluster(id string) (*cluster, error) {
 	cc, err := d.cfg.Cluster(id)
@@ -241,16 +133,6 @@ func (d *Daemon) cluster(id string) (*cluster, error) {
 		return nil, fmt.Errorf("%w: %w", errInvalid, err)
 	}
 	return d.clusters[cc.ID], nil
-}
-
-// clusterByFSID finds a connected cluster by fsid.
-func (d *Daemon) clusterByFSID(fsid string) *cluster {
-	for _, c := range d.clusters {
-		if s, err := c.claims(); err == nil && s.FSID() == fsid {
-			return c
-		}
-	}
-	return nil
 }
 
 var errInvalid = fault.ErrInvalid
@@ -267,7 +149,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer cancel()
 	d.notify("STATUS=recovering")
 	// the watcher subscribes first, so that nothing that happens during recovery is missed
-	watcher, err := devwatch.Start(ctx, devwatch.Config{Client: d.kernel, Resync: d.cfg.RenewInterval.D()})
+	watcher, err := devwatch.Start(ctx, d.watchConfig())
 	if err != nil {
 		return fmt.Errorf("device watcher: %w", err)
 	}
@@ -302,8 +184,31 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.connectAll(ctx)
 	d.notify("READY=1\n" + d.statusLine())
 	d.log.WithField("socket", d.cfg.Socket).WithField("node", d.cfg.NodeID).Info("rbd-owner agent ready")
-	d.startWatchdog(ctx)
-	d.loop(ctx, watcher)
+	wd := d.watchdogInterval()
+	// every loop beats well within the watchdog's half interval, so that a ping is withheld only
+	// for a loop that is really stuck, not for a beat that came a moment late
+	d.beatEvery = time.Second
+	if wd > 0 {
+		d.beatEvery = min(time.Second, wd/8)
+	}
+	d.beat("main")
+	d.beat("reconcile")
+	for _, c := range d.clusters {
+		d.beat("renew " + c.cfg.ID)
+	}
+	d.startWatchdog(ctx, wd)
+	d.bg.Add(1)
+	go func() { defer d.bg.Done(); d.reconcileLoop(ctx) }()
+	for _, c := range d.clusters {
+		d.bg.Add(1)
+		go func() { defer d.bg.Done(); d.renewLoop(ctx, c) }()
+	}
+	if d.cfg.SweepsOrphans() && d.cfg.OrphanSweepInterval > 0 {
+		d.beat("sweep")
+		d.bg.Add(1)
+		go func() { defer d.bg.Done(); d.sweepLoop(ctx) }()
+	}
+	d.mainLoop(ctx, watcher)
 
 	d.notify("STOPPING=1")
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -319,56 +224,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	return nil
 }
 
-// loop is the main loop: lease renewal, device events, reconciliation. It owns watcher.
-func (d *Daemon) loop(ctx context.Context, watcher *devwatch.Watcher) {
-	defer func() {
-		if err := watcher.Close(); err != nil {
-			d.log.WithError(err).Warn("device watcher did not close cleanly")
-		}
-	}()
-	renew := time.NewTicker(d.cfg.RenewInterval.D())
-	defer renew.Stop()
-	beat := time.NewTicker(time.Second)
-	defer beat.Stop()
-	events := watcher.Events()
-	for n := 0; ; n++ {
-		d.beat()
-		select {
-		case <-ctx.Done():
-			return
-		case <-beat.C:
-			if n%10 == 0 {
-				d.notify(d.statusLine())
-			}
-		case <-renew.C:
-			if events == nil { // the watcher died: start a new one (it resyncs from sysfs)
-				if w, err := devwatch.Start(ctx, devwatch.Config{Client: d.kernel, Resync: d.cfg.RenewInterval.D()}); err == nil {
-					if err := watcher.Close(); err != nil {
-						d.log.WithError(err).Warn("the old device watcher did not close cleanly")
-					}
-					watcher, events = w, w.Events()
-				} else {
-					d.log.WithError(err).Error("device watcher restart failed")
-				}
-			}
-			d.renewAll(ctx)
-			d.reconcile(ctx)
-			d.notify(d.statusLine())
-		case ev, ok := <-events:
-			if !ok {
-				d.log.Error("device watcher stopped; restarting it at the next renewal")
-				events = nil
-				continue
-			}
-			d.deviceEvent(ctx, ev)
-		}
-	}
-}
-
-func (d *Daemon) beat() {
-	d.mu.Lock()
-	d.heartbeat = time.Now()
-	d.mu.Unlock()
+// watchConfig is how the device watcher is started.
+func (d *Daemon) watchConfig() devwatch.Config {
+	return devwatch.Config{Client: d.kernel, Resync: d.cfg.RenewInterval.D()}
 }
 
 func (d *Daemon) setProblem(k state.Key, p string) {

@@ -31,17 +31,23 @@ func firstLine(s string) string {
 	return s
 }
 
-// startWatchdog pings systemd's watchdog at half its interval, but only while the main loop
-// has beaten recently: a hung loop stops the pings and systemd restarts the agent.
-func (d *Daemon) startWatchdog(ctx context.Context) {
-	interval := d.opts.Watchdog
-	if interval == 0 {
-		var err error
-		if interval, err = sddaemon.SdWatchdogEnabled(false); err != nil {
-			d.log.WithError(err).Error("systemd watchdog settings unreadable; not pinging the watchdog")
-			return
-		}
+// watchdogInterval is systemd's watchdog interval (Options.Watchdog in tests); 0 for none.
+func (d *Daemon) watchdogInterval() time.Duration {
+	if d.opts.Watchdog != 0 {
+		return d.opts.Watchdog
 	}
+	interval, err := sddaemon.SdWatchdogEnabled(false)
+	if err != nil {
+		d.log.WithError(err).Error("systemd watchdog settings unreadable; not pinging the watchdog")
+		return 0
+	}
+	return interval
+}
+
+// startWatchdog pings systemd's watchdog at half its interval, but only while every loop (main,
+// reconcile, one renewer per cluster) has beaten recently: a hung loop stops the pings and
+// systemd restarts the agent. A slow cluster does not: the loops never wait on it.
+func (d *Daemon) startWatchdog(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		return
 	}
@@ -55,13 +61,11 @@ func (d *Daemon) startWatchdog(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				d.mu.Lock()
-				age := time.Since(d.heartbeat)
-				d.mu.Unlock()
+				loop, age := d.stalest()
 				if age < interval/2 {
 					d.notify("WATCHDOG=1")
 				} else {
-					d.log.WithField("since", age.Round(time.Second)).Error("main loop is stuck; withholding the watchdog ping")
+					d.log.WithField("loop", loop).WithField("since", age.Round(time.Second)).Error("a loop is stuck; withholding the watchdog ping")
 				}
 			}
 		}

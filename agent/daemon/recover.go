@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/audit"
@@ -15,12 +16,29 @@ import (
 )
 
 // recover rebuilds the agent's view at start, before any request is answered: it re-adopts
-// the devices it owns, finishes or undoes half-done sagas, and reports what it cannot explain.
-// (Like kubelet's volume manager: rebuild from the kernel, the persisted state and the claims.)
+// the devices it owns, finishes or undoes half-done sagas, renews the leases it holds and
+// reports what it cannot explain. (Like kubelet's volume manager: rebuild from the kernel, the
+// persisted state and the claims.) It waits for that work at most map_timeout (settling) and
+// the renew interval (renewing); what still waits for a cluster then goes on in the background.
 func (d *Daemon) recover(ctx context.Context) {
 	start := time.Now()
 	d.reconcile(ctx)
-	d.renewAll(ctx)
+	if !d.ops.waitIdle(d.cfg.MapTimeout.D()) {
+		d.log.WithField("after", d.cfg.MapTimeout.D()).Warn("recovery: some mappings still wait for their cluster; going on in the background")
+	}
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	for _, c := range d.clusters {
+		wg.Add(1)
+		d.bg.Add(1)
+		go func() { defer d.bg.Done(); defer wg.Done(); d.renewRound(ctx, c) }()
+	}
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d.cfg.RenewInterval.D()):
+		d.log.Warn("recovery: lease renewals still wait for a cluster; going on in the background")
+	}
 	d.mu.Lock()
 	problems, unmanaged := len(d.problems), len(d.unmanaged)
 	d.mu.Unlock()
@@ -29,51 +47,60 @@ func (d *Daemon) recover(ctx context.Context) {
 }
 
 // reconcile brings every persisted mapping to a consistent state and notes the devices that
-// nobody explains. It skips images whose saga is running.
+// nobody explains. It only decides: each mapping's settling runs on the executor (one at a
+// time per image, skipped while a saga runs on it, backed off after a failure).
 func (d *Daemon) reconcile(ctx context.Context) {
 	devs, err := d.kernel.List()
 	if err != nil {
 		d.log.WithError(err).Warn("reconcile: cannot list rbd devices")
 		return
 	}
+	mappings := d.state.All()
+	for _, m := range mappings {
+		key := m.Key
+		d.ops.start(ctx, key, func(ctx context.Context) error { return d.settleKey(ctx, key) })
+	}
+	for _, dv := range devs {
+		if !d.explained(dv, mappings) && d.unexplained(dv) {
+			d.noteUnmanaged(dv)
+		}
+	}
+}
+
+// explained says whether a device belongs to one of this node's mappings, or may belong to a
+// saga or settling still under way on its image.
+func (d *Daemon) explained(dv krbd.Device, mappings []state.Mapping) bool {
+	for _, m := range mappings {
+		if m.DeviceID == dv.ID && m.ClientAddr != "" && m.ClientAddr == dv.ClientAddr {
+			return true
+		}
+		if specOf(m) == dv.Spec() && (m.Phase == state.Claiming || m.Phase == state.Claimed || m.Phase == state.Unmapping || d.ops.busy(m.Key)) {
+			return true
+		}
+	}
+	for id := range d.clusters {
+		if d.locks.isHeld(state.Key{Cluster: id, Pool: dv.Pool, Namespace: dv.Namespace, Image: dv.Image, Snap: dv.Snap}) {
+			return true // a saga on that image runs now: it decides
+		}
+	}
+	return false
+}
+
+// settleKey settles one persisted mapping (called with its image's lock held).
+func (d *Daemon) settleKey(ctx context.Context, key state.Key) error {
+	m, ok := d.state.Get(key)
+	if !ok {
+		return nil
+	}
+	devs, err := d.kernel.List()
+	if err != nil {
+		return fmt.Errorf("settle %s: list devices: %w", key, err)
+	}
 	byID := map[int]krbd.Device{}
 	for _, dv := range devs {
 		byID[dv.ID] = dv
 	}
-	explained := map[int]bool{}
-	for _, m := range d.state.All() {
-		if dv, ok := byID[m.DeviceID]; ok && (m.Phase == state.Mapped || m.Phase == state.Unmapping) && dv.Spec() == specOf(m) && dv.ClientAddr == m.ClientAddr {
-			explained[dv.ID] = true
-		}
-		unlock, ok := d.locks.tryLock(m.Key)
-		if !ok {
-			for _, dv := range devs { // a saga is running on it: its device is explained
-				if dv.Spec() == specOf(m) {
-					explained[dv.ID] = true
-				}
-			}
-			continue
-		}
-		if cur, ok := d.state.Get(m.Key); ok {
-			// list again under the lock: a saga that finished since the first listing may have
-			// made a device that the old list does not have
-			if fresh, err := d.kernel.List(); err == nil {
-				byID = map[int]krbd.Device{}
-				for _, dv := range fresh {
-					byID[dv.ID] = dv
-				}
-			}
-			if id, adopted := d.settle(ctx, cur, byID); adopted {
-				explained[id] = true
-			}
-		}
-		unlock()
-	}
-	for _, dv := range devs {
-		if !explained[dv.ID] && d.unexplained(dv) {
-			d.noteUnmanaged(dv)
-		}
-	}
+	return d.settle(ctx, m, byID)
 }
 
 // unexplained says whether a device is still there and still not one of ours (the listing
@@ -91,16 +118,14 @@ func (d *Daemon) unexplained(dv krbd.Device) bool {
 	return true
 }
 
-// settle finishes or undoes one mapping's saga. It returns the id of the device it kept.
-func (d *Daemon) settle(ctx context.Context, m state.Mapping, devs map[int]krbd.Device) (int, bool) {
+// settle finishes or undoes one mapping's saga. An error means it must be tried again later
+// (the problem is also in status).
+func (d *Daemon) settle(ctx context.Context, m state.Mapping, devs map[int]krbd.Device) error {
 	cl := d.clusters[m.Cluster]
 	log := d.log.WithField("image", m.Key.String()).WithField("phase", m.Phase)
 	if cl == nil {
 		d.setProblem(m.Key, fmt.Sprintf("cluster %q is no longer configured; mapping left alone", m.Cluster))
-		if dv, ok := devs[m.DeviceID]; ok {
-			return dv.ID, true
-		}
-		return 0, false
+		return nil
 	}
 	spec := specOf(m)
 	// the device this mapping made: by id and client address once known, else by names
@@ -122,74 +147,75 @@ func (d *Daemon) settle(ctx context.Context, m state.Mapping, devs map[int]krbd.
 		epoch, err := d.claimingEpoch(ctx, cl, m)
 		if err != nil {
 			d.setProblem(m.Key, "half-done map waits for the cluster: "+err.Error())
-			return 0, false
+			return err
 		}
 		if epoch != 0 {
 			m.Epoch = epoch
 			if err := d.release(ctx, cl, m); err != nil {
 				d.setProblem(m.Key, "half-done map: claim release failed, will retry: "+err.Error())
-				return 0, false
+				return err
 			}
 		}
 		log.Info("undid a map interrupted while claiming")
 		d.dropState(m)
-		return 0, false
+		return nil
 	case state.Claimed:
 		if dev != nil {
 			// the map happened but its reply was never sent: nobody uses the device yet;
 			// record it in the claim and keep it, so a retried request finds it
-			store, err := cl.claims()
+			store, err := cl.claims(ctx)
 			if err == nil {
 				_, err = store.SetMapping(ctx, claim.Image{Pool: m.Pool, Namespace: m.Namespace, Name: m.Image}, m.Epoch, dev.ClientAddr, dev.DevNode)
 			}
 			if err == nil {
 				m.Phase, m.DeviceID, m.Device, m.ClientAddr = state.Mapped, dev.ID, dev.DevNode, dev.ClientAddr
-				if err := d.state.Put(m); err == nil {
+				if err = d.state.Put(m); err == nil {
 					log.WithField("device", dev.DevNode).Info("adopted the device of an interrupted map")
-					return dev.ID, true
+					return nil
 				}
 			}
 			if errors.Is(err, claim.ErrFenced) {
 				// the claim is gone and no one was handed the device: remove it
-				if _, uerr := d.kernel.UnmapDevice(ctx, *dev, krbd.UnmapOptions{Force: true}); uerr == nil {
+				_, uerr := d.kernel.UnmapDevice(ctx, *dev, krbd.UnmapOptions{Force: true})
+				if uerr == nil {
 					log.WithError(err).Warn("removed the device of an interrupted map whose claim was lost")
 					d.dropState(m)
-					return 0, false
+					return nil
 				}
+				err = fmt.Errorf("%w; removing its device failed: %w", err, uerr)
 			}
-			d.setProblem(m.Key, "interrupted map: "+fmt.Sprint(err))
-			return dev.ID, true
+			d.setProblem(m.Key, "interrupted map: "+err.Error())
+			return err
 		}
 		if err := d.release(ctx, cl, m); err != nil {
 			d.setProblem(m.Key, "interrupted map: claim release failed, will retry: "+err.Error())
-			return 0, false
+			return err
 		}
 		log.Info("undid a map interrupted before the device appeared")
 		d.dropState(m)
-		return 0, false
+		return nil
 	case state.Mapped:
 		if dev != nil {
-			return dev.ID, true // renewAll checks the claim
+			return nil // the renewals check the claim
 		}
-		d.deviceGone(ctx, m, "not present at reconciliation")
-		return 0, false
+		return d.deviceGone(ctx, m, "not present at reconciliation")
 	case state.Unmapping:
 		if dev != nil {
 			if _, err := d.kernel.UnmapDevice(ctx, *dev, krbd.UnmapOptions{}); err != nil {
 				d.setProblem(m.Key, "interrupted unmap: "+err.Error())
-				return dev.ID, true
+				return err
 			}
 		}
 		if m.Claimed {
 			if err := d.release(ctx, cl, m); err != nil {
 				d.setProblem(m.Key, "interrupted unmap: claim release failed, will retry: "+err.Error())
-				return 0, false
+				return err
 			}
 		}
 		log.Info("finished an interrupted unmap")
 		d.dropState(m)
 	}
-	return 0, false
+	return nil
 }
 
 // ownedByOther says whether another persisted mapping accounts for dv.
@@ -211,7 +237,7 @@ func (d *Daemon) dropState(m state.Mapping) {
 
 // deviceGone handles a managed device that disappeared without the agent: its claim is
 // released (no device, no claim) and device_lost is audited.
-func (d *Daemon) deviceGone(ctx context.Context, m state.Mapping, how string) {
+func (d *Daemon) deviceGone(ctx context.Context, m state.Mapping, how string) error {
 	cl := d.clusters[m.Cluster]
 	d.audit.Record(audit.Entry{Event: audit.DeviceLost, Result: audit.OK, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace,
 		Image: m.Image, Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, Error: true,
@@ -225,10 +251,11 @@ func (d *Daemon) deviceGone(ctx context.Context, m state.Mapping, how string) {
 				// gone and comes back here, so the release is still retried
 				d.log.WithError(perr).WithField("image", m.Key.String()).Error("device lost: could not persist the pending claim release; the next reconcile retries it")
 			}
-			return
+			return err
 		}
 	}
 	d.dropState(m)
+	return nil
 }
 
 // deviceEvent reacts to a device appearing or disappearing.
@@ -240,16 +267,23 @@ func (d *Daemon) deviceEvent(ctx context.Context, ev devwatch.Event) {
 			if m.Phase != state.Mapped || m.DeviceID != ev.Device.ID || (ev.Device.ClientAddr != "" && m.ClientAddr != ev.Device.ClientAddr) {
 				continue
 			}
-			unlock, ok := d.locks.tryLock(m.Key)
-			if !ok {
-				continue // a saga on this image runs: it owns the outcome
-			}
-			if cur, ok := d.state.Get(m.Key); ok && cur.Phase == state.Mapped && cur.DeviceID == ev.Device.ID {
-				if _, err := d.kernel.ReadDevice(cur.DeviceID); err != nil {
-					d.deviceGone(ctx, cur, "remove event")
+			// off the main loop, one operation per image; skipped while a saga on it runs
+			// (the saga owns the outcome) and retried by the reconciler after a failure
+			key, id := m.Key, ev.Device.ID
+			d.ops.start(ctx, key, func(ctx context.Context) error {
+				cur, ok := d.state.Get(key)
+				if !ok || cur.Phase != state.Mapped || cur.DeviceID != id {
+					return nil
 				}
-			}
-			unlock()
+				_, err := d.kernel.ReadDevice(id)
+				switch {
+				case err == nil:
+					return nil // back already (an id reused): the reconciler checks it
+				case !errors.Is(err, krbd.ErrNotFound):
+					return fmt.Errorf("device %s: %w", cur.Device, err)
+				}
+				return d.deviceGone(ctx, cur, "remove event")
+			})
 		}
 	case devwatch.Added:
 		dv := ev.Device
@@ -303,56 +337,12 @@ func (d *Daemon) forgetUnmanaged(id int) {
 	d.mu.Unlock()
 }
 
-// renewAll renews the lease of every claim held; a claim that cannot be renewed any more is
-// reported (status, journal at error priority) and its device left alone: unmapping a
-// filesystem in use is never the agent's call.
-func (d *Daemon) renewAll(ctx context.Context) {
-	down := map[string]bool{} // clusters that did not answer this round: do not wait on them again
-	for _, m := range d.state.All() {
-		if !m.Claimed || (m.Phase != state.Mapped && m.Phase != state.Claimed) {
-			continue
-		}
-		cl := d.clusters[m.Cluster]
-		if cl == nil || down[m.Cluster] {
-			continue
-		}
-		store, err := cl.claims()
-		if err != nil {
-			d.setProblem(m.Key, "lease not renewed: "+err.Error())
-			down[m.Cluster] = true
-			continue
-		}
-		rctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
-		_, err = store.Renew(rctx, claim.Image{Pool: m.Pool, Namespace: m.Namespace, Name: m.Image}, m.Epoch)
-		cancel()
-		switch {
-		case err == nil:
-			if p := d.problem(m.Key); p != "" {
-				d.setProblem(m.Key, "")
-			}
-		case errors.Is(err, claim.ErrFenced):
-			if !d.isLost(m.Key) {
-				d.audit.Record(audit.Entry{Event: audit.Renew, Result: audit.Failed, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace,
-					Image: m.Image, Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, Error: true,
-					Message: fmt.Sprintf("claim on %s is lost, device %s left in place: %v", m.Key, m.Device, err)})
-			}
-			d.setLost(m.Key, err.Error())
-			d.keepFenced(cl, m, err)
-		default:
-			d.setProblem(m.Key, "lease not renewed: "+err.Error())
-			if errors.Is(err, cephconn.ErrUnavailable) {
-				down[m.Cluster] = true
-			}
-		}
-	}
-}
-
 // keepFenced re-blocklists this node's own mapping of an image another node now holds, before
 // the fence that took it expires: the device is left mapped (unmapping a file system in use is
 // not the agent's call), and when the blocklist entry ran out its kernel client would write
 // again. Only done when the record shows the image held by others or this hold fenced, so a
 // mapping whose record merely vanished is not cut off.
-func (d *Daemon) keepFenced(cl *cluster, m state.Mapping, lost error) {
+func (d *Daemon) keepFenced(ctx context.Context, cl *cluster, m state.Mapping, lost error) {
 	var le *claim.LostError
 	if !errors.As(lost, &le) || le.Record == nil || m.ClientAddr == "" || m.Phase != state.Mapped {
 		return
@@ -370,13 +360,13 @@ func (d *Daemon) keepFenced(cl *cluster, m state.Mapping, lost error) {
 	if time.Since(last) < d.cfg.FenceExpiry.D()/4 {
 		return
 	}
-	cl.mu.Lock()
-	conn := cl.conn
-	cl.mu.Unlock()
-	if conn == nil {
+	store, _, ok := cl.connected()
+	if !ok {
 		return
 	}
-	until, err := cephconn.Blocklist(conn, m.ClientAddr, d.cfg.FenceExpiry.D())
+	bctx, cancel := context.WithTimeout(ctx, 2*cephconn.DefaultTimeout)
+	defer cancel()
+	until, err := store.Backend().Blocklist(bctx, m.ClientAddr, d.cfg.FenceExpiry.D())
 	if err != nil {
 		d.log.WithError(err).WithField("image", m.Key.String()).Error("cannot keep this node's lost mapping fenced")
 		return

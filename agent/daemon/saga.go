@@ -114,14 +114,18 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 	defer cancel()
 
 	// resolve: the cluster, and what this node already has
-	store, err := t.cl.claims()
+	store, err := t.cl.claims(ctx)
 	if err != nil {
 		return nil, d.refused(req, peer, err)
 	}
 	if resp, done, err := d.alreadyMapped(ctx, t, store, access, readOnly, req); done {
 		return resp, err
 	}
-	if others, err := d.kernel.FindBySpec(t.spec, store.FSID()); err == nil && len(others) > 0 {
+	others, err := d.kernel.FindBySpec(t.spec, store.FSID())
+	if err != nil {
+		return nil, d.failed(req, peer, fmt.Errorf("map %s: looking for devices already mapped: %w", t.spec, err))
+	}
+	if len(others) > 0 {
 		return nil, d.refused(req, peer, fmt.Errorf("%w: %s is already mapped on this node as %s, outside rbd-owner; unmap it first",
 			claim.ErrBusy, t.spec, others[0].DevNode))
 	}
@@ -241,9 +245,15 @@ func (d *Daemon) alreadyMapped(ctx context.Context, t target, store *claim.Store
 		return nil, false, nil
 	}
 	dev, err := d.kernel.ReadDevice(m.DeviceID)
+	if err != nil && !errors.Is(err, krbd.ErrNotFound) {
+		// unreadable is not gone: never drop the claim of a device that may still be there
+		return nil, true, fmt.Errorf("map %s: reading its device %s: %w", t.spec, m.Device, err)
+	}
 	if err != nil || dev.Spec() != t.spec || dev.ClientAddr != m.ClientAddr {
-		// the device went away without us: the reconciler releases it; treat it as lost now
-		d.deviceGone(ctx, m, "found missing at map time")
+		// the device went away without us: release its claim now, then map afresh
+		if err := d.deviceGone(ctx, m, "found missing at map time"); err != nil {
+			return nil, true, fmt.Errorf("map %s: its old device is gone and releasing its claim failed: %w", t.spec, err)
+		}
 		return nil, false, nil
 	}
 	if m.Access != string(access) || m.ReadOnly != readOnly {
@@ -265,9 +275,7 @@ func (d *Daemon) alreadyMapped(ctx context.Context, t target, store *claim.Store
 }
 
 func (d *Daemon) mapOptions(cl *cluster, readOnly bool) krbd.MapOptions {
-	cl.mu.Lock()
-	secret := cl.secret
-	cl.mu.Unlock()
+	secret := cl.secret()
 	return krbd.MapOptions{
 		Monitors: cl.cfg.Monitors, User: cl.cfg.User, Secret: secret, ReadOnly: readOnly,
 		MountTimeout: d.cfg.MountTimeout.D(), Timeout: d.cfg.MapTimeout.D(),
@@ -314,7 +322,7 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 	default:
 		// not recorded as mapped (e.g. a map interrupted after the kernel write): by names
 		fsid := m.FSID
-		if store, err := t.cl.claims(); err == nil {
+		if store, err := t.cl.claims(ctx); err == nil {
 			fsid = store.FSID()
 		}
 		found, err := d.kernel.FindBySpec(t.spec, fsid)
@@ -387,7 +395,7 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 // claimingEpoch finds the epoch of a claim this node was writing when its map was
 // interrupted (0 when the claim was not written, or holds a mapping already).
 func (d *Daemon) claimingEpoch(ctx context.Context, cl *cluster, m state.Mapping) (uint64, error) {
-	store, err := cl.claims()
+	store, err := cl.claims(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -406,7 +414,7 @@ func (d *Daemon) claimingEpoch(ctx context.Context, cl *cluster, m state.Mapping
 
 // release drops the claim of a mapping and audits it.
 func (d *Daemon) release(ctx context.Context, cl *cluster, m state.Mapping) error {
-	store, err := cl.claims()
+	store, err := cl.claims(ctx)
 	if err != nil {
 		return err
 	}
@@ -573,6 +581,13 @@ func (k *keyedLocks) tryLock(key state.Key) (func(), bool) {
 		k.unref(key, l)
 		return nil, false
 	}
+}
+
+// isHeld says whether someone holds (or waits for) key's lock.
+func (k *keyedLocks) isHeld(key state.Key) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.m[key] != nil
 }
 
 // held is the number of images with an entry (tests).

@@ -292,12 +292,12 @@ func (d *Daemon) listClaims(w http.ResponseWriter, r *http.Request, onlyOrphans 
 		writeError(w, apiError(err))
 		return
 	}
-	store, err := cl.claims()
+	store, err := cl.claims(r.Context())
 	if err != nil {
 		writeError(w, apiError(err))
 		return
 	}
-	pools, err := cl.pools(r.URL.Query().Get("pool"))
+	pools, err := cl.pools(r.Context(), r.URL.Query().Get("pool"))
 	if err != nil {
 		writeError(w, apiError(err))
 		return
@@ -338,18 +338,15 @@ func (d *Daemon) listClaims(w http.ResponseWriter, r *http.Request, onlyOrphans 
 }
 
 // pools returns [pool], or every pool of the cluster when pool is "".
-func (c *cluster) pools(pool string) ([]string, error) {
+func (c *cluster) pools(ctx context.Context, pool string) ([]string, error) {
 	if pool != "" {
 		return []string{pool}, nil
 	}
-	c.mu.Lock()
-	conn := c.conn
-	c.mu.Unlock()
-	if conn == nil {
-		return nil, fmt.Errorf("cluster %s: %w", c.cfg.ID, cephconn.ErrUnavailable)
+	store, err := c.claims(ctx)
+	if err != nil {
+		return nil, err
 	}
-	pools, err := conn.ListPools()
-	return pools, cephconn.Classify(err, "list pools", "mon 'profile rbd'")
+	return store.Backend().Pools(ctx)
 }
 
 // RemoveOrphans removes the claims of deleted images (admin).
@@ -358,11 +355,11 @@ func (d *Daemon) RemoveOrphans(ctx context.Context, req api.OrphansRequest, peer
 	if err != nil {
 		return nil, err
 	}
-	store, err := cl.claims()
+	store, err := cl.claims(ctx)
 	if err != nil {
 		return nil, err
 	}
-	pools, err := cl.pools(req.Pool)
+	pools, err := cl.pools(ctx, req.Pool)
 	if err != nil {
 		return nil, err
 	}
@@ -398,7 +395,7 @@ func (d *Daemon) Fence(ctx context.Context, req api.ImageRequest, peer *peercred
 	if err != nil {
 		return nil, err
 	}
-	store, err := t.cl.claims()
+	store, err := t.cl.claims(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -426,7 +423,7 @@ func (d *Daemon) Release(ctx context.Context, req api.ImageRequest, peer *peercr
 	if err != nil {
 		return false, err
 	}
-	store, err := t.cl.claims()
+	store, err := t.cl.claims(ctx)
 	if err != nil {
 		return false, err
 	}

@@ -21,9 +21,11 @@ const (
 	otherKey   = "AQCqX3xlAAAAABAAkbZ8g6fMt6zA1cJrVhFZ0w=="
 )
 
+// opts are the map options of most tests. Timeout only bounds a wait that must not fail:
+// generous, for a busy machine.
 func opts() krbd.MapOptions {
 	return krbd.MapOptions{Monitors: []string{"203.0.113.1:6789"}, User: "rbdowner", Secret: testSecret,
-		MountTimeout: 5 * time.Second, Timeout: 5 * time.Second}
+		MountTimeout: 5 * time.Second, Timeout: 30 * time.Second}
 }
 
 func newFake(t *testing.T, o fakekernel.Options) (*fakekernel.Kernel, *krbd.Client) {
@@ -400,6 +402,11 @@ type silentWriter struct{}
 
 func (silentWriter) WriteControl(string, []byte) error { return nil }
 
+// writerFunc is a krbd.ControlWriter made of a function.
+type writerFunc func(path string, data []byte) error
+
+func (f writerFunc) WriteControl(path string, data []byte) error { return f(path, data) }
+
 func TestMapTimeout(t *testing.T) {
 	k, err := fakekernel.New(t.TempDir(), fakekernel.Options{})
 	if err != nil {
@@ -415,13 +422,16 @@ func TestMapTimeout(t *testing.T) {
 	if !errors.Is(err, krbd.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("err = %v", err)
 	}
-	if el := time.Since(start); el > 2*time.Second {
+	// o.Timeout, not the 30 s default, ended the wait (the bound leaves a busy machine room)
+	if el := time.Since(start); el > 20*time.Second {
 		t.Errorf("timeout took %s", el)
 	}
-	// a cancelled context ends the wait too
+	// a context cancelled while Map waits for the device ends the wait too: the write that
+	// starts the wait cancels it
 	ctx, cancel := context.WithCancel(context.Background())
-	time.AfterFunc(50*time.Millisecond, cancel)
-	o.Timeout = time.Minute
+	defer cancel()
+	cfg.Writer = writerFunc(func(string, []byte) error { cancel(); return nil })
+	o.Timeout = time.Hour
 	if _, err := krbd.New(cfg).Map(ctx, krbd.Spec{Pool: "rbd", Image: "img1"}, o); !errors.Is(err, context.Canceled) {
 		t.Errorf("cancel: %v", err)
 	}
@@ -522,10 +532,20 @@ func TestUnmap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// EBUSY for a moment (udev probing), then free: retried
+	// EBUSY for a moment (udev probing), then free: retried. The device is freed by the
+	// first EBUSY itself (not after some time), so the retry finds it free however late it
+	// runs; EBusyRetry is generous so that the retry is never given up on a busy machine.
 	k.SetOpen(d.ID, true)
-	time.AfterFunc(150*time.Millisecond, func() { k.SetOpen(d.ID, false) })
-	if ok, err := c.Unmap(ctx, d.ID, krbd.UnmapOptions{}); !ok || err != nil {
+	cfg := k.Config()
+	cfg.Poll, cfg.EBusyRetry = 20*time.Millisecond, time.Minute
+	cfg.Writer = writerFunc(func(path string, data []byte) error {
+		err := k.WriteControl(path, data)
+		if errors.Is(err, syscall.EBUSY) {
+			k.SetOpen(d.ID, false) // udev's probe closes the device
+		}
+		return err
+	})
+	if ok, err := krbd.New(cfg).Unmap(ctx, d.ID, krbd.UnmapOptions{}); !ok || err != nil {
 		t.Fatalf("Unmap after EBUSY = %v, %v", ok, err)
 	}
 	if busy := strings.Count(strings.Join(k.Writes(), "\n"), "remove_single_major: 0"); busy < 2 {

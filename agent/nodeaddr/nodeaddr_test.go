@@ -70,7 +70,7 @@ func TestWatchStopsWithContext(t *testing.T) {
 		if err != nil {
 			t.Fatalf("watch: %v", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("Watch did not stop after its context ended")
 	}
 }

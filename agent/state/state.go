@@ -78,13 +78,23 @@ type Mapping struct {
 type file struct {
 	Format   int       `json:"format"`
 	Mappings []Mapping `json:"mappings"`
+	// ClaimPools are the pools this node holds or has held claims in (the orphan sweep's
+	// list); an older agent ignores the field.
+	ClaimPools []Pool `json:"claim_pools,omitempty"`
+}
+
+// Pool is one pool of one cluster.
+type Pool struct {
+	Cluster string `json:"cluster"`
+	Pool    string `json:"pool"`
 }
 
 // Store is the persisted set of mappings. Safe for concurrent use.
 type Store struct {
-	path string
-	mu   sync.Mutex
-	m    map[Key]Mapping
+	path  string
+	mu    sync.Mutex
+	m     map[Key]Mapping
+	pools map[Pool]bool
 }
 
 // Open loads dir/mappings.json (creating dir when needed).
@@ -92,7 +102,7 @@ func Open(dir string) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("state: %w", err)
 	}
-	s := &Store{path: filepath.Join(dir, "mappings.json"), m: map[Key]Mapping{}}
+	s := &Store{path: filepath.Join(dir, "mappings.json"), m: map[Key]Mapping{}, pools: map[Pool]bool{}}
 	data, err := os.ReadFile(s.path)
 	if errors.Is(err, os.ErrNotExist) {
 		return s, nil
@@ -109,6 +119,9 @@ func Open(dir string) (*Store, error) {
 	}
 	for _, m := range f.Mappings {
 		s.m[m.Key] = m
+	}
+	for _, p := range f.ClaimPools {
+		s.pools[p] = true
 	}
 	return s, nil
 }
@@ -140,15 +153,37 @@ func (s *Store) Put(m Mapping) error {
 	defer s.mu.Unlock()
 	old, had := s.m[m.Key]
 	s.m[m.Key] = m
+	pool := Pool{Cluster: m.Cluster, Pool: m.Pool}
+	newPool := m.Claimed && !s.pools[pool]
+	if newPool {
+		s.pools[pool] = true
+	}
 	if err := s.save(); err != nil {
 		if had {
 			s.m[m.Key] = old
 		} else {
 			delete(s.m, m.Key)
 		}
+		if newPool {
+			delete(s.pools, pool)
+		}
 		return err
 	}
 	return nil
+}
+
+// ClaimPools returns the pools this node holds or has held claims in, sorted.
+func (s *Store) ClaimPools() []Pool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Pool, 0, len(s.pools))
+	for p := range s.pools {
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].Cluster < out[j].Cluster || (out[i].Cluster == out[j].Cluster && out[i].Pool < out[j].Pool)
+	})
+	return out
 }
 
 // Delete drops k and persists.
@@ -172,6 +207,12 @@ func (s *Store) save() error {
 	for _, m := range s.m {
 		f.Mappings = append(f.Mappings, m)
 	}
+	for p := range s.pools {
+		f.ClaimPools = append(f.ClaimPools, p)
+	}
+	sort.Slice(f.ClaimPools, func(i, j int) bool {
+		return f.ClaimPools[i].Cluster+"\x00"+f.ClaimPools[i].Pool < f.ClaimPools[j].Cluster+"\x00"+f.ClaimPools[j].Pool
+	})
 	sort.Slice(f.Mappings, func(i, j int) bool { return f.Mappings[i].Key.String() < f.Mappings[j].Key.String() })
 	data, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {

@@ -61,3 +61,29 @@ func TestFailedSaveKeepsMemoryConsistent(t *testing.T) {
 		t.Fatal("a failed Put must not stay in memory")
 	}
 }
+
+func TestClaimPoolsAreRemembered(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := Key{Cluster: "c", Pool: "rbd", Image: "a"}
+	if err := s.Put(Mapping{Key: k, Phase: Mapped, Claimed: true}); err != nil {
+		t.Fatal(err)
+	}
+	snap := Key{Cluster: "c", Pool: "snaps", Image: "b", Snap: "s1"}
+	if err := s.Put(Mapping{Key: snap, Phase: Mapped}); err != nil { // a snapshot map takes no claim
+		t.Fatal(err)
+	}
+	if err := s.Delete(k); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := again.ClaimPools(); len(got) != 1 || got[0] != (Pool{Cluster: "c", Pool: "rbd"}) {
+		t.Fatalf("claim pools after the mapping is gone and a reopen: %+v", got)
+	}
+}

@@ -115,8 +115,12 @@ func Image(t testing.TB, admin *rados.Conn, namespace string) string {
 // the kernel client and the agent's config take.
 func MonitorV1(t testing.TB) string {
 	t.Helper()
-	o := Options(t)
-	data, err := os.ReadFile(o.ConfFile)
+	return monitorV1Of(t, Options(t).ConfFile)
+}
+
+func monitorV1Of(t testing.TB, conf string) string {
+	t.Helper()
+	data, err := os.ReadFile(conf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,14 +135,19 @@ func MonitorV1(t testing.TB) string {
 			}
 		}
 	}
-	t.Fatalf("no msgr1 monitor address in %s", o.ConfFile)
+	t.Fatalf("no msgr1 monitor address in %s", conf)
 	return ""
 }
 
 // Secret returns the agent user's base64 key from its keyring.
 func Secret(t testing.TB) string {
 	t.Helper()
-	data, err := os.ReadFile(Options(t).Keyring)
+	return secretOf(t, Options(t).Keyring)
+}
+
+func secretOf(t testing.TB, keyring string) string {
+	t.Helper()
+	data, err := os.ReadFile(keyring)
 	if err != nil {
 		t.Fatal(err)
 	}

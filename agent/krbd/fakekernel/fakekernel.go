@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,6 +33,9 @@ type Options struct {
 	NoModule      bool   // start without /sys/bus/rbd (LoadModule creates it)
 	NoSingleMajor bool   // only add/remove (each device gets its own major)
 	FSID          string // cluster fsid (default a fixed UUID)
+	// MonitorFSIDs gives the fsid of the cluster behind a monitor string (the add string's
+	// first field), for a node that maps from several clusters; others get FSID.
+	MonitorFSIDs map[string]string
 	// UnreachableMonitor: an add naming only this monitor fails with ETIMEDOUT.
 	UnreachableMonitor string
 }
@@ -51,9 +55,9 @@ type Kernel struct {
 	mu        sync.Mutex
 	images    map[string]*image // "pool/ns/image"
 	pools     map[string]bool
-	users     map[string][]byte // user id -> decoded secret
-	keys      map[string][]byte // keyring: description -> payload
-	devices   map[int]string    // id -> config_info
+	users     map[string][][]byte // user id -> decoded secrets (one per cluster it exists in)
+	keys      map[string][]byte   // keyring: description -> payload
+	devices   map[int]string      // id -> config_info
 	open      map[int]bool
 	nextMajor int
 	clientSeq int
@@ -69,7 +73,7 @@ func New(dir string, o Options) (*Kernel, error) {
 		o.FSID = "a7f64266-0894-4f1e-a635-d0aeaca0e993"
 	}
 	k := &Kernel{Sysfs: filepath.Join(dir, "sys"), Dev: filepath.Join(dir, "dev"), opts: o,
-		images: map[string]*image{}, pools: map[string]bool{}, users: map[string][]byte{},
+		images: map[string]*image{}, pools: map[string]bool{}, users: map[string][][]byte{},
 		keys: map[string][]byte{}, devices: map[int]string{}, open: map[int]bool{},
 		nextMajor: 240, clientSeq: 4117, subs: map[*sub]bool{}}
 	for _, d := range []string{k.Sysfs, k.Dev, filepath.Join(k.Sysfs, "devices", "rbd")} {
@@ -83,6 +87,13 @@ func New(dir string, o Options) (*Kernel, error) {
 		}
 	}
 	return k, nil
+}
+
+func (k *Kernel) fsidOf(mons string) string {
+	if f, ok := k.opts.MonitorFSIDs[mons]; ok {
+		return f
+	}
+	return k.opts.FSID
 }
 
 func (k *Kernel) bus() string { return filepath.Join(k.Sysfs, "bus", "rbd") }
@@ -129,14 +140,15 @@ func (k *Kernel) AddImage(pool, ns, name string, size uint64, snaps ...string) {
 	k.images[pool+"/"+ns+"/"+name] = im
 }
 
-// AddUser lets cephx user id authenticate with secret (base64).
+// AddUser lets cephx user id authenticate with secret (base64); a user of the same name in
+// another cluster (another secret) may be added too.
 func (k *Kernel) AddUser(id, secret string) error {
 	b, err := krbd.DecodeSecret(secret)
 	if err != nil {
 		return err
 	}
 	k.mu.Lock()
-	k.users[id] = b
+	k.users[id] = append(k.users[id], b)
 	k.mu.Unlock()
 	return nil
 }
@@ -272,7 +284,7 @@ func (k *Kernel) add(s string, single bool) error {
 	if k.opts.UnreachableMonitor != "" && mons == k.opts.UnreachableMonitor {
 		return syscall.ETIMEDOUT
 	}
-	if want, ok := k.users[user]; !ok || !bytes.Equal(want, secret) {
+	if !slices.ContainsFunc(k.users[user], func(want []byte) bool { return bytes.Equal(want, secret) }) {
 		return syscall.EACCES
 	}
 	if !k.pools[pool] {
@@ -301,7 +313,7 @@ func (k *Kernel) add(s string, single bool) error {
 		"current_snap": snap, "snap_id": "18446744073709551614",
 		"client_id":    "client" + strconv.Itoa(k.clientSeq),
 		"client_addr":  fmt.Sprintf("203.0.113.11:0/%d", 100000+k.clientSeq),
-		"cluster_fsid": k.opts.FSID, "features": "0x3d",
+		"cluster_fsid": k.fsidOf(mons), "features": "0x3d",
 		"major": strconv.Itoa(major), "minor": strconv.Itoa(minor),
 		"size": strconv.FormatUint(im.size, 10), "config_info": s, "ro": strconv.FormatBool(ro),
 	}

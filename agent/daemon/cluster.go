@@ -1,0 +1,210 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/cephconn"
+	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
+	"github.com/rbd-owner/rbd-owner/agent/version"
+)
+
+// Connection is one cluster as the daemon uses it: the claim store's backend, the agent's
+// cephx secret (for the kernel's keyring) and how to close it.
+type Connection struct {
+	Backend claim.Backend
+	Secret  string
+	Close   func()
+}
+
+// connectRados is the default Options.Connect: the cluster's keyring and a RADOS connection.
+func connectRados(ctx context.Context, c config.Cluster) (Connection, error) {
+	secret, err := krbd.ReadKeyringFile(c.Keyring, "client."+c.User)
+	if err != nil {
+		return Connection{}, fmt.Errorf("keyring: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return Connection{}, err
+	}
+	conn, err := cephconn.Connect(cephconn.Options{User: c.User, Keyring: c.Keyring, Monitors: c.Monitors})
+	if err != nil {
+		return Connection{}, err
+	}
+	b, err := claim.NewRados(conn)
+	if err != nil {
+		conn.Shutdown()
+		return Connection{}, err
+	}
+	return Connection{Backend: b, Secret: secret, Close: conn.Shutdown}, nil
+}
+
+// cluster is one configured cluster: its connection and claim store, made on first use. No
+// lock is held across a cluster call: one caller connects while the others wait for that
+// attempt (or their own deadline), and status reads what is there without waiting.
+type cluster struct {
+	cfg config.Cluster
+	d   *Daemon
+
+	mu         sync.Mutex
+	conn       Connection
+	store      *claim.Store
+	lastTry    time.Time
+	lastErr    error
+	connecting chan struct{} // closed when the attempt in flight ends
+}
+
+// reconnectEvery limits how often a failed cluster connection is retried.
+const reconnectEvery = 5 * time.Second
+
+// claims returns the cluster's claim store, connecting when needed. It waits for a connection
+// attempt already in flight at most until ctx ends.
+func (c *cluster) claims(ctx context.Context) (*claim.Store, error) {
+	for {
+		c.mu.Lock()
+		if c.store != nil {
+			s := c.store
+			c.mu.Unlock()
+			return s, nil
+		}
+		if ch := c.connecting; ch != nil {
+			c.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, fmt.Errorf("cluster %s: %w: still connecting: %w", c.cfg.ID, cephconn.ErrUnavailable, ctx.Err())
+			}
+		}
+		if c.lastErr != nil && time.Since(c.lastTry) < reconnectEvery {
+			err := c.lastErr
+			c.mu.Unlock()
+			return nil, fmt.Errorf("cluster %s: %w", c.cfg.ID, err)
+		}
+		ch := make(chan struct{})
+		c.connecting, c.lastTry = ch, time.Now()
+		c.mu.Unlock()
+
+		store, conn, err := c.connect(ctx)
+
+		c.mu.Lock()
+		c.connecting, c.lastErr = nil, err
+		if err == nil {
+			c.store, c.conn = store, conn
+		}
+		close(ch)
+		c.mu.Unlock()
+		if err != nil {
+			return nil, fmt.Errorf("cluster %s: %w", c.cfg.ID, err)
+		}
+		return store, nil
+	}
+}
+
+// connect opens the cluster; it holds no lock.
+func (c *cluster) connect(ctx context.Context) (*claim.Store, Connection, error) {
+	connect := c.d.opts.Connect
+	if connect == nil {
+		connect = connectRados
+	}
+	conn, err := connect(ctx, c.cfg)
+	if err != nil {
+		return nil, Connection{}, err
+	}
+	hostname, err := os.Hostname()
+	if err != nil {
+		c.d.log.WithError(err).Warn("hostname unknown; claim records will show none")
+	}
+	store, err := claim.NewStoreOn(conn.Backend, claim.Config{
+		Node: claim.Node{
+			ID: c.d.cfg.NodeID, Hostname: hostname, AgentVersion: version.Version,
+			Addr: func() string {
+				a, err := c.d.addrs.SourceFor(c.cfg.Monitors)
+				if err != nil {
+					c.d.log.WithError(err).Warn("node address unknown")
+				}
+				return a
+			},
+		},
+		Lease:       c.d.cfg.LeaseDuration.D(),
+		FenceExpiry: c.d.cfg.FenceExpiry.D(),
+		Now:         c.d.opts.Now,
+	})
+	if err != nil {
+		if conn.Close != nil {
+			conn.Close()
+		}
+		return nil, Connection{}, err
+	}
+	return store, conn, nil
+}
+
+// connected returns the store and connection if the cluster is connected, without waiting.
+func (c *cluster) connected() (*claim.Store, Connection, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.store, c.conn, c.store != nil
+}
+
+// secret is the agent's cephx secret for this cluster ("" before the first connection).
+func (c *cluster) secret() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.conn.Secret
+}
+
+func (c *cluster) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.store != nil && c.conn.Close != nil {
+		c.conn.Close()
+	}
+	c.conn, c.store = Connection{}, nil
+}
+
+// connectAll connects every cluster in the background, retrying until it works, so that a
+// wrong monitor address or keyring shows in status and the journal at start, not at the
+// first map.
+func (d *Daemon) connectAll(ctx context.Context) {
+	for _, c := range d.clusters {
+		d.bg.Add(1)
+		go func() {
+			defer d.bg.Done()
+			logged := false
+			for {
+				cctx, cancel := context.WithTimeout(ctx, 2*cephconn.DefaultTimeout)
+				_, err := c.claims(cctx)
+				cancel()
+				if err == nil {
+					if logged {
+						d.log.WithField("cluster", c.cfg.ID).Info("connected to the cluster")
+					}
+					return
+				}
+				if !logged {
+					d.log.WithError(err).WithField("cluster", c.cfg.ID).Error("cannot reach the cluster; retrying")
+					logged = true
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(reconnectEvery):
+				}
+			}
+		}()
+	}
+}
+
+// clusterByFSID finds a connected cluster by fsid, without connecting.
+func (d *Daemon) clusterByFSID(fsid string) *cluster {
+	for _, c := range d.clusters {
+		if s, _, ok := c.connected(); ok && s.FSID() == fsid {
+			return c
+		}
+	}
+	return nil
+}

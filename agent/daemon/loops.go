@@ -1,0 +1,232 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/audit"
+	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/devwatch"
+	"github.com/rbd-owner/rbd-owner/agent/fault"
+	"github.com/rbd-owner/rbd-owner/agent/state"
+)
+
+// The agent's loops. Each only decides and hands the work to goroutines it does not wait on,
+// so none of them is ever held up by a cluster, the kernel or an API call, and each beats once
+// a second: the systemd watchdog is pinged only while every loop beats ("the agent's loops are
+// alive"). A slow or stalled cluster shows in status and the journal; it does not stop a loop.
+//
+//	main        device events (and restarting the device watcher), status for systemd
+//	reconcile   every renew interval: persisted state against the kernel's devices
+//	renew <id>  one per cluster: every renew interval a round of lease renewals, concurrent
+//	            within renewConcurrency, each bounded by the renew interval
+
+// renewConcurrency bounds the renewals of one cluster in flight at once.
+const renewConcurrency = 8
+
+// beat records that the loop named name is alive.
+func (d *Daemon) beat(name string) {
+	d.mu.Lock()
+	d.beats[name] = time.Now()
+	d.mu.Unlock()
+}
+
+// stalest returns the loop that beat longest ago, and how long ago.
+func (d *Daemon) stalest() (string, time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	names := make([]string, 0, len(d.beats))
+	for n := range d.beats {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	worst, age := "", time.Duration(0)
+	for _, n := range names {
+		if a := time.Since(d.beats[n]); a > age || worst == "" {
+			worst, age = n, a
+		}
+	}
+	return worst, age
+}
+
+// mainLoop follows device events and feeds systemd's status. It owns watcher.
+func (d *Daemon) mainLoop(ctx context.Context, watcher *devwatch.Watcher) {
+	defer func() {
+		if err := watcher.Close(); err != nil {
+			d.log.WithError(err).Warn("device watcher did not close cleanly")
+		}
+	}()
+	beat := time.NewTicker(d.beatEvery)
+	defer beat.Stop()
+	events := watcher.Events()
+	for n := 0; ; n++ {
+		d.beat("main")
+		select {
+		case <-ctx.Done():
+			return
+		case <-beat.C:
+			if events == nil && n%5 == 0 { // the watcher died: start a new one (it resyncs from sysfs)
+				if w, err := devwatch.Start(ctx, d.watchConfig()); err == nil {
+					if err := watcher.Close(); err != nil {
+						d.log.WithError(err).Warn("the old device watcher did not close cleanly")
+					}
+					watcher, events = w, w.Events()
+					d.log.Info("device watcher restarted")
+				} else {
+					d.log.WithError(err).Error("device watcher restart failed")
+				}
+			}
+			if n%10 == 0 {
+				d.notify(d.statusLine())
+			}
+		case ev, ok := <-events:
+			if !ok {
+				d.log.Error("device watcher stopped; restarting it")
+				events = nil
+				continue
+			}
+			d.deviceEvent(ctx, ev)
+		}
+	}
+}
+
+// reconcileLoop compares the persisted state with the kernel every renew interval.
+func (d *Daemon) reconcileLoop(ctx context.Context) {
+	tick := time.NewTicker(d.cfg.RenewInterval.D())
+	defer tick.Stop()
+	beat := time.NewTicker(d.beatEvery)
+	defer beat.Stop()
+	for {
+		d.beat("reconcile")
+		select {
+		case <-ctx.Done():
+			return
+		case <-beat.C:
+		case <-tick.C:
+			d.reconcile(ctx)
+		}
+	}
+}
+
+// renewLoop renews the leases held on one cluster: a round every renew interval, started at
+// once. A round still running at the next tick (a cluster that does not answer) is not
+// joined by another: its renewals are bounded by the renew interval and report themselves.
+func (d *Daemon) renewLoop(ctx context.Context, cl *cluster) {
+	name := "renew " + cl.cfg.ID
+	tick := time.NewTicker(d.cfg.RenewInterval.D())
+	defer tick.Stop()
+	beat := time.NewTicker(d.beatEvery)
+	defer beat.Stop()
+	var round sync.WaitGroup
+	defer round.Wait()
+	busy := make(chan struct{}, 1)
+	var since time.Time // when the round in flight started (only this goroutine touches it)
+	start := func() {
+		select {
+		case busy <- struct{}{}:
+			since = time.Now()
+		default:
+			// the cluster has not answered the last round yet: say so where people look
+			msg := fmt.Sprintf("lease not renewed: cluster %s has not answered the renewals started %s ago", cl.cfg.ID, time.Since(since).Round(time.Second))
+			d.log.WithField("cluster", cl.cfg.ID).Warn("the previous round of lease renewals is still waiting for the cluster; skipping this one")
+			for _, m := range d.state.All() {
+				if m.Cluster == cl.cfg.ID && m.Claimed && (m.Phase == state.Mapped || m.Phase == state.Claimed) {
+					d.setProblem(m.Key, msg)
+				}
+			}
+			return
+		}
+		round.Add(1)
+		go func() {
+			defer round.Done()
+			defer func() { <-busy }()
+			d.renewRound(ctx, cl)
+		}()
+	}
+	start()
+	for {
+		d.beat(name)
+		select {
+		case <-ctx.Done():
+			return
+		case <-beat.C:
+		case <-tick.C:
+			start()
+		}
+	}
+}
+
+// renewRound renews every claim this node holds on cl, concurrently within renewConcurrency,
+// each bounded by the renew interval.
+func (d *Daemon) renewRound(ctx context.Context, cl *cluster) {
+	var ms []state.Mapping
+	for _, m := range d.state.All() {
+		if m.Cluster == cl.cfg.ID && m.Claimed && (m.Phase == state.Mapped || m.Phase == state.Claimed) {
+			ms = append(ms, m)
+		}
+	}
+	if len(ms) == 0 {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
+	store, err := cl.claims(cctx)
+	cancel()
+	if err != nil {
+		for _, m := range ms {
+			d.setProblem(m.Key, "lease not renewed: "+err.Error())
+		}
+		return
+	}
+	sem := make(chan struct{}, renewConcurrency)
+	var wg sync.WaitGroup
+	for _, m := range ms {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			d.renewOne(ctx, cl, store, m)
+		}()
+	}
+	wg.Wait()
+}
+
+// renewOne renews one claim. A claim that cannot be renewed any more is reported (status,
+// journal at error priority) and its device left alone: unmapping a file system in use is
+// never the agent's call.
+func (d *Daemon) renewOne(ctx context.Context, cl *cluster, store *claim.Store, m state.Mapping) {
+	rctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
+	_, err := store.Renew(rctx, claim.Image{Pool: m.Pool, Namespace: m.Namespace, Name: m.Image}, m.Epoch)
+	cancel()
+	switch {
+	case err == nil:
+		d.renewed.Add(1)
+		if p := d.problem(m.Key); p != "" {
+			d.setProblem(m.Key, "")
+		}
+	case errors.Is(err, claim.ErrFenced):
+		if cur, ok := d.state.Get(m.Key); !ok || cur.Epoch != m.Epoch || cur.Phase != m.Phase {
+			return // unmapped or changed while the renewal ran: not a lost claim
+		}
+		if !d.isLost(m.Key) {
+			d.audit.Record(audit.Entry{Event: audit.Renew, Result: audit.Failed, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace,
+				Image: m.Image, Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, Error: true,
+				Message: fmt.Sprintf("claim on %s is lost, device %s left in place: %v", m.Key, m.Device, err)})
+		}
+		d.setLost(m.Key, err.Error())
+		d.keepFenced(ctx, cl, m, err)
+	default:
+		msg := "lease not renewed: " + err.Error()
+		if fault.Is(err, fault.Timeout) || fault.Is(err, fault.Unavailable) {
+			msg = fmt.Sprintf("lease not renewed: cluster %s did not answer within %s: %v", cl.cfg.ID, d.cfg.RenewInterval.D(), err)
+		}
+		if d.problem(m.Key) != msg {
+			d.log.WithError(err).WithField("image", m.Key.String()).Warn("lease not renewed")
+		}
+		d.setProblem(m.Key, msg)
+	}
+}

@@ -1,0 +1,146 @@
+package daemon
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ceph/go-ceph/rados"
+	"github.com/sirupsen/logrus"
+
+	"github.com/rbd-owner/rbd-owner/agent/api"
+	"github.com/rbd-owner/rbd-owner/agent/audit"
+	"github.com/rbd-owner/rbd-owner/agent/cephconn"
+	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/internal/cephtest"
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
+	"github.com/rbd-owner/rbd-owner/agent/krbd/fakekernel"
+	"github.com/rbd-owner/rbd-owner/agent/peercred"
+)
+
+// TestPausedOSDDoesNotStopTheOtherClustersRenewals runs the agent against two real clusters,
+// the shared test cluster and one of the test's own, and pauses the private cluster's OSD: while
+// a renewal on it is blocked, the shared cluster's claim keeps being renewed (its renewed_at
+// moves in RADOS), the watchdog keeps being fed, and status names the paused cluster.
+func TestPausedOSDDoesNotStopTheOtherClustersRenewals(t *testing.T) {
+	priv := cephtest.StartPrivate(t)
+	privAdmin, err := cephconn.Connect(priv.Admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(privAdmin.Shutdown) // after the image's own cleanup, which uses it
+	privFSID, err := privAdmin.GetFSID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := cephtest.Options(t)
+	sharedMon := cephtest.MonitorV1(t)
+	k, err := fakekernel.New(t.TempDir(), fakekernel.Options{FSID: clusterFSID(t), MonitorFSIDs: map[string]string{priv.Monitor: privFSID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{cephtest.Secret(t), priv.Secret} {
+		if err := k.AddUser(shared.User, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k.AddPool(cephtest.Pool)
+	fastImg := cephtest.Image(t, cephtest.AdminConn(t), "")
+	slowImg := privateImage(t, privAdmin)
+	k.AddImage(cephtest.Pool, "", fastImg, 16<<20)
+	k.AddImage(cephtest.Pool, "", slowImg, 16<<20)
+
+	dir := t.TempDir()
+	cfg := &config.Config{
+		NodeID: "node-p", Socket: filepath.Join(dir, "s.sock"), StateDir: t.TempDir(),
+		Clusters: []config.Cluster{
+			{ID: "shared", Monitors: []string{sharedMon}, User: shared.User, Keyring: shared.Keyring},
+			{ID: "paused", Monitors: []string{priv.Monitor}, User: priv.Options.User, Keyring: priv.Options.Keyring},
+		},
+		LeaseDuration: config.Duration(30 * time.Second), RenewInterval: config.Duration(300 * time.Millisecond),
+		TakeoverPolicy: config.TakeoverManual, FenceExpiry: config.Duration(time.Hour),
+		MapTimeout: config.Duration(20 * time.Second), MountTimeout: config.Duration(10 * time.Second),
+	}
+	log := logrus.New()
+	log.SetLevel(logrus.ErrorLevel)
+	var mu sync.Mutex
+	var notes []string
+	count := func(prefix string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		c := 0
+		for _, s := range notes {
+			if strings.HasPrefix(s, prefix) {
+				c++
+			}
+		}
+		return c
+	}
+	kc := k.Config()
+	kc.Poll = 10 * time.Millisecond
+	d, err := New(Options{Config: cfg, Log: log, Audit: audit.NewWithSink(log, func(audit.Entry) {}), Kernel: krbd.New(kc),
+		Peers: &peercred.Policy{AdminGroup: -1, CSIGroup: -1}, Watchdog: 2 * time.Second,
+		Notify: func(s string) { mu.Lock(); notes = append(notes, s); mu.Unlock() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() {
+		priv.ResumeOSD(t) // let the blocked calls end, then stop
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Error(err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Error("daemon did not stop")
+		}
+	}()
+	waitFor(t, "READY=1", func() bool { return count("READY=1") > 0 })
+	for _, r := range []api.MapRequest{
+		{Cluster: "shared", Pool: cephtest.Pool, Image: fastImg, Requester: "test"},
+		{Cluster: "paused", Pool: cephtest.Pool, Image: slowImg, Requester: "test"},
+	} {
+		if _, err := d.Map(context.Background(), r, nil); err != nil {
+			t.Fatalf("map %s on %s: %v", r.Image, r.Cluster, err)
+		}
+	}
+	observer := claimStore(t)
+	renewedAt := func() time.Time {
+		rec, err := observer.Inspect(context.Background(), claim.Image{Pool: cephtest.Pool, Name: fastImg})
+		if err != nil || rec.Holder("node-p") == nil {
+			return time.Time{}
+		}
+		return rec.Holder("node-p").RenewedAt
+	}
+
+	priv.PauseOSD(t)
+	// causality: a renewal on the paused cluster has started and not ended
+	waitFor(t, "a renewal blocked on the paused OSD", func() bool {
+		for _, p := range d.Status().Problems {
+			if strings.Contains(p, "paused:rbd/"+slowImg) && strings.Contains(p, "cluster paused") {
+				return true
+			}
+		}
+		return false
+	})
+	p0 := count("WATCHDOG=1")
+	for range 2 {
+		prev := renewedAt()
+		waitFor(t, "a renewal of the shared cluster's claim in RADOS", func() bool { return renewedAt().After(prev) })
+	}
+	waitFor(t, "2 watchdog pings", func() bool { return count("WATCHDOG=1") >= p0+2 })
+}
+
+// privateImage creates an image in a private cluster (removed with the cluster).
+func privateImage(t *testing.T, admin *rados.Conn) string {
+	t.Helper()
+	return cephtest.Image(t, admin, "")
+}

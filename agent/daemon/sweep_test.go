@@ -1,0 +1,80 @@
+package daemon
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/api"
+	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/state"
+)
+
+// TestOrphanSweep: the free claim of a deleted image is removed; a held one, a live image's and
+// one taken between the check and the delete are not.
+func TestOrphanSweep(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000003")
+	n := startMemDaemon(t, c)
+	defer n.stop(t)
+	bg := context.Background()
+	for _, name := range []string{"gone", "kept", "held", "raced"} {
+		n.mapImage(t, c, name)
+	}
+	for _, name := range []string{"gone", "kept", "raced"} {
+		if _, err := n.d.Unmap(bg, api.UnmapRequest{Cluster: "c1", Pool: "rbd", Image: name}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	img := func(name string) claim.Image { return claim.Image{Pool: "rbd", Name: name} }
+	c.m.RemoveImage(img("gone"))
+	c.m.RemoveImage(img("held")) // (a mapped image cannot really be removed; its claim must stay anyway)
+	c.m.RemoveImage(img("raced"))
+	// "raced": recreated and claimed by another node between the sweep's check and its delete
+	other, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hook := func(ctx context.Context, call string, im claim.Image) error {
+		if call == "imageid" && im == img("raced") {
+			c.m.SetHook(nil)
+			c.m.AddImage(img("raced"), "id-raced-2")
+			if _, err := other.Acquire(ctx, claim.Request{Image: img("raced")}); err != nil {
+				t.Errorf("the racing acquire: %v", err)
+			}
+		}
+		return nil
+	}
+	c.m.SetHook(hook)
+	if got := n.d.state.ClaimPools(); len(got) != 1 || got[0] != (state.Pool{Cluster: "c1", Pool: "rbd"}) {
+		t.Fatalf("claim pools %+v", got)
+	}
+	removed, err := n.d.sweepPool(bg, state.Pool{Cluster: "c1", Pool: "rbd"})
+	if err != nil || removed != 1 {
+		t.Fatalf("sweep removed %d (%v), want 1", removed, err)
+	}
+	for name, want := range map[string]bool{"gone": false, "kept": true, "held": true, "raced": true} {
+		if _, v, _ := c.m.Read(bg, img(name)); (v != 0) != want {
+			t.Errorf("%s: record present %v, want %v", name, v != 0, want)
+		}
+	}
+	if rec, err := other.Inspect(bg, img("raced")); err != nil || rec.Holder("node-x") == nil {
+		t.Errorf("the claim taken meanwhile: %+v %v", rec, err)
+	}
+}
+
+// TestOrphanSweepRunsByItself: with the sweep on, a deleted image's free claim disappears
+// without anyone asking.
+func TestOrphanSweepRunsByItself(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000004")
+	n := startMemDaemonWith(t, func(o *Options) { o.Config.OrphanSweepInterval = config.Duration(200 * time.Millisecond) }, c)
+	defer n.stop(t)
+	n.mapImage(t, c, "gone")
+	if _, err := n.d.Unmap(context.Background(), api.UnmapRequest{Cluster: "c1", Pool: "rbd", Image: "gone"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	c.m.RemoveImage(claim.Image{Pool: "rbd", Name: "gone"})
+	waitFor(t, "the sweep to remove the orphaned claim", func() bool {
+		return c.m.Version(claim.Image{Pool: "rbd", Name: "gone"}) == 0
+	})
+}
