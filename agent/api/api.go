@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/fault"
+	"github.com/rbd-owner/rbd-owner/agent/image"
 )
 
 // Paths of the v1 calls.
@@ -49,6 +50,11 @@ type MapRequest struct {
 	Takeover bool `json:"takeover,omitempty"`
 }
 
+// Ref is the image the request names (the wire fields, converted here and nowhere else).
+func (r MapRequest) Ref() image.Ref {
+	return image.Ref{Pool: r.Pool, Namespace: r.Namespace, Image: r.Image, Snap: r.Snapshot}
+}
+
 // MapResponse is the answer to a successful map.
 type MapResponse struct {
 	Device        string `json:"device"`
@@ -68,6 +74,11 @@ type UnmapRequest struct {
 	Force     bool   `json:"force,omitempty"`
 }
 
+// Ref is the image the request names (empty when it names a device).
+func (r UnmapRequest) Ref() image.Ref {
+	return image.Ref{Pool: r.Pool, Namespace: r.Namespace, Image: r.Image, Snap: r.Snapshot}
+}
+
 // UnmapResponse says whether something was unmapped (false: it was not mapped).
 type UnmapResponse struct {
 	Unmapped bool `json:"unmapped"`
@@ -80,6 +91,11 @@ type ImageRequest struct {
 	Namespace string `json:"namespace,omitempty"`
 	Image     string `json:"image"`
 	Force     bool   `json:"force,omitempty"`
+}
+
+// Ref is the image the request names.
+func (r ImageRequest) Ref() image.Ref {
+	return image.Ref{Pool: r.Pool, Namespace: r.Namespace, Image: r.Image}
 }
 
 // FenceResponse says which mapping address was blocklisted, and until when.

@@ -35,9 +35,9 @@ func TestAcquireWritesARecordRadosCanRead(t *testing.T) {
 			defer io.Destroy()
 			io.SetNamespace(ns)
 			buf := make([]byte, 8192)
-			n, err := io.Read(ObjectPrefix+img.Name, buf, 0)
+			n, err := io.Read(ObjectPrefix+img.Image, buf, 0)
 			if err != nil {
-				t.Fatalf("read %s%s: %v", ObjectPrefix, img.Name, err)
+				t.Fatalf("read %s%s: %v", ObjectPrefix, img.Image, err)
 			}
 			var raw map[string]any
 			if err := json.Unmarshal(buf[:n], &raw); err != nil {
@@ -54,7 +54,7 @@ func TestAcquireWritesARecordRadosCanRead(t *testing.T) {
 					t.Errorf("holder lacks %q: %s", k, buf[:n])
 				}
 			}
-			if raw["cluster_fsid"] != a.FSID() || raw["image"] != img.Name || raw["namespace"] != ns || h["node_id"] != "node-a" {
+			if raw["cluster_fsid"] != a.FSID() || raw["image"] != img.Image || raw["namespace"] != ns || h["node_id"] != "node-a" {
 				t.Errorf("record has wrong values: %s", buf[:n])
 			}
 			if raw["image_id"] == "" {
@@ -189,9 +189,9 @@ func TestSetMappingAndRelease(t *testing.T) {
 func TestMissingImagePoolAndClaim(t *testing.T) {
 	a := newNode(t, "node-a", nil)
 	for _, img := range []Image{
-		{Pool: cephtest.Pool, Name: "no-such-image"},
-		{Pool: cephtest.Pool, Namespace: "no-such-ns", Name: "x"},
-		{Pool: "no-such-pool", Name: "x"},
+		{Pool: cephtest.Pool, Image: "no-such-image"},
+		{Pool: cephtest.Pool, Namespace: "no-such-ns", Image: "x"},
+		{Pool: "no-such-pool", Image: "x"},
 	} {
 		if _, err := a.Acquire(ctx(t), Request{Image: img}); !errors.Is(err, ErrNotFound) {
 			t.Errorf("acquire %s: want ErrNotFound, got %v", img, err)
@@ -201,7 +201,7 @@ func TestMissingImagePoolAndClaim(t *testing.T) {
 	if _, err := a.Inspect(ctx(t), img); !errors.Is(err, ErrNoClaim) {
 		t.Errorf("inspect unclaimed: want ErrNoClaim, got %v", err)
 	}
-	for _, bad := range []Image{{Pool: "", Name: "x"}, {Pool: "rbd", Name: ""}, {Pool: "rbd", Name: "a/b"}, {Pool: "rbd", Name: "a@s"}} {
+	for _, bad := range []Image{{Pool: "", Image: "x"}, {Pool: "rbd", Image: ""}, {Pool: "rbd", Image: "a/b"}, {Pool: "rbd", Image: "a@s"}} {
 		if _, err := a.Acquire(ctx(t), Request{Image: bad}); !errors.Is(err, ErrInvalid) {
 			t.Errorf("acquire %+v: want ErrInvalid, got %v", bad, err)
 		}
@@ -220,7 +220,7 @@ func TestWatcherNotExplainedByClaimIsRefused(t *testing.T) {
 	}
 	defer io.Destroy()
 	// a read-write open registers a watch, as `rbd map` behind the agent's back would
-	im, err := rbd.OpenImage(io, img.Name, rbd.NoSnapshot)
+	im, err := rbd.OpenImage(io, img.Image, rbd.NoSnapshot)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func TestWatcherNotExplainedByClaimIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	im, err = rbd.OpenImage(io, img.Name, rbd.NoSnapshot)
+	im, err = rbd.OpenImage(io, img.Image, rbd.NoSnapshot)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -438,7 +438,7 @@ func TestListAndOrphans(t *testing.T) {
 	}
 	found := map[string]bool{}
 	for _, r := range recs {
-		found[r.Image.String()] = true
+		found[r.Ref.String()] = true
 	}
 	if !found[keep.String()] || !found[gone.String()] {
 		t.Fatalf("list lacks a claim (both namespaces): %v", found)
@@ -448,7 +448,7 @@ func TestListAndOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer io.Destroy()
-	if err := rbd.RemoveImage(io, gone.Name); err != nil {
+	if err := rbd.RemoveImage(io, gone.Image); err != nil {
 		t.Fatal(err)
 	}
 	orphans, err := a.Orphans(ctx(t), cephtest.Pool)
@@ -457,7 +457,7 @@ func TestListAndOrphans(t *testing.T) {
 	}
 	isOrphan := map[string]bool{}
 	for _, r := range orphans {
-		isOrphan[r.Image.String()] = true
+		isOrphan[r.Ref.String()] = true
 	}
 	if !isOrphan[gone.String()] || isOrphan[keep.String()] {
 		t.Fatalf("orphans = %v, want %s and not %s", isOrphan, gone, keep)
@@ -489,12 +489,12 @@ func TestRecreatedImageStartsFreeButKeepsEpoch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer io.Destroy()
-	if err := rbd.RemoveImage(io, img.Name); err != nil {
+	if err := rbd.RemoveImage(io, img.Image); err != nil {
 		t.Fatal(err)
 	}
 	opts := rbd.NewRbdImageOptions()
 	defer opts.Destroy()
-	if err := rbd.CreateImage(io, img.Name, 1<<20, opts); err != nil {
+	if err := rbd.CreateImage(io, img.Image, 1<<20, opts); err != nil {
 		t.Fatal(err)
 	}
 	got, err := b.Acquire(ctx(t), Request{Image: img})

@@ -66,7 +66,7 @@ func (in acquireInput) refresh(h *Holder) {
 //   - watchers that no kept holder explains (a mapping made outside rbd-owner): refuse, busy.
 func decideAcquire(cur *Record, in acquireInput) (acquirePlan, error) {
 	if cur == nil {
-		cur = &Record{Format: FormatVersion, Image: in.Image}
+		cur = &Record{Format: FormatVersion, Ref: in.Image}
 	} else {
 		cur = cur.clone()
 	}

@@ -13,19 +13,19 @@ func holder(node string, epoch uint64, renewed time.Time, addr string) Holder {
 }
 
 func input(self string, now time.Time) acquireInput {
-	return acquireInput{Self: self, FSID: "fsid-1", Image: Image{Pool: "rbd", Name: "img"}, Access: RWO, Info: imageInfo{ID: "id1"},
+	return acquireInput{Self: self, FSID: "fsid-1", Image: Image{Pool: "rbd", Image: "img"}, Access: RWO, Info: imageInfo{ID: "id1"},
 		Now: now, Me: Holder{Hostname: self + ".example", LeaseSeconds: 15, AgentVersion: "t"}, Fenced: map[string]bool{}}
 }
 
 // TestDecideAcquire: the ownership decision over records and clocks, without a cluster.
 func TestDecideAcquire(t *testing.T) {
-	img := Image{Pool: "rbd", Name: "img"}
+	img := Image{Pool: "rbd", Image: "img"}
 	heldBy := func(hs ...Holder) *Record {
 		var e uint64
 		for _, h := range hs {
 			e = max(e, h.Epoch)
 		}
-		return &Record{Format: FormatVersion, Image: img, ImageID: "id1", Access: RWO, Epoch: e, Holders: hs}
+		return &Record{Format: FormatVersion, Ref: img, ImageID: "id1", Access: RWO, Epoch: e, Holders: hs}
 	}
 	live := holder("node-a", 4, t0, "10.0.0.1:0/1")
 	expired := holder("node-a", 4, t0.Add(-16*time.Second), "10.0.0.1:0/1")
@@ -40,7 +40,7 @@ func TestDecideAcquire(t *testing.T) {
 		holdersN int
 	}{
 		{name: "no record: first claim at epoch 1", cur: nil, epoch: 1, holdersN: 1},
-		{name: "free record keeps counting epochs", cur: &Record{Format: FormatVersion, Image: img, ImageID: "id1", Epoch: 7}, epoch: 8, holdersN: 1},
+		{name: "free record keeps counting epochs", cur: &Record{Format: FormatVersion, Ref: img, ImageID: "id1", Epoch: 7}, epoch: 8, holdersN: 1},
 		{name: "live holder: refused", cur: heldBy(live), wantErr: ErrClaimedElsewhere},
 		{name: "live holder with takeover: refused", cur: heldBy(live), in: func(i acquireInput) acquireInput { i.Takeover = true; return i }, wantErr: ErrClaimedElsewhere},
 		{name: "expired holder without takeover: refused", cur: heldBy(expired), wantErr: ErrClaimedElsewhere},
@@ -121,8 +121,8 @@ func TestDecideAcquire(t *testing.T) {
 
 // TestDecideMine: only the holder at its epoch, unfenced, may renew or record its mapping.
 func TestDecideMine(t *testing.T) {
-	img := Image{Pool: "rbd", Name: "img"}
-	rec := &Record{Image: img, Epoch: 5, Holders: []Holder{holder("node-a", 5, t0, "a")}}
+	img := Image{Pool: "rbd", Image: "img"}
+	rec := &Record{Ref: img, Epoch: 5, Holders: []Holder{holder("node-a", 5, t0, "a")}}
 	if h, err := decideMine(img, rec, "node-a", 5); err != nil || h.NodeID != "node-a" {
 		t.Fatalf("holder at its epoch: %v %v", h, err)
 	}

@@ -72,7 +72,7 @@ func testImage(t testing.TB, namespace string) Image {
 	t.Helper()
 	admin := cephtest.AdminConn(t)
 	name := cephtest.Image(t, admin, namespace)
-	return Image{Pool: cephtest.Pool, Namespace: namespace, Name: name}
+	return Image{Pool: cephtest.Pool, Namespace: namespace, Image: name}
 }
 
 func ctx(t testing.TB) context.Context {

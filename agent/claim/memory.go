@@ -49,7 +49,7 @@ func NewMemory(fsid string) *Memory {
 func (m *Memory) AddImage(img Image, id string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.images[Image{Pool: img.Pool, Namespace: img.Namespace, Name: img.Name}] = memImage{id: id}
+	m.images[Image{Pool: img.Pool, Namespace: img.Namespace, Image: img.Image}] = memImage{id: id}
 	m.pools[img.Pool] = true
 }
 

@@ -24,7 +24,7 @@ func memNode(t *testing.T, m *Memory, id string, clk *clock) *Store {
 func TestMemoryVersionSemantics(t *testing.T) {
 	ctx := context.Background()
 	m := NewMemory("fsid")
-	img := Image{Pool: "rbd", Name: "x"}
+	img := Image{Pool: "rbd", Image: "x"}
 	m.AddImage(img, "id1")
 	if err := m.CompareAndWrite(ctx, img, 0, []byte("a")); err != nil {
 		t.Fatal(err)
@@ -59,7 +59,7 @@ func TestMemoryVersionSemantics(t *testing.T) {
 func TestMemoryRaceExactlyOneOwner(t *testing.T) {
 	m := NewMemory("fsid")
 	clk := newClock()
-	img := Image{Pool: "rbd", Name: "race"}
+	img := Image{Pool: "rbd", Image: "race"}
 	m.AddImage(img, "id1")
 	stores := make([]*Store, 16)
 	for i := range stores {
@@ -121,7 +121,7 @@ func TestMemoryRaceExactlyOneOwner(t *testing.T) {
 func TestMemoryTakeoverOnlyAfterExpiryAndFencesFirst(t *testing.T) {
 	ctx := context.Background()
 	m := NewMemory("fsid")
-	img := Image{Pool: "rbd", Name: "t"}
+	img := Image{Pool: "rbd", Image: "t"}
 	m.AddImage(img, "id1")
 	clkA, clkB := newClock(), newClock()
 	a, b := memNode(t, m, "node-a", clkA), memNode(t, m, "node-b", clkB)
@@ -167,7 +167,7 @@ func TestMemoryTakeoverOnlyAfterExpiryAndFencesFirst(t *testing.T) {
 func TestMemoryStalledCluster(t *testing.T) {
 	m := NewMemory("fsid")
 	clk := newClock()
-	slow, fast := Image{Pool: "rbd", Name: "slow"}, Image{Pool: "rbd", Name: "fast"}
+	slow, fast := Image{Pool: "rbd", Image: "slow"}, Image{Pool: "rbd", Image: "fast"}
 	m.AddImage(slow, "id1")
 	m.AddImage(fast, "id2")
 	s := memNode(t, m, "node-a", clk)

@@ -37,7 +37,7 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 	if access == ROX {
 		req.ReadOnly = true
 	}
-	if err := req.Image.validate(); err != nil {
+	if err := validateImage(req.Image); err != nil {
 		return nil, fmt.Errorf("acquire %s: %w: %w", req.Image, ErrInvalid, err)
 	}
 	info, err := s.inspectImage(ctx, req.Image)
@@ -188,7 +188,7 @@ func (s *Store) Release(ctx context.Context, img Image, epoch uint64) (bool, err
 
 // Inspect reads the image's claim record; ErrNoClaim when it has none.
 func (s *Store) Inspect(ctx context.Context, img Image) (*Record, error) {
-	if err := img.validate(); err != nil {
+	if err := validateImage(img); err != nil {
 		return nil, fmt.Errorf("inspect %s: %w: %w", img, ErrInvalid, err)
 	}
 	if err := ctx.Err(); err != nil {
@@ -305,7 +305,7 @@ func (s *Store) Orphans(ctx context.Context, pool string) ([]Record, error) {
 }
 
 func (s *Store) isOrphan(ctx context.Context, r Record) (bool, error) {
-	ok, err := s.imageExists(ctx, r.Image, r.ImageID)
+	ok, err := s.imageExists(ctx, r.Ref, r.ImageID)
 	return !ok, err
 }
 
@@ -322,7 +322,7 @@ func (s *Store) SweepOrphan(ctx context.Context, img Image) (bool, error) {
 }
 
 func (s *Store) removeOrphan(ctx context.Context, img Image, onlyFree bool) (bool, error) {
-	if err := img.validate(); err != nil {
+	if err := validateImage(img); err != nil {
 		return false, fmt.Errorf("remove orphan %s: %w: %w", img, ErrInvalid, err)
 	}
 	for attempt := 0; attempt < maxAttempts; attempt++ {

@@ -60,7 +60,7 @@ func (r *Rados) Read(ctx context.Context, img Image) ([]byte, uint64, error) {
 	defer op.Release()
 	buf := make([]byte, maxRecordSize)
 	step := op.Read(0, buf)
-	if err := op.Operate(io, img.Object(), rados.OperationNoFlag); err != nil {
+	if err := op.Operate(io, objectOf(img), rados.OperationNoFlag); err != nil {
 		if cephconn.Code(err) == -int(syscall.ENOENT) {
 			return nil, 0, nil
 		}
@@ -113,7 +113,7 @@ func (r *Rados) CompareAndRemove(ctx context.Context, img Image, ver uint64) err
 }
 
 func (r *Rados) operate(op *rados.WriteOp, io *rados.IOContext, img Image) error {
-	err := op.Operate(io, img.Object(), rados.OperationNoFlag)
+	err := op.Operate(io, objectOf(img), rados.OperationNoFlag)
 	switch -cephconn.Code(err) {
 	case 0:
 		return err
@@ -143,7 +143,7 @@ func (r *Rados) Objects(ctx context.Context, pool string) ([]Image, error) {
 			return nil, err
 		}
 		if name, ok := strings.CutPrefix(iter.Value(), ObjectPrefix); ok && name != "" {
-			imgs = append(imgs, Image{Pool: pool, Namespace: iter.Namespace(), Name: name})
+			imgs = append(imgs, Image{Pool: pool, Namespace: iter.Namespace(), Image: name})
 		}
 	}
 	if err := iter.Err(); err != nil {
@@ -172,7 +172,7 @@ func (r *Rados) ImageInfo(ctx context.Context, img Image) (imageInfo, error) {
 		return imageInfo{}, err
 	}
 	defer io.Destroy()
-	im, err := rbd.OpenImageReadOnly(io, img.Name, rbd.NoSnapshot)
+	im, err := rbd.OpenImageReadOnly(io, img.Image, rbd.NoSnapshot)
 	if err != nil {
 		return imageInfo{}, cephconn.Classify(fmt.Errorf("open image %s: %w", img, err), "open image "+img.String(), osdCap)
 	}
@@ -203,7 +203,7 @@ func (r *Rados) ImageID(ctx context.Context, img Image) (string, bool, error) {
 	}
 	defer io.Destroy()
 	buf := make([]byte, 256)
-	n, err := io.Read("rbd_id."+img.Name, buf, 0)
+	n, err := io.Read("rbd_id."+img.Image, buf, 0)
 	if cephconn.Code(err) == -int(syscall.ENOENT) {
 		return "", false, nil
 	}

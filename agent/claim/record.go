@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/image"
 )
 
 // FormatVersion is the version of the claim record's JSON layout.
@@ -38,25 +40,22 @@ func ParseAccess(s string) (Access, error) {
 	return "", fmt.Errorf("access %q: want rwo, rox or rwx", s)
 }
 
-// Image names the image a claim is for.
-type Image struct {
-	Pool      string `json:"pool"`
-	Namespace string `json:"namespace"`
-	Name      string `json:"image"`
-}
+// Image names the image a claim is for (never a snapshot): the agent's one image reference.
+type Image = image.Ref
 
-func (i Image) String() string {
-	if i.Namespace == "" {
-		return i.Pool + "/" + i.Name
+// objectOf is the name of the image's claim object.
+func objectOf(i Image) string { return ObjectPrefix + i.Image }
+
+// ObjectOf is the name of the image's claim object (rados -p POOL [-N NAMESPACE] get ObjectOf(img)).
+func ObjectOf(i Image) string { return objectOf(i) }
+
+// validateImage refuses what cannot name a claim object: empty pool or image, a snapshot,
+// separators, NUL, over-long names.
+func validateImage(i Image) error {
+	if i.Snap != "" {
+		return fmt.Errorf("a claim is for an image, not snapshot %q", i.Snap)
 	}
-	return i.Pool + "/" + i.Namespace + "/" + i.Name
-}
-
-// Object is the name of the image's claim object.
-func (i Image) Object() string { return ObjectPrefix + i.Name }
-
-func (i Image) validate() error {
-	for _, f := range [][2]string{{"pool", i.Pool}, {"image", i.Name}, {"namespace", i.Namespace}} {
+	for _, f := range [][2]string{{"pool", i.Pool}, {"image", i.Image}, {"namespace", i.Namespace}} {
 		if f[1] == "" && f[0] != "namespace" {
 			return fmt.Errorf("%s name is empty", f[0])
 		}
@@ -128,7 +127,7 @@ const maxFences = 8
 type Record struct {
 	Format      int    `json:"format"`
 	ClusterFSID string `json:"cluster_fsid"`
-	Image
+	image.Ref
 	ImageID string `json:"image_id"`
 	// Access is the mode of the current holders; empty when free.
 	Access    Access    `json:"access"`

@@ -104,7 +104,7 @@ func (s *Store) read(ctx context.Context, img Image) (*Record, uint64, error) {
 	}
 	rec, err := decode(data)
 	if err != nil {
-		return nil, 0, fmt.Errorf("read claim of %s (object %s): %w", img, img.Object(), err)
+		return nil, 0, fmt.Errorf("read claim of %s (object %s): %w", img, objectOf(img), err)
 	}
 	return rec, ver, nil
 }
@@ -127,7 +127,7 @@ const maxAttempts = 64
 // record (nil when none) and returns the record to write, or nil to write nothing; it may
 // run several times and must only look at its arguments (and may fence, which is idempotent).
 func (s *Store) update(ctx context.Context, img Image, decide func(cur *Record) (*Record, error)) (*Record, error) {
-	if err := img.validate(); err != nil {
+	if err := validateImage(img); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	for attempt := 0; attempt < maxAttempts; attempt++ {

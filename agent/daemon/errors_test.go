@@ -35,7 +35,7 @@ func TestEveryKindHasAContractCode(t *testing.T) {
 			t.Errorf("contract code %s is no kind's", code)
 		}
 	}
-	held := &claim.HeldError{Image: claim.Image{Pool: "rbd", Name: "x"}, Access: claim.RWO, Now: time.Now(),
+	held := &claim.HeldError{Image: claim.Image{Pool: "rbd", Image: "x"}, Access: claim.RWO, Now: time.Now(),
 		Holders: []claim.Holder{{NodeID: "node-a", Epoch: 3}}}
 	for _, tc := range []struct {
 		name   string
@@ -46,7 +46,7 @@ func TestEveryKindHasAContractCode(t *testing.T) {
 		{"daemon invalid", fmt.Errorf("%w: bad", errInvalid), api.CodeInvalidArgument, 400},
 		{"daemon role refusal", fmt.Errorf("%w: fence needs admin", errDenied), api.CodePermissionDenied, 403},
 		{"claim held elsewhere", fmt.Errorf("acquire rbd/x: %w", held), api.CodeClaimedElsewhere, 409},
-		{"claim lost", &claim.LostError{Image: claim.Image{Pool: "rbd", Name: "x"}, Epoch: 2, Why: "taken over"}, api.CodeFenced, 409},
+		{"claim lost", &claim.LostError{Image: claim.Image{Pool: "rbd", Image: "x"}, Epoch: 2, Why: "taken over"}, api.CodeFenced, 409},
 		{"claim fenced", claim.ErrFenced, api.CodeFenced, 409},
 		{"claim busy", claim.ErrBusy, api.CodeBusy, 409},
 		{"claim invalid", claim.ErrInvalid, api.CodeInvalidArgument, 400},

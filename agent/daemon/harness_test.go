@@ -218,7 +218,7 @@ func (n *node) consistent(ns, image string) (mapped bool) {
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	rec, err := claimStore(n.t).Inspect(context.Background(), claim.Image{Pool: cephtest.Pool, Namespace: ns, Name: image})
+	rec, err := claimStore(n.t).Inspect(context.Background(), claim.Image{Pool: cephtest.Pool, Namespace: ns, Image: image})
 	var h *claim.Holder
 	if err == nil {
 		h = rec.Holder(n.id)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/fault"
+	"github.com/rbd-owner/rbd-owner/agent/image"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -19,7 +20,7 @@ func TestKeyedLocksForget(t *testing.T) {
 	var k keyedLocks
 	bg := context.Background()
 	for i := range 100 {
-		key := state.Key{Cluster: "c", Pool: "rbd", Image: fmt.Sprintf("img%d", i)}
+		key := state.Key{Cluster: "c", Ref: image.Ref{Pool: "rbd", Image: fmt.Sprintf("img%d", i)}}
 		unlock, err := k.lock(bg, key)
 		if err != nil {
 			t.Fatal(err)
@@ -35,8 +36,8 @@ func TestKeyedLocksForget(t *testing.T) {
 		t.Fatalf("%d entries left after every lock was released", n)
 	}
 
-	a := state.Key{Cluster: "c", Pool: "rbd", Image: "a"}
-	b := state.Key{Cluster: "c", Pool: "rbd", Image: "b"}
+	a := state.Key{Cluster: "c", Ref: image.Ref{Pool: "rbd", Image: "a"}}
+	b := state.Key{Cluster: "c", Ref: image.Ref{Pool: "rbd", Image: "b"}}
 	unlockA, err := k.lock(bg, a)
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +96,7 @@ func TestKeyedLocksConcurrent(t *testing.T) {
 			defer wg.Done()
 			for i := range 200 {
 				img := (g + i) % len(inside)
-				unlock, err := k.lock(context.Background(), state.Key{Image: fmt.Sprint(img)})
+				unlock, err := k.lock(context.Background(), state.Key{Ref: image.Ref{Image: fmt.Sprint(img)}})
 				if err != nil {
 					t.Error(err)
 					return

@@ -200,7 +200,7 @@ func (d *Daemon) renewRound(ctx context.Context, cl *cluster) {
 // never the agent's call.
 func (d *Daemon) renewOne(ctx context.Context, cl *cluster, store *claim.Store, m state.Mapping) {
 	rctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
-	_, err := store.Renew(rctx, claim.Image{Pool: m.Pool, Namespace: m.Namespace, Name: m.Image}, m.Epoch)
+	_, err := store.Renew(rctx, m.Ref.Head(), m.Epoch)
 	cancel()
 	switch {
 	case err == nil:

@@ -114,7 +114,7 @@ func TestPausedOSDDoesNotStopTheOtherClustersRenewals(t *testing.T) {
 	}
 	observer := claimStore(t)
 	renewedAt := func() time.Time {
-		rec, err := observer.Inspect(context.Background(), claim.Image{Pool: cephtest.Pool, Name: fastImg})
+		rec, err := observer.Inspect(context.Background(), claim.Image{Pool: cephtest.Pool, Image: fastImg})
 		if err != nil || rec.Holder("node-p") == nil {
 			return time.Time{}
 		}

@@ -74,12 +74,12 @@ func (d *Daemon) explained(dv krbd.Device, mappings []state.Mapping) bool {
 		if m.DeviceID == dv.ID && m.ClientAddr != "" && m.ClientAddr == dv.ClientAddr {
 			return true
 		}
-		if specOf(m) == dv.Spec() && (m.Phase == state.Claiming || m.Phase == state.Claimed || m.Phase == state.Unmapping || d.ops.busy(m.Key)) {
+		if m.Ref == dv.Spec() && (m.Phase == state.Claiming || m.Phase == state.Claimed || m.Phase == state.Unmapping || d.ops.busy(m.Key)) {
 			return true
 		}
 	}
 	for id := range d.clusters {
-		if d.locks.isHeld(state.Key{Cluster: id, Pool: dv.Pool, Namespace: dv.Namespace, Image: dv.Image, Snap: dv.Snap}) {
+		if d.locks.isHeld(state.Key{Cluster: id, Ref: dv.Spec()}) {
 			return true // a saga on that image runs now: it decides
 		}
 	}
@@ -127,7 +127,7 @@ func (d *Daemon) settle(ctx context.Context, m state.Mapping, devs map[int]krbd.
 		d.setProblem(m.Key, fmt.Sprintf("cluster %q is no longer configured; mapping left alone", m.Cluster))
 		return nil
 	}
-	spec := specOf(m)
+	spec := m.Ref
 	// the device this mapping made: by id and client address once known, else by names
 	var dev *krbd.Device
 	if dv, ok := devs[m.DeviceID]; ok && dv.Spec() == spec && m.ClientAddr != "" && dv.ClientAddr == m.ClientAddr {
@@ -165,7 +165,7 @@ func (d *Daemon) settle(ctx context.Context, m state.Mapping, devs map[int]krbd.
 			// record it in the claim and keep it, so a retried request finds it
 			store, err := cl.claims(ctx)
 			if err == nil {
-				_, err = store.SetMapping(ctx, claim.Image{Pool: m.Pool, Namespace: m.Namespace, Name: m.Image}, m.Epoch, dev.ClientAddr, dev.DevNode)
+				_, err = store.SetMapping(ctx, m.Ref.Head(), m.Epoch, dev.ClientAddr, dev.DevNode)
 			}
 			if err == nil {
 				m.Phase, m.DeviceID, m.Device, m.ClientAddr = state.Mapped, dev.ID, dev.DevNode, dev.ClientAddr
@@ -293,7 +293,7 @@ func (d *Daemon) deviceEvent(ctx context.Context, ev devwatch.Event) {
 			}
 		}
 		// a saga of ours may be mapping it right now: decide once that saga is over
-		key := state.Key{Pool: dv.Pool, Namespace: dv.Namespace, Image: dv.Image, Snap: dv.Snap}
+		key := state.Key{Ref: dv.Spec()}
 		d.bg.Add(1)
 		go func() {
 			defer d.bg.Done()
@@ -377,8 +377,4 @@ func (d *Daemon) keepFenced(ctx context.Context, cl *cluster, m state.Mapping, l
 	d.audit.Record(audit.Entry{Event: audit.Fence, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace, Image: m.Image,
 		Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, Warning: true,
 		Message: fmt.Sprintf("%s lost its claim and stays mapped: its client %s is kept blocklisted until %s; unmap it", m.Device, m.ClientAddr, until.UTC().Format(time.RFC3339))})
-}
-
-func specOf(m state.Mapping) krbd.Spec {
-	return krbd.Spec{Pool: m.Pool, Namespace: m.Namespace, Image: m.Image, Snap: m.Snap}
 }

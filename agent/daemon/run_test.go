@@ -47,7 +47,7 @@ func TestDeviceRemovedBehindTheAgentsBackReleasesTheClaim(t *testing.T) {
 	}
 	a.eventually("device_lost", func() bool { return len(a.audited(audit.DeviceLost)) == 1 })
 	a.eventually("claim released", func() bool {
-		rec, err := claimStore(t).Inspect(bg, claim.Image{Pool: cephtest.Pool, Name: img})
+		rec, err := claimStore(t).Inspect(bg, claim.Image{Pool: cephtest.Pool, Image: img})
 		return err == nil && rec.Free()
 	})
 	if took := time.Since(start); took > time.Second {
@@ -108,7 +108,7 @@ func TestLostClaimIsReportedAndDeviceKept(t *testing.T) {
 	}
 	// an admin fences node-a and force-releases its claim (node-b will take the image)
 	admin := claimStore(t)
-	ci := claim.Image{Pool: cephtest.Pool, Name: img}
+	ci := claim.Image{Pool: cephtest.Pool, Image: img}
 	if _, err := admin.Fence(bg, ci); err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +266,7 @@ func TestAPIErrorsLimitsAndIdempotency(t *testing.T) {
 	if err != nil || !slices.Contains(or.Removed, cephtest.Pool+"/"+img) {
 		t.Fatalf("remove orphans: %+v %v", or, err)
 	}
-	if _, err := claimStore(t).Inspect(bg, claim.Image{Pool: cephtest.Pool, Name: img}); !errors.Is(err, claim.ErrNoClaim) {
+	if _, err := claimStore(t).Inspect(bg, claim.Image{Pool: cephtest.Pool, Image: img}); !errors.Is(err, claim.ErrNoClaim) {
 		t.Fatalf("orphan still there: %v", err)
 	}
 }
@@ -424,7 +424,7 @@ func TestUnmapOfAnInterruptedMap(t *testing.T) {
 	if a.consistent("", img) {
 		t.Fatal("still mapped")
 	}
-	rec, err := claimStore(t).Inspect(bg, claim.Image{Pool: cephtest.Pool, Name: img})
+	rec, err := claimStore(t).Inspect(bg, claim.Image{Pool: cephtest.Pool, Image: img})
 	if err != nil || !rec.Free() {
 		t.Fatalf("claim not released: %+v %v", rec, err)
 	}

@@ -84,8 +84,8 @@ func (d *Daemon) target(clusterID string, spec krbd.Spec) (target, error) {
 	}
 	return target{
 		cl: cl, spec: spec,
-		key: state.Key{Cluster: cl.cfg.ID, Pool: spec.Pool, Namespace: spec.Namespace, Image: spec.Image, Snap: spec.Snap},
-		img: claim.Image{Pool: spec.Pool, Namespace: spec.Namespace, Name: spec.Image},
+		key: state.Key{Cluster: cl.cfg.ID, Ref: spec},
+		img: spec.Head(),
 	}, nil
 }
 
@@ -99,7 +99,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 	if err != nil {
 		return nil, d.refused(req, peer, fmt.Errorf("%w: %w", errInvalid, err))
 	}
-	t, err := d.target(req.Cluster, krbd.Spec{Pool: req.Pool, Namespace: req.Namespace, Image: req.Image, Snap: req.Snapshot})
+	t, err := d.target(req.Cluster, req.Ref())
 	if err != nil {
 		return nil, d.refused(req, peer, err)
 	}
@@ -399,7 +399,7 @@ func (d *Daemon) claimingEpoch(ctx context.Context, cl *cluster, m state.Mapping
 	if err != nil {
 		return 0, err
 	}
-	rec, err := store.Inspect(ctx, claim.Image{Pool: m.Pool, Namespace: m.Namespace, Name: m.Image})
+	rec, err := store.Inspect(ctx, m.Ref.Head())
 	if errors.Is(err, claim.ErrNoClaim) {
 		return 0, nil
 	}
@@ -418,7 +418,7 @@ func (d *Daemon) release(ctx context.Context, cl *cluster, m state.Mapping) erro
 	if err != nil {
 		return err
 	}
-	img := claim.Image{Pool: m.Pool, Namespace: m.Namespace, Name: m.Image}
+	img := m.Ref.Head()
 	ok, err := store.Release(ctx, img, m.Epoch)
 	if err != nil {
 		return err
@@ -458,7 +458,7 @@ func (d *Daemon) unmapTarget(req api.UnmapRequest) (target, *krbd.Device, error)
 		t, err := d.target(clusterID, dev.Spec())
 		return t, &dev, err
 	}
-	t, err := d.target(req.Cluster, krbd.Spec{Pool: req.Pool, Namespace: req.Namespace, Image: req.Image, Snap: req.Snapshot})
+	t, err := d.target(req.Cluster, req.Ref())
 	return t, nil, err
 }
 

@@ -289,7 +289,7 @@ func TestSnapshotMapNeedsNoClaim(t *testing.T) {
 	if resp.Claim != nil {
 		t.Fatalf("snapshot map took a claim: %+v", resp.Claim)
 	}
-	if _, err := claimStore(t).Inspect(bg, claim.Image{Pool: cephtest.Pool, Name: img}); !errors.Is(err, claim.ErrNoClaim) {
+	if _, err := claimStore(t).Inspect(bg, claim.Image{Pool: cephtest.Pool, Image: img}); !errors.Is(err, claim.ErrNoClaim) {
 		t.Fatalf("claim for a snapshot map: %v", err)
 	}
 	ur := unmapReq("", img)

@@ -24,7 +24,6 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
-	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 	"github.com/rbd-owner/rbd-owner/agent/version"
@@ -323,14 +322,14 @@ func (d *Daemon) listClaims(w http.ResponseWriter, r *http.Request, onlyOrphans 
 		}
 		isOrphan := map[string]bool{}
 		for _, o := range orphans {
-			isOrphan[o.Image.String()] = true
+			isOrphan[o.Ref.String()] = true
 		}
 		for i := range recs {
-			if onlyOrphans && !isOrphan[recs[i].Image.String()] {
+			if onlyOrphans && !isOrphan[recs[i].Ref.String()] {
 				continue
 			}
 			c := apiClaim(cl.cfg.ID, &recs[i])
-			c.Orphan = isOrphan[recs[i].Image.String()]
+			c.Orphan = isOrphan[recs[i].Ref.String()]
 			out = append(out, *c)
 		}
 	}
@@ -373,16 +372,16 @@ func (d *Daemon) RemoveOrphans(ctx context.Context, req api.OrphansRequest, peer
 			return nil, err
 		}
 		for _, o := range orphans {
-			ok, err := store.RemoveOrphan(ctx, o.Image)
+			ok, err := store.RemoveOrphan(ctx, o.Ref)
 			if err != nil {
-				d.log.WithError(err).WithField("image", o.Image.String()).Warn("orphan claim not removed")
+				d.log.WithError(err).WithField("image", o.Ref.String()).Warn("orphan claim not removed")
 				continue
 			}
 			if ok {
-				out.Removed = append(out.Removed, o.Image.String())
-				d.audit.Record(audit.Entry{Event: audit.Release, Cluster: cl.cfg.ID, Pool: o.Pool, Namespace: o.Namespace, Image: o.Name,
+				out.Removed = append(out.Removed, o.Ref.String())
+				d.audit.Record(audit.Entry{Event: audit.Release, Cluster: cl.cfg.ID, Pool: o.Pool, Namespace: o.Namespace, Image: o.Image,
 					Epoch: o.Epoch, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
-					Message: fmt.Sprintf("removed the claim of deleted image %s", o.Image)})
+					Message: fmt.Sprintf("removed the claim of deleted image %s", o.Ref)})
 			}
 		}
 	}
@@ -391,7 +390,7 @@ func (d *Daemon) RemoveOrphans(ctx context.Context, req api.OrphansRequest, peer
 
 // Fence blocklists the mappings of an image's holders (admin).
 func (d *Daemon) Fence(ctx context.Context, req api.ImageRequest, peer *peercred.Cred) (*api.FenceResponse, error) {
-	t, err := d.target(req.Cluster, krbd.Spec{Pool: req.Pool, Namespace: req.Namespace, Image: req.Image})
+	t, err := d.target(req.Cluster, req.Ref())
 	if err != nil {
 		return nil, err
 	}
@@ -419,7 +418,7 @@ func (d *Daemon) Fence(ctx context.Context, req api.ImageRequest, peer *peercred
 // Release drops a claim: with Force, a fenced dead owner's (admin); without, this node's own
 // claim on an image it no longer maps.
 func (d *Daemon) Release(ctx context.Context, req api.ImageRequest, peer *peercred.Cred) (bool, error) {
-	t, err := d.target(req.Cluster, krbd.Spec{Pool: req.Pool, Namespace: req.Namespace, Image: req.Image})
+	t, err := d.target(req.Cluster, req.Ref())
 	if err != nil {
 		return false, err
 	}
@@ -504,7 +503,7 @@ func (d *Daemon) Status() api.Status {
 		if m.Phase != state.Mapped {
 			continue
 		}
-		st.Devices = append(st.Devices, api.Device{Device: m.Device, Link: linkOf(specOf(m), m.FSID), Cluster: m.Cluster, FSID: m.FSID,
+		st.Devices = append(st.Devices, api.Device{Device: m.Device, Link: linkOf(m.Ref, m.FSID), Cluster: m.Cluster, FSID: m.FSID,
 			Pool: m.Pool, Namespace: m.Namespace, Image: m.Image, Snapshot: m.Snap, ClientAddr: m.ClientAddr, Managed: true,
 			Epoch: m.Epoch, Problem: d.problem(m.Key)})
 	}
@@ -535,7 +534,7 @@ func apiClaim(clusterID string, r *claim.Record) *api.Claim {
 	if r == nil {
 		return nil
 	}
-	c := &api.Claim{Cluster: clusterID, ClusterFSID: r.ClusterFSID, Pool: r.Pool, Namespace: r.Namespace, Image: r.Name,
+	c := &api.Claim{Cluster: clusterID, ClusterFSID: r.ClusterFSID, Pool: r.Pool, Namespace: r.Namespace, Image: r.Image,
 		ImageID: r.ImageID, Access: string(r.Access), Epoch: r.Epoch, Holders: []api.Holder{}}
 	for _, h := range r.Holders {
 		c.Holders = append(c.Holders, api.Holder{NodeID: h.NodeID, Hostname: h.Hostname, NodeAddr: h.NodeAddr, ClientAddr: h.ClientAddr,

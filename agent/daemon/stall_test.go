@@ -155,7 +155,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 func (n *memDaemon) mapImage(t *testing.T, c *memCluster, name string) *api.MapResponse {
 	t.Helper()
-	c.m.AddImage(claim.Image{Pool: c.pool, Name: name}, "id-"+name)
+	c.m.AddImage(claim.Image{Pool: c.pool, Image: name}, "id-"+name)
 	n.k.AddImage(c.pool, "", name, 16<<20)
 	resp, err := n.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: name, Requester: "test"}, nil)
 	if err != nil {

@@ -75,17 +75,17 @@ func (d *Daemon) sweepPool(ctx context.Context, p state.Pool) (removed int, err 
 	}
 	var errs []error
 	for _, o := range orphans {
-		ok, err := store.SweepOrphan(ctx, o.Image)
+		ok, err := store.SweepOrphan(ctx, o.Ref)
 		if err != nil {
 			errs = append(errs, err)
-			d.log.WithError(err).WithField("image", o.Image.String()).Warn("orphan sweep: claim not removed")
+			d.log.WithError(err).WithField("image", o.Ref.String()).Warn("orphan sweep: claim not removed")
 			continue
 		}
 		if ok {
 			removed++
 			d.audit.Record(audit.Entry{Event: audit.Release, Result: audit.OK, Cluster: p.Cluster, Pool: o.Pool, Namespace: o.Namespace,
-				Image: o.Name, Epoch: o.Epoch,
-				Message: fmt.Sprintf("orphan sweep: removed the free claim of deleted image %s (epoch %d)", o.Image, o.Epoch)})
+				Image: o.Image, Epoch: o.Epoch,
+				Message: fmt.Sprintf("orphan sweep: removed the free claim of deleted image %s (epoch %d)", o.Ref, o.Epoch)})
 		}
 	}
 	return removed, errors.Join(errs...)

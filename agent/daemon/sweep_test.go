@@ -26,7 +26,7 @@ func TestOrphanSweep(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	img := func(name string) claim.Image { return claim.Image{Pool: "rbd", Name: name} }
+	img := func(name string) claim.Image { return claim.Image{Pool: "rbd", Image: name} }
 	c.m.RemoveImage(img("gone"))
 	c.m.RemoveImage(img("held")) // (a mapped image cannot really be removed; its claim must stay anyway)
 	c.m.RemoveImage(img("raced"))
@@ -73,8 +73,8 @@ func TestOrphanSweepRunsByItself(t *testing.T) {
 	if _, err := n.d.Unmap(context.Background(), api.UnmapRequest{Cluster: "c1", Pool: "rbd", Image: "gone"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	c.m.RemoveImage(claim.Image{Pool: "rbd", Name: "gone"})
+	c.m.RemoveImage(claim.Image{Pool: "rbd", Image: "gone"})
 	waitFor(t, "the sweep to remove the orphaned claim", func() bool {
-		return c.m.Version(claim.Image{Pool: "rbd", Name: "gone"}) == 0
+		return c.m.Version(claim.Image{Pool: "rbd", Image: "gone"}) == 0
 	})
 }

@@ -12,6 +12,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/image"
 )
 
 // Phase is where a mapping's saga stands; each names what recovery must finish.
@@ -38,26 +40,13 @@ func (p Phase) Valid() bool {
 	return false
 }
 
-// Key names one image on one cluster.
+// Key names one image (or snapshot) on one cluster.
 type Key struct {
-	Cluster   string `json:"cluster"`
-	Pool      string `json:"pool"`
-	Namespace string `json:"namespace"`
-	Image     string `json:"image"`
-	Snap      string `json:"snap"`
+	Cluster string `json:"cluster"`
+	image.Ref
 }
 
-func (k Key) String() string {
-	s := k.Cluster + ":" + k.Pool + "/"
-	if k.Namespace != "" {
-		s += k.Namespace + "/"
-	}
-	s += k.Image
-	if k.Snap != "" {
-		s += "@" + k.Snap
-	}
-	return s
-}
+func (k Key) String() string { return k.Cluster + ":" + k.Ref.String() }
 
 // Mapping is one image this node has claimed (and usually mapped).
 type Mapping struct {

@@ -1,6 +1,8 @@
 package state
 
 import (
+	"github.com/rbd-owner/rbd-owner/agent/image"
+
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,11 +15,11 @@ func TestPersistsAcrossOpen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := Key{Cluster: "c", Pool: "rbd", Namespace: "ns", Image: "a"}
+	k := Key{Cluster: "c", Ref: image.Ref{Pool: "rbd", Namespace: "ns", Image: "a"}}
 	if err := s.Put(Mapping{Key: k, Phase: Claimed, Epoch: 3}); err != nil {
 		t.Fatal(err)
 	}
-	k2 := Key{Cluster: "c", Pool: "rbd", Image: "b"}
+	k2 := Key{Cluster: "c", Ref: image.Ref{Pool: "rbd", Image: "b"}}
 	if err := s.Put(Mapping{Key: k2, Phase: Mapped, Epoch: 1, DeviceID: 2}); err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +56,7 @@ func TestFailedSaveKeepsMemoryConsistent(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(dir, "mappings.json.tmp"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Put(Mapping{Key: Key{Image: "x"}}); err == nil {
+	if err := s.Put(Mapping{Key: Key{Ref: image.Ref{Image: "x"}}}); err == nil {
 		t.Fatal("save into a read-only dir succeeded")
 	}
 	if len(s.All()) != 0 {
@@ -68,11 +70,11 @@ func TestClaimPoolsAreRemembered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := Key{Cluster: "c", Pool: "rbd", Image: "a"}
+	k := Key{Cluster: "c", Ref: image.Ref{Pool: "rbd", Image: "a"}}
 	if err := s.Put(Mapping{Key: k, Phase: Mapped, Claimed: true}); err != nil {
 		t.Fatal(err)
 	}
-	snap := Key{Cluster: "c", Pool: "snaps", Image: "b", Snap: "s1"}
+	snap := Key{Cluster: "c", Ref: image.Ref{Pool: "snaps", Image: "b", Snap: "s1"}}
 	if err := s.Put(Mapping{Key: snap, Phase: Mapped}); err != nil { // a snapshot map takes no claim
 		t.Fatal(err)
 	}
