@@ -226,7 +226,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 // watchConfig is how the device watcher is started.
 func (d *Daemon) watchConfig() devwatch.Config {
-	return devwatch.Config{Client: d.kernel, Resync: d.cfg.RenewInterval.D()}
+	return devwatch.Config{Client: d.kernel, Resync: d.cfg.RenewInterval.D(), Logger: d.log}
 }
 
 func (d *Daemon) setProblem(k state.Key, p string) {

@@ -8,12 +8,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
+	"io"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
+
+	"github.com/sirupsen/logrus"
 )
 
 // Kind says what happened to a device.
@@ -52,7 +54,11 @@ type Config struct {
 	// Resync, when > 0, also re-lists sysfs this often (a safety net; default 0: only after
 	// lost events and at start).
 	Resync time.Duration
-	Logger *slog.Logger
+	// ResyncTick, when set, replaces the ticker made from Resync: sysfs is re-listed after
+	// every value received from it (and Resync is ignored). Tests use it to decide exactly
+	// when a periodic resync happens. Default: a time.Ticker of Resync (none when Resync is 0).
+	ResyncTick <-chan time.Time
+	Logger     logrus.FieldLogger // the agent's logger; default: discard
 }
 
 // Watcher streams rbd device events. Create it with Start; stop it by cancelling the
@@ -81,7 +87,9 @@ func Start(ctx context.Context, cfg Config) (*Watcher, error) {
 		cfg.Buffer = 64
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+		discard := logrus.New()
+		discard.SetOutput(io.Discard)
+		cfg.Logger = discard
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	sub, err := cfg.Source.Subscribe(ctx)
@@ -128,8 +136,8 @@ func (w *Watcher) run(ctx context.Context, sub krbd.Subscription) {
 	if !w.resync(ctx) {
 		return
 	}
-	var tick <-chan time.Time
-	if w.cfg.Resync > 0 {
+	tick := w.cfg.ResyncTick
+	if tick == nil && w.cfg.Resync > 0 {
 		t := time.NewTicker(w.cfg.Resync)
 		defer t.Stop()
 		tick = t.C
@@ -218,7 +226,7 @@ func (w *Watcher) handle(ctx context.Context, ev krbd.Uevent, pending map[int]kr
 func (w *Watcher) resync(ctx context.Context) bool {
 	devs, err := w.cfg.Client.List()
 	if err != nil {
-		w.cfg.Logger.Warn("devwatch: list rbd devices", "err", err)
+		w.cfg.Logger.WithError(err).Warn("devwatch: list rbd devices")
 		return true // try again at the next event or tick
 	}
 	now := make(map[int]krbd.Device, len(devs))

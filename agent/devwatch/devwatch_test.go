@@ -3,6 +3,7 @@ package devwatch_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -64,8 +65,8 @@ func next(t *testing.T, w *devwatch.Watcher) devwatch.Event {
 			t.Fatal("stream closed")
 		}
 		return e
-	case <-time.After(5 * time.Second):
-		t.Fatal("no event within 5 s")
+	case <-time.After(30 * time.Second):
+		t.Fatal("no event within 30 s")
 	}
 	return devwatch.Event{}
 }
@@ -87,6 +88,22 @@ func noEvent(t *testing.T, w *devwatch.Watcher) {
 	case <-time.After(50 * time.Millisecond):
 	}
 }
+
+// silentSource is an event source that loses every event without saying so (no Overflow
+// marker either): only a resync can find a device.
+type silentSource struct{}
+
+func (silentSource) Subscribe(context.Context) (krbd.Subscription, error) {
+	return &silentSub{ch: make(chan krbd.Uevent)}, nil
+}
+
+type silentSub struct {
+	ch   chan krbd.Uevent
+	once sync.Once
+}
+
+func (s *silentSub) Events() <-chan krbd.Uevent { return s.ch }
+func (s *silentSub) Close() error               { s.once.Do(func() { close(s.ch) }); return nil }
 
 func TestStream(t *testing.T) {
 	_, c := setup(t)
@@ -165,7 +182,7 @@ func TestSlowConsumerAndStop(t *testing.T) {
 	cancel()
 	select {
 	case <-w.Done():
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("watcher did not stop on cancel")
 	}
 	for range w.Events() { // drains, then closed
@@ -175,22 +192,79 @@ func TestSlowConsumerAndStop(t *testing.T) {
 	}
 }
 
+// Close stops the watcher and closes Events(). The periodic resync is driven by the test
+// (Config.ResyncTick), so it can neither beat a device's own events nor be missed.
 func TestClose(t *testing.T) {
 	_, c := setup(t)
-	w, err := devwatch.Start(context.Background(), devwatch.Config{Client: c, Resync: 20 * time.Millisecond})
+	tick := make(chan time.Time) // unbuffered: a send returns once the watcher took it
+	w, err := devwatch.Start(context.Background(), devwatch.Config{Client: c, ResyncTick: tick})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// the first device is found by the start listing or by its events, depending on whether
+	// the watcher listed sysfs before the map; either way the start listing is over once it
+	// is reported (the watcher handles no event before it)
+	first := mapImg(t, c, "rbd/img1")
+	if e := next(t, w); e.Kind != devwatch.Added || e.Device.Spec().String() != "rbd/img1" || e.Device.ID != first.ID {
+		t.Fatalf("got %v %s id %d; want added rbd/img1 id %d", e.Kind, e.Device.Spec(), e.Device.ID, first.ID)
+	}
+	// no resync is triggered from here on: only the device's uevents can report it
 	d := mapImg(t, c, "rbd/img0")
 	expect(t, w, devwatch.Added, "rbd/img0", d.ID, false)
-	noEvent(t, w) // periodic resyncs find nothing new
+	// two resyncs: the second send is taken only once the first resync has sent whatever it
+	// found, and nothing changed, so the first found nothing new
+	tick <- time.Now()
+	tick <- time.Now()
+	select {
+	case e := <-w.Events():
+		t.Fatalf("a resync reported a known device again: %+v", e)
+	default:
+	}
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := <-w.Events(); ok {
-		t.Error("Events() not closed after Close")
+	// (the second resync found nothing new either: Events() holds nothing before it closed)
+	if e, ok := <-w.Events(); ok {
+		t.Errorf("Events() not closed after Close (got %+v)", e)
 	}
 	if _, err := devwatch.Start(context.Background(), devwatch.Config{}); err == nil {
 		t.Error("Start without a client succeeded")
 	}
+}
+
+// A resync happens at each value from Config.ResyncTick: with an event source that loses
+// everything silently, the tick alone finds a new device and notices a removed one.
+func TestResyncTick(t *testing.T) {
+	_, c := setup(t)
+	tick := make(chan time.Time)
+	w, err := devwatch.Start(context.Background(), devwatch.Config{Client: c, Source: silentSource{}, ResyncTick: tick})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	tick <- time.Now() // taken: the start listing is over (the resync it starts may overlap the map)
+	d := mapImg(t, c, "rbd/img0")
+	tick <- time.Now() // taken once the first resync is over: this one starts after the map
+	expect(t, w, devwatch.Added, "rbd/img0", d.ID, true)
+	unmap(t, c, d.ID)
+	tick <- time.Now() // this resync starts after the unmap (the one before may have seen it already)
+	expect(t, w, devwatch.Removed, "rbd/img0", d.ID, true)
+	if got := w.Devices(); len(got) != 0 {
+		t.Errorf("Devices() = %+v", got)
+	}
+}
+
+// Without ResyncTick, Config.Resync runs a real ticker: with an event source that loses
+// everything silently, the periodic resync alone reports the device.
+func TestPeriodicResync(t *testing.T) {
+	_, c := setup(t)
+	w, err := devwatch.Start(context.Background(), devwatch.Config{Client: c, Source: silentSource{}, Resync: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	d := mapImg(t, c, "rbd/img0")
+	expect(t, w, devwatch.Added, "rbd/img0", d.ID, true) // the start listing or a periodic one
+	unmap(t, c, d.ID)
+	expect(t, w, devwatch.Removed, "rbd/img0", d.ID, true)
 }

@@ -194,7 +194,10 @@ func buildAddString(spec Spec, o MapOptions, nonce string) (string, error) {
 	}
 	mons := make([]string, len(o.Monitors))
 	for i, m := range o.Monitors {
-		mons[i], _ = normalizeMonitor(m)
+		var err error
+		if mons[i], err = normalizeMonitor(m); err != nil { // Validate checked them: never expected
+			return "", err
+		}
 	}
 	opts := []string{
 		"name=" + o.User,

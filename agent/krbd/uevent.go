@@ -162,6 +162,8 @@ func (s *NetlinkSource) Subscribe(ctx context.Context) (Subscription, error) {
 	// A bigger buffer (best effort: FORCE needs CAP_NET_ADMIN) and a receive timeout so that
 	// the reader notices Close within 100 ms.
 	if err := unix.SetsockoptInt(conn.Fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20); err != nil {
+		// without either the default buffer stays: more overflows, each of which the watcher
+		// answers with a resync from sysfs, so nothing is lost but time
 		_ = unix.SetsockoptInt(conn.Fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
 	}
 	tv := unix.NsecToTimeval((100 * time.Millisecond).Nanoseconds())

@@ -21,7 +21,11 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	log := logrus.New()
 	log.SetOutput(stderr)
-	underJournal, _ := journal.StderrIsJournalStream()
+	underJournal, err := journal.StderrIsJournalStream()
+	if err != nil {
+		// not knowing only changes the log format: say so and go on with timestamps
+		log.WithError(err).Warn("cannot tell whether stderr is the journal")
+	}
 	if underJournal {
 		// systemd adds the time and the unit; keep the lines short
 		log.SetFormatter(&logrus.TextFormatter{DisableTimestamp: true})
