@@ -253,9 +253,13 @@ type Owner struct {
 	ClientAddr string    `json:"client_addr,omitempty"`
 	Epoch      uint64    `json:"epoch"`
 	AcquiredAt time.Time `json:"acquired_at"`
-	RenewedAt  time.Time `json:"renewed_at"`
-	LeaseAge   float64   `json:"lease_age_seconds"`
-	Expired    bool      `json:"expired"`
+	// RenewedAt is the holder's own timestamp of its claim: for people, never compared.
+	RenewedAt time.Time `json:"renewed_at"`
+	// LeaseAge is how long this node has watched the owner's liveness without seeing it
+	// change (this node's own clock).
+	LeaseAge float64 `json:"lease_age_seconds"`
+	// Expired: the owner's liveness has not changed for a whole lease, as this node saw it.
+	Expired bool `json:"expired"`
 }
 
 // Error is the body of every error answer: {"error": {...}}. It is also the error the client
@@ -264,6 +268,9 @@ type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 	Owner   *Owner `json:"owner,omitempty"`
+	// RetryAfterSeconds, on a refusal: the agent is watching the owner's lease; a takeover
+	// is possible after this long unless the owner renews.
+	RetryAfterSeconds int64 `json:"retry_after_seconds,omitempty"`
 }
 
 func (e *Error) Error() string {

@@ -16,15 +16,16 @@ import (
 type Backend interface {
 	// FSID is the cluster's fsid.
 	FSID() string
-	// Read returns the claim object's content and version; (nil, 0, nil) when there is none.
-	Read(ctx context.Context, img Image) ([]byte, uint64, error)
+	// Read returns object oid's content and version, in the pool and namespace of loc;
+	// (nil, 0, nil) when there is none.
+	Read(ctx context.Context, loc Image, oid string) ([]byte, uint64, error)
 	// CompareAndWrite replaces the object's content with data if and only if it is still at
 	// version ver (0: it must not exist yet), in ONE atomic operation; ErrConflict when the
-	// compare fails.
-	CompareAndWrite(ctx context.Context, img Image, ver uint64, data []byte) error
+	// compare fails. Every successful write gives the object a new, higher version.
+	CompareAndWrite(ctx context.Context, loc Image, oid string, ver uint64, data []byte) error
 	// CompareAndRemove deletes the object if and only if it is still at version ver;
 	// ErrConflict when the compare fails.
-	CompareAndRemove(ctx context.Context, img Image, ver uint64) error
+	CompareAndRemove(ctx context.Context, loc Image, oid string, ver uint64) error
 	// Objects lists the images that have a claim object in a pool, in every namespace.
 	Objects(ctx context.Context, pool string) ([]Image, error)
 	// Pools lists the cluster's pools.

@@ -102,14 +102,14 @@ func TestClaimedElsewhereNamesTheOwner(t *testing.T) {
 	if !errors.As(err, &held) || held.Owner().NodeID != "node-a" || held.Epoch != 1 {
 		t.Fatalf("error does not carry the owner: %#v", err)
 	}
-	for _, want := range []string{"node node-a", "host-node-a", "epoch 1", "expires in"} {
+	for _, want := range []string{"node node-a", "host-node-a", "epoch 1", "a takeover is possible in"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("message %q lacks %q", err, want)
 		}
 	}
 	// asking for a takeover while the lease is live is refused too, and fences nothing
 	_, err = b.Acquire(ctx(t), Request{Image: img, Takeover: true})
-	if !errors.As(err, &held) || !strings.Contains(err.Error(), "lease is still live") {
+	if !errors.As(err, &held) || !strings.Contains(err.Error(), "lease is live") || held.RetryAfter() <= 0 {
 		t.Fatalf("takeover of a live lease: want refusal, got %v", err)
 	}
 	rec, err := b.Inspect(ctx(t), img)
@@ -337,6 +337,11 @@ func TestTakeoverByHostAddressWhenNoMappingRecorded(t *testing.T) {
 	if _, err := a.Acquire(ctx(t), Request{Image: img}); err != nil {
 		t.Fatal(err)
 	}
+	// node-b's first look starts its watch of node-a's heartbeat: a takeover needs a whole
+	// lease of it unchanged, on node-b's clock
+	if _, err := b.Acquire(ctx(t), Request{Image: img, Takeover: true}); !errors.Is(err, ErrClaimedElsewhere) {
+		t.Fatalf("first look: %v", err)
+	}
 	clk.Advance(time.Minute)
 	got, err := b.Acquire(ctx(t), Request{Image: img, Takeover: true})
 	if err != nil {
@@ -531,6 +536,9 @@ func TestPermissionDeniedNamesTheCap(t *testing.T) {
 	if _, err := a.SetMapping(ctx(t), img, res.Holder.Epoch, fakeClientAddr(9), "/dev/rbd0"); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := weak.Acquire(ctx(t), Request{Image: img, Takeover: true}); !errors.Is(err, ErrClaimedElsewhere) {
+		t.Fatalf("first look: %v", err) // starts the watch
+	}
 	clk.Advance(time.Hour)
 	_, err = weak.Acquire(ctx(t), Request{Image: img, Takeover: true})
 	var pe *cephconn.PermissionError
@@ -573,6 +581,9 @@ func TestTakeoverCompletesWhenTheFencedHolderRenewsInBetween(t *testing.T) {
 	}
 	if _, err := a.SetMapping(ctx(t), img, res.Holder.Epoch, fakeClientAddr(21), "/dev/rbd0"); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := b.Acquire(ctx(t), Request{Image: img, Takeover: true}); !errors.Is(err, ErrClaimedElsewhere) {
+		t.Fatalf("first look: %v", err) // starts node-b's watch of node-a's heartbeat
 	}
 	clk.Advance(31 * time.Second)
 	renewed := false

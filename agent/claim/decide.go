@@ -18,7 +18,10 @@ type acquireInput struct {
 	ReadOnly bool
 	Takeover bool
 	Info     imageInfo // the image's id and the watchers of its header other than this client
-	Now      time.Time // this node's clock
+	Now      time.Time // this node's wall clock: only written into records, never compared
+	// Leases is what this node's observer knows of each other holder's lease (by node id),
+	// judged on this node's monotonic clock alone. A holder without one counts as live.
+	Leases map[string]LeaseView
 	// Me is this node's holder entry as it would be written now (hostname, address, version,
 	// lease); refresh copies it into a holder.
 	Me Holder
@@ -46,6 +49,7 @@ func fenceKey(h Holder) string {
 func (in acquireInput) refresh(h *Holder) {
 	h.RenewedAt = in.Now
 	h.LeaseSeconds = in.Me.LeaseSeconds
+	h.Incarnation = in.Me.Incarnation
 	h.Hostname = in.Me.Hostname
 	if in.Me.NodeAddr != "" {
 		h.NodeAddr = in.Me.NodeAddr
@@ -59,10 +63,11 @@ func (in acquireInput) refresh(h *Holder) {
 //   - this node already holds it: renew (same epoch), unless an admin fenced it or the access
 //     differs;
 //   - free, or shared (rox/rwx) with the same access: add this node at epoch+1;
-//   - held otherwise: refuse with who holds it, unless a takeover was asked for and every holder's
-//     lease has expired on this node's clock (or this call already fenced it) and has an
-//     address to fence: then evict them all (fenced first by the caller) and add this node at
-//     epoch+1;
+//   - held otherwise: refuse with who holds it, unless a takeover was asked for and every
+//     holder's lease has expired as this node observed it (its heartbeat unchanged for a whole
+//     lease on this node's own clock; no clock is compared with another node's), or this call
+//     already fenced it, and it has an address to fence: then evict them all (fenced first by
+//     the caller) and add this node at epoch+1;
 //   - watchers that no kept holder explains (a mapping made outside rbd-owner): refuse, busy.
 func decideAcquire(cur *Record, in acquireInput) (acquirePlan, error) {
 	if cur == nil {
@@ -90,7 +95,7 @@ func decideAcquire(cur *Record, in acquireInput) (acquirePlan, error) {
 		return acquirePlan{Next: cur, Holder: *mine, Again: true}, nil
 	}
 	held := func(reason string) error {
-		return &HeldError{Image: in.Image, Access: cur.Access, Epoch: cur.Epoch, Holders: cur.Holders, Now: in.Now, Reason: reason}
+		return &HeldError{Image: in.Image, Access: cur.Access, Epoch: cur.Epoch, Holders: cur.Holders, Leases: in.Leases, Reason: reason}
 	}
 	var evict []Holder
 	if !cur.Free() && !(cur.Access == in.Access && in.Access != RWO) {
@@ -101,8 +106,8 @@ func decideAcquire(cur *Record, in acquireInput) (acquirePlan, error) {
 			if in.Fenced[fenceKey(h)] {
 				continue
 			}
-			if !h.Expired(in.Now) {
-				return acquirePlan{}, held(fmt.Sprintf("takeover refused: node %s's lease is still live until %s", h.NodeID, h.LeaseExpiry().UTC().Format(time.RFC3339)))
+			if lv, ok := in.Leases[h.NodeID]; !ok || !lv.Expired {
+				return acquirePlan{}, held(fmt.Sprintf("takeover refused: node %s's lease is live as far as this node has seen; retry after %s", h.NodeID, ceilSeconds(lv.RetryAfter)))
 			}
 			if h.fenceAddr() == "" {
 				return acquirePlan{}, held(fmt.Sprintf("takeover refused: node %s recorded no address to fence", h.NodeID))

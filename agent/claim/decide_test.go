@@ -29,6 +29,18 @@ func TestDecideAcquire(t *testing.T) {
 	}
 	live := holder("node-a", 4, t0, "10.0.0.1:0/1")
 	expired := holder("node-a", 4, t0.Add(-16*time.Second), "10.0.0.1:0/1")
+	// leases as this node's observer saw them; the holders' timestamps play no part
+	seenExpired := func(i acquireInput) acquireInput {
+		i.Leases = map[string]LeaseView{"node-a": {Expired: true, Unchanged: 16 * time.Second}}
+		return i
+	}
+	seenLive := func(i acquireInput) acquireInput {
+		i.Leases = map[string]LeaseView{"node-a": {Unchanged: 5 * time.Second, RetryAfter: 10 * time.Second}}
+		return i
+	}
+	takeover := func(f func(acquireInput) acquireInput) func(acquireInput) acquireInput {
+		return func(i acquireInput) acquireInput { i = f(i); i.Takeover = true; return i }
+	}
 	for _, tc := range []struct {
 		name     string
 		cur      *Record
@@ -42,13 +54,19 @@ func TestDecideAcquire(t *testing.T) {
 		{name: "no record: first claim at epoch 1", cur: nil, epoch: 1, holdersN: 1},
 		{name: "free record keeps counting epochs", cur: &Record{Format: FormatVersion, Ref: img, ImageID: "id1", Epoch: 7}, epoch: 8, holdersN: 1},
 		{name: "live holder: refused", cur: heldBy(live), wantErr: ErrClaimedElsewhere},
-		{name: "live holder with takeover: refused", cur: heldBy(live), in: func(i acquireInput) acquireInput { i.Takeover = true; return i }, wantErr: ErrClaimedElsewhere},
-		{name: "expired holder without takeover: refused", cur: heldBy(expired), wantErr: ErrClaimedElsewhere},
-		{name: "expired holder with takeover: evicted, epoch+1", cur: heldBy(expired), in: func(i acquireInput) acquireInput { i.Takeover = true; return i }, epoch: 5, evict: 1, holdersN: 1},
+		{name: "live holder with takeover: refused", cur: heldBy(live), in: takeover(seenLive), wantErr: ErrClaimedElsewhere},
+		{name: "holder never looked at, with takeover: refused (the first look starts the watch)", cur: heldBy(expired),
+			in: func(i acquireInput) acquireInput { i.Takeover = true; return i }, wantErr: ErrClaimedElsewhere},
+		{name: "a timestamp long past does not expire a live-seen lease", cur: heldBy(holder("node-a", 4, t0.Add(-24*time.Hour), "a:0/1")),
+			in: takeover(seenLive), wantErr: ErrClaimedElsewhere},
+		{name: "expired holder without takeover: refused", cur: heldBy(expired), in: seenExpired, wantErr: ErrClaimedElsewhere},
+		{name: "expired holder with takeover: evicted, epoch+1", cur: heldBy(expired), in: takeover(seenExpired), epoch: 5, evict: 1, holdersN: 1},
+		{name: "a timestamp in the future does not keep an expired-seen lease", cur: heldBy(holder("node-a", 4, t0.Add(24*time.Hour), "a:0/1")),
+			in: takeover(seenExpired), epoch: 5, evict: 1, holdersN: 1},
 		{name: "already fenced by this call: evicted even though it renewed meanwhile", cur: heldBy(live),
 			in: func(i acquireInput) acquireInput { i.Takeover = true; i.Fenced[fenceKey(live)] = true; return i }, epoch: 5, evict: 1, holdersN: 1},
 		{name: "expired holder with no address: refused", cur: heldBy(holder("node-a", 4, t0.Add(-time.Minute), "")),
-			in: func(i acquireInput) acquireInput { i.Takeover = true; return i }, wantErr: ErrClaimedElsewhere},
+			in: takeover(seenExpired), wantErr: ErrClaimedElsewhere},
 		{name: "ours: renewed, same epoch", cur: heldBy(holder("node-b", 3, t0.Add(-5*time.Second), "10.0.0.2:0/2")),
 			in: func(i acquireInput) acquireInput { i.Self = "node-b"; return i }, epoch: 3, again: true, holdersN: 1},
 		{name: "ours but fenced by an admin: lost", cur: func() *Record { h := live; h.Fenced = true; return heldBy(h) }(),
@@ -69,11 +87,11 @@ func TestDecideAcquire(t *testing.T) {
 				return i
 			}, epoch: 4, again: true, holdersN: 1},
 		{name: "an evicted holder's watcher does not block the takeover", cur: heldBy(expired),
-			in: func(i acquireInput) acquireInput {
-				i.Takeover = true
+			in: takeover(func(i acquireInput) acquireInput {
+				i = seenExpired(i)
 				i.Info.Watchers = []string{expired.ClientAddr}
 				return i
-			}, epoch: 5, evict: 1, holdersN: 1},
+			}), epoch: 5, evict: 1, holdersN: 1},
 		{name: "image recreated under the same name: old holders dropped, epoch goes on", cur: heldBy(live),
 			in: func(i acquireInput) acquireInput { i.Info.ID = "id2"; return i }, epoch: 5, holdersN: 1},
 	} {

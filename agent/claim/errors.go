@@ -33,9 +33,23 @@ type HeldError struct {
 	Access  Access
 	Epoch   uint64
 	Holders []Holder
-	Now     time.Time
+	// Leases is what this node knows of each holder's lease (by node id), judged on this
+	// node's own clock.
+	Leases map[string]LeaseView
 	// Reason adds why a takeover was not done, when one was asked for.
 	Reason string
+}
+
+// RetryAfter is when a takeover could be tried again: once every live holder's watch has run
+// a whole lease without a renewal (0 when no holder is being watched).
+func (e *HeldError) RetryAfter() time.Duration {
+	var d time.Duration
+	for _, h := range e.Holders {
+		if v, ok := e.Leases[h.NodeID]; ok && !v.Expired {
+			d = max(d, v.RetryAfter)
+		}
+	}
+	return d
 }
 
 func (e *HeldError) Is(target error) bool { return target == ErrClaimedElsewhere }
@@ -56,13 +70,14 @@ func (e *HeldError) Error() string {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		fmt.Fprintf(&b, "node %s (host %s, addr %s) at epoch %d since %s, lease renewed %s ago",
-			h.NodeID, orDash(h.Hostname), orDash(h.NodeAddr), h.Epoch, h.AcquiredAt.UTC().Format(time.RFC3339),
-			e.Now.Sub(h.RenewedAt).Round(time.Second))
-		if h.Expired(e.Now) {
-			b.WriteString(" (expired)")
-		} else {
-			fmt.Fprintf(&b, " (expires in %s)", h.LeaseExpiry().Sub(e.Now).Round(time.Second))
+		fmt.Fprintf(&b, "node %s (host %s, addr %s) at epoch %d since %s",
+			h.NodeID, orDash(h.Hostname), orDash(h.NodeAddr), h.Epoch, h.AcquiredAt.UTC().Format(time.RFC3339))
+		switch v, ok := e.Leases[h.NodeID]; {
+		case !ok:
+		case v.Expired:
+			fmt.Fprintf(&b, " (lease expired: its heartbeat has not changed for %s on this node's clock)", v.Unchanged.Round(time.Second))
+		default:
+			fmt.Fprintf(&b, " (live: watching node %s's lease; a takeover is possible in %s unless it renews)", h.NodeID, ceilSeconds(v.RetryAfter))
 		}
 	}
 	if e.Reason != "" {
@@ -92,4 +107,9 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// ceilSeconds rounds d up to whole seconds (a retry sooner than that would be refused again).
+func ceilSeconds(d time.Duration) time.Duration {
+	return ((d + time.Second - 1) / time.Second) * time.Second
 }

@@ -14,10 +14,19 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/internal/cephtest"
 )
 
-// clock is a settable clock shared by the stores of one test.
+// clock is a settable clock shared by the stores of one test: a wall clock (written into
+// records) and a monotonic one (what leases are judged on), advanced together.
 type clock struct {
-	mu sync.Mutex
-	t  time.Time
+	mu   sync.Mutex
+	t    time.Time
+	mono time.Duration
+}
+
+// Mono is the monotonic reading.
+func (c *clock) Mono() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mono
 }
 
 func newClock() *clock { return &clock{t: time.Now().UTC()} }
@@ -31,6 +40,7 @@ func (c *clock) Now() time.Time {
 func (c *clock) Advance(d time.Duration) {
 	c.mu.Lock()
 	c.t = c.t.Add(d)
+	c.mono += d
 	c.mu.Unlock()
 }
 
@@ -58,7 +68,7 @@ func newNodeWith(t testing.TB, id string, clk *clock, o cephconn.Options) node {
 		FenceExpiry: time.Hour,
 	}
 	if clk != nil {
-		cfg.Now = clk.Now
+		cfg.Now, cfg.Mono = clk.Now, clk.Mono
 	}
 	s, err := NewStore(conn, cfg)
 	if err != nil {

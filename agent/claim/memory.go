@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -20,7 +21,7 @@ type Memory struct {
 	fsid string
 
 	mu          sync.Mutex
-	objects     map[Image]memObject
+	objects     map[memKey]memObject
 	images      map[Image]memImage
 	pools       map[string]bool
 	blocklisted map[string]time.Time
@@ -28,6 +29,13 @@ type Memory struct {
 	own         string
 	Hook        func(ctx context.Context, call string, img Image) error
 }
+
+// memKey is one object: its pool and namespace, and its name.
+type memKey struct {
+	pool, namespace, oid string
+}
+
+func keyOf(loc Image, oid string) memKey { return memKey{loc.Pool, loc.Namespace, oid} }
 
 type memObject struct {
 	data []byte
@@ -41,7 +49,7 @@ type memImage struct {
 
 // NewMemory returns an empty in-memory cluster with the given fsid.
 func NewMemory(fsid string) *Memory {
-	return &Memory{fsid: fsid, objects: map[Image]memObject{}, images: map[Image]memImage{}, pools: map[string]bool{},
+	return &Memory{fsid: fsid, objects: map[memKey]memObject{}, images: map[Image]memImage{}, pools: map[string]bool{},
 		blocklisted: map[string]time.Time{}}
 }
 
@@ -88,7 +96,16 @@ func (m *Memory) Blocklisted(addr string) bool {
 func (m *Memory) Version(img Image) uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.objects[img].ver
+	return m.objects[keyOf(img, objectOf(img))].ver
+}
+
+// Put writes an object as another client would (a new version), e.g. a record of an older
+// format.
+func (m *Memory) Put(loc Image, oid string, data []byte) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.version++
+	m.objects[keyOf(loc, oid)] = memObject{data: append([]byte(nil), data...), ver: m.version}
 }
 
 func (m *Memory) hook(ctx context.Context, call string, img Image) error {
@@ -115,7 +132,7 @@ func (m *Memory) SetHook(h func(ctx context.Context, call string, img Image) err
 func (m *Memory) FSID() string { return m.fsid }
 
 // Read returns the object's content and version.
-func (m *Memory) Read(ctx context.Context, img Image) ([]byte, uint64, error) {
+func (m *Memory) Read(ctx context.Context, img Image, oid string) ([]byte, uint64, error) {
 	if err := m.hook(ctx, "read", img); err != nil {
 		return nil, 0, err
 	}
@@ -124,7 +141,7 @@ func (m *Memory) Read(ctx context.Context, img Image) ([]byte, uint64, error) {
 	if !m.pools[img.Pool] {
 		return nil, 0, fmt.Errorf("open pool %s: %w", img.Pool, ErrNotFound)
 	}
-	o, ok := m.objects[img]
+	o, ok := m.objects[keyOf(img, oid)]
 	if !ok {
 		return nil, 0, nil
 	}
@@ -132,7 +149,7 @@ func (m *Memory) Read(ctx context.Context, img Image) ([]byte, uint64, error) {
 }
 
 // CompareAndWrite writes iff the object is at ver (0: does not exist).
-func (m *Memory) CompareAndWrite(ctx context.Context, img Image, ver uint64, data []byte) error {
+func (m *Memory) CompareAndWrite(ctx context.Context, img Image, oid string, ver uint64, data []byte) error {
 	if err := m.hook(ctx, "write", img); err != nil {
 		return err
 	}
@@ -141,27 +158,29 @@ func (m *Memory) CompareAndWrite(ctx context.Context, img Image, ver uint64, dat
 	if !m.pools[img.Pool] {
 		return fmt.Errorf("open pool %s: %w", img.Pool, ErrNotFound)
 	}
-	o, ok := m.objects[img]
+	k := keyOf(img, oid)
+	o, ok := m.objects[k]
 	if (ver == 0 && ok) || (ver != 0 && (!ok || o.ver != ver)) {
 		return ErrConflict
 	}
 	m.version++
-	m.objects[img] = memObject{data: append([]byte(nil), data...), ver: m.version}
+	m.objects[k] = memObject{data: append([]byte(nil), data...), ver: m.version}
 	return nil
 }
 
 // CompareAndRemove deletes iff the object is at ver.
-func (m *Memory) CompareAndRemove(ctx context.Context, img Image, ver uint64) error {
+func (m *Memory) CompareAndRemove(ctx context.Context, img Image, oid string, ver uint64) error {
 	if err := m.hook(ctx, "remove", img); err != nil {
 		return err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	o, ok := m.objects[img]
+	k := keyOf(img, oid)
+	o, ok := m.objects[k]
 	if !ok || o.ver != ver {
 		return ErrConflict
 	}
-	delete(m.objects, img)
+	delete(m.objects, k)
 	return nil
 }
 
@@ -176,9 +195,9 @@ func (m *Memory) Objects(ctx context.Context, pool string) ([]Image, error) {
 		return nil, fmt.Errorf("list claims of pool %s: %w", pool, ErrNotFound)
 	}
 	var out []Image
-	for img := range m.objects {
-		if img.Pool == pool {
-			out = append(out, img)
+	for k := range m.objects {
+		if name, ok := strings.CutPrefix(k.oid, ObjectPrefix); ok && k.pool == pool && name != "" {
+			out = append(out, Image{Pool: k.pool, Namespace: k.namespace, Image: name})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })

@@ -13,7 +13,7 @@ import (
 func memNode(t *testing.T, m *Memory, id string, clk *clock) *Store {
 	t.Helper()
 	s, err := NewStoreOn(m, Config{Node: Node{ID: id, Hostname: "host-" + id, AgentVersion: "test"}, Lease: 15 * time.Second,
-		FenceExpiry: time.Hour, Now: clk.Now})
+		FenceExpiry: time.Hour, Now: clk.Now, Mono: clk.Mono})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,30 +26,30 @@ func TestMemoryVersionSemantics(t *testing.T) {
 	m := NewMemory("fsid")
 	img := Image{Pool: "rbd", Image: "x"}
 	m.AddImage(img, "id1")
-	if err := m.CompareAndWrite(ctx, img, 0, []byte("a")); err != nil {
+	if err := m.CompareAndWrite(ctx, img, objectOf(img), 0, []byte("a")); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.CompareAndWrite(ctx, img, 0, []byte("b")); !errors.Is(err, ErrConflict) {
+	if err := m.CompareAndWrite(ctx, img, objectOf(img), 0, []byte("b")); !errors.Is(err, ErrConflict) {
 		t.Fatalf("exclusive create of an existing object: %v", err)
 	}
-	_, v1, _ := m.Read(ctx, img)
-	if err := m.CompareAndWrite(ctx, img, v1+1, []byte("c")); !errors.Is(err, ErrConflict) {
+	_, v1, _ := m.Read(ctx, img, objectOf(img))
+	if err := m.CompareAndWrite(ctx, img, objectOf(img), v1+1, []byte("c")); !errors.Is(err, ErrConflict) {
 		t.Fatalf("write at a wrong version: %v", err)
 	}
-	if err := m.CompareAndWrite(ctx, img, v1, []byte("d")); err != nil {
+	if err := m.CompareAndWrite(ctx, img, objectOf(img), v1, []byte("d")); err != nil {
 		t.Fatal(err)
 	}
-	data, v2, _ := m.Read(ctx, img)
+	data, v2, _ := m.Read(ctx, img, objectOf(img))
 	if string(data) != "d" || v2 <= v1 {
 		t.Fatalf("after write: %q v%d (was v%d)", data, v2, v1)
 	}
-	if err := m.CompareAndRemove(ctx, img, v1); !errors.Is(err, ErrConflict) {
+	if err := m.CompareAndRemove(ctx, img, objectOf(img), v1); !errors.Is(err, ErrConflict) {
 		t.Fatalf("remove at an old version: %v", err)
 	}
-	if err := m.CompareAndRemove(ctx, img, v2); err != nil {
+	if err := m.CompareAndRemove(ctx, img, objectOf(img), v2); err != nil {
 		t.Fatal(err)
 	}
-	if d, v, err := m.Read(ctx, img); d != nil || v != 0 || err != nil {
+	if d, v, err := m.Read(ctx, img, objectOf(img)); d != nil || v != 0 || err != nil {
 		t.Fatalf("after remove: %q %d %v", d, v, err)
 	}
 }

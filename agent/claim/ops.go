@@ -25,6 +25,9 @@ type Result struct {
 	Again bool
 	// Fenced lists the holders that were blocklisted to take the image over.
 	Fenced []Fence
+	// HeartbeatErr is set when this node's heartbeat in the image's pool could not be written
+	// after the claim (the claim stands; the next renewal writes it).
+	HeartbeatErr error
 }
 
 // Acquire gives this node a hold on the image, or says who has it. It is idempotent: asking
@@ -48,9 +51,14 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 		Takeover: req.Takeover, Info: info, Me: s.me(), Fenced: map[string]bool{}}
 	var res Result
 	fences := map[string]Fence{} // holders this call has blocklisted (see acquireInput.Fenced)
-	rec, err := s.update(ctx, req.Image, func(cur *Record) (*Record, error) {
+	rec, err := s.update(ctx, req.Image, func(cur *Record, ver uint64) (*Record, error) {
 		in.Now = s.cfg.Now().UTC()
 		res = Result{}
+		leases, err := s.leases(ctx, req.Image, cur, ver)
+		if err != nil {
+			return nil, err
+		}
+		in.Leases = leases
 		plan, err := decideAcquire(cur, in)
 		if err != nil {
 			return nil, err
@@ -75,13 +83,16 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 		return nil, fmt.Errorf("acquire %s: %w", req.Image, err)
 	}
 	res.Record = rec
+	// this node's liveness where it now holds a claim, before anyone needs to watch it (the
+	// renewals keep it up from here; a failure here is only reported: it is renewed anyway)
+	res.HeartbeatErr = s.Heartbeat(ctx, req.Image.Pool, req.Image.Namespace)
 	return &res, nil
 }
 
 // me is this node's holder entry as it would be written now: its node facts and lease.
 func (s *Store) me() Holder {
-	h := Holder{NodeID: s.cfg.Node.ID, Hostname: s.cfg.Node.Hostname, AgentVersion: s.cfg.Node.AgentVersion,
-		LeaseSeconds: int64(s.cfg.Lease / time.Second)}
+	h := Holder{NodeID: s.cfg.Node.ID, Incarnation: s.cfg.Node.Incarnation, Hostname: s.cfg.Node.Hostname,
+		AgentVersion: s.cfg.Node.AgentVersion, LeaseSeconds: int64(s.cfg.Lease / time.Second)}
 	if s.cfg.Node.Addr != nil {
 		h.NodeAddr = s.cfg.Node.Addr()
 	}
@@ -134,7 +145,7 @@ func (s *Store) mine(img Image, cur *Record, epoch uint64) (*Holder, error) {
 
 // Renew extends this node's lease, only if it still holds the image at epoch.
 func (s *Store) Renew(ctx context.Context, img Image, epoch uint64) (*Record, error) {
-	rec, err := s.update(ctx, img, func(cur *Record) (*Record, error) {
+	rec, err := s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
 		h, err := s.mine(img, cur, epoch)
 		if err != nil {
 			return nil, err
@@ -151,7 +162,7 @@ func (s *Store) Renew(ctx context.Context, img Image, epoch uint64) (*Record, er
 // SetMapping records the mapping's client address and device in this node's holder entry
 // (after the map), only if it still holds the image at epoch.
 func (s *Store) SetMapping(ctx context.Context, img Image, epoch uint64, clientAddr, device string) (*Record, error) {
-	rec, err := s.update(ctx, img, func(cur *Record) (*Record, error) {
+	rec, err := s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
 		h, err := s.mine(img, cur, epoch)
 		if err != nil {
 			return nil, err
@@ -170,7 +181,7 @@ func (s *Store) SetMapping(ctx context.Context, img Image, epoch uint64, clientA
 // (and no error) when there was nothing of ours to release.
 func (s *Store) Release(ctx context.Context, img Image, epoch uint64) (bool, error) {
 	released := false
-	_, err := s.update(ctx, img, func(cur *Record) (*Record, error) {
+	_, err := s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
 		released = false
 		h := cur.Holder(s.cfg.Node.ID)
 		if h == nil || h.Epoch != epoch {
@@ -235,7 +246,7 @@ type FenceResult struct {
 // the record until ForceRelease. Fencing again blocklists again (moving the expiry).
 func (s *Store) Fence(ctx context.Context, img Image) (*FenceResult, error) {
 	var res FenceResult
-	rec, err := s.update(ctx, img, func(cur *Record) (*Record, error) {
+	rec, err := s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
 		res = FenceResult{}
 		if cur.Free() {
 			return nil, fmt.Errorf("%w: %s has no holder to fence", ErrNoClaim, img)
@@ -263,7 +274,7 @@ func (s *Store) Fence(ctx context.Context, img Image) (*FenceResult, error) {
 // fenced first: dropping a live writer's claim would let a second writer in.
 func (s *Store) ForceRelease(ctx context.Context, img Image) (bool, error) {
 	released := false
-	_, err := s.update(ctx, img, func(cur *Record) (*Record, error) {
+	_, err := s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
 		released = false
 		if cur.Free() {
 			return nil, nil
@@ -343,7 +354,7 @@ func (s *Store) removeOrphan(ctx context.Context, img Image, onlyFree bool) (boo
 		if exists {
 			return false, fmt.Errorf("remove orphan %s: %w: the image exists; its claim is not an orphan", img, ErrInvalid)
 		}
-		err = s.b.CompareAndRemove(ctx, img, ver)
+		err = s.b.CompareAndRemove(ctx, img, objectOf(img), ver)
 		if err == nil {
 			return true, nil
 		}

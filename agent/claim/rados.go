@@ -46,8 +46,8 @@ func (r *Rados) ioctx(img Image) (*rados.IOContext, error) {
 	return io, nil
 }
 
-// Read returns the claim object's content and version; (nil, 0, nil) when there is none.
-func (r *Rados) Read(ctx context.Context, img Image) ([]byte, uint64, error) {
+// Read returns object oid's content and version; (nil, 0, nil) when there is none.
+func (r *Rados) Read(ctx context.Context, img Image, oid string) ([]byte, uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
@@ -60,11 +60,11 @@ func (r *Rados) Read(ctx context.Context, img Image) ([]byte, uint64, error) {
 	defer op.Release()
 	buf := make([]byte, maxRecordSize)
 	step := op.Read(0, buf)
-	if err := op.Operate(io, objectOf(img), rados.OperationNoFlag); err != nil {
+	if err := op.Operate(io, oid, rados.OperationNoFlag); err != nil {
 		if cephconn.Code(err) == -int(syscall.ENOENT) {
 			return nil, 0, nil
 		}
-		return nil, 0, cephconn.Classify(fmt.Errorf("read claim of %s: %w", img, err), "read claim of "+img.String(), osdCap)
+		return nil, 0, cephconn.Classify(fmt.Errorf("read %s for %s: %w", oid, img, err), "read "+oid, osdCap)
 	}
 	ver, err := io.GetLastVersion()
 	if err != nil {
@@ -75,7 +75,7 @@ func (r *Rados) Read(ctx context.Context, img Image) ([]byte, uint64, error) {
 
 // CompareAndWrite writes data iff the object is at version ver (0: exclusive create), in one
 // RADOS write operation (assert-version or create-exclusive, then write-full).
-func (r *Rados) CompareAndWrite(ctx context.Context, img Image, ver uint64, data []byte) error {
+func (r *Rados) CompareAndWrite(ctx context.Context, img Image, oid string, ver uint64, data []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -92,11 +92,11 @@ func (r *Rados) CompareAndWrite(ctx context.Context, img Image, ver uint64, data
 		op.AssertVersion(ver)
 	}
 	op.WriteFull(data)
-	return r.operate(op, io, img)
+	return r.operate(op, io, img, oid)
 }
 
 // CompareAndRemove deletes the object iff it is still at version ver.
-func (r *Rados) CompareAndRemove(ctx context.Context, img Image, ver uint64) error {
+func (r *Rados) CompareAndRemove(ctx context.Context, img Image, oid string, ver uint64) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -109,11 +109,11 @@ func (r *Rados) CompareAndRemove(ctx context.Context, img Image, ver uint64) err
 	defer op.Release()
 	op.AssertVersion(ver)
 	op.Remove()
-	return r.operate(op, io, img)
+	return r.operate(op, io, img, oid)
 }
 
-func (r *Rados) operate(op *rados.WriteOp, io *rados.IOContext, img Image) error {
-	err := op.Operate(io, objectOf(img), rados.OperationNoFlag)
+func (r *Rados) operate(op *rados.WriteOp, io *rados.IOContext, img Image, oid string) error {
+	err := op.Operate(io, oid, rados.OperationNoFlag)
 	switch -cephconn.Code(err) {
 	case 0:
 		return err
@@ -121,7 +121,7 @@ func (r *Rados) operate(op *rados.WriteOp, io *rados.IOContext, img Image) error
 		// EEXIST: created meanwhile; ERANGE/EOVERFLOW: version moved on; ENOENT: removed.
 		return ErrConflict
 	}
-	return cephconn.Classify(fmt.Errorf("write claim of %s: %w", img, err), "write claim of "+img.String(), osdCap)
+	return cephconn.Classify(fmt.Errorf("write %s for %s: %w", oid, img, err), "write "+oid, osdCap)
 }
 
 // Objects lists the images with a claim object in pool, in every namespace, sorted.

@@ -9,8 +9,15 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/image"
 )
 
-// FormatVersion is the version of the claim record's JSON layout.
-const FormatVersion = 1
+// FormatVersion is the version of the claim record's and the heartbeat's JSON layout. Format 2
+// (liveness by heartbeats, judged on the observer's clock) is refused by agents that read only
+// format 1, so a cluster mixing old and new agents fails closed: an old agent cannot take an
+// image from a new one by reading a timestamp it no longer renews.
+const FormatVersion = 2
+
+// legacyFormat is the format of agents from before heartbeats: each holder renews its claim
+// record, so a new agent reads those renewals as the holder's liveness.
+const legacyFormat = 1
 
 // ObjectPrefix starts the name of every claim object; the image's name follows it.
 // The object lives in the image's own pool and namespace.
@@ -68,8 +75,11 @@ func validateImage(i Image) error {
 
 // Holder is one node's hold on an image.
 type Holder struct {
-	NodeID   string `json:"node_id"`
-	Hostname string `json:"hostname"`
+	NodeID string `json:"node_id"`
+	// Incarnation tells a node that came back without its state from the one that made the
+	// claim (a new value whenever the agent's state directory is new).
+	Incarnation string `json:"incarnation,omitempty"`
+	Hostname    string `json:"hostname"`
 	// NodeAddr is the node's source address toward the monitors (fenced as ip:0/0 when no
 	// mapping address is known yet).
 	NodeAddr string `json:"node_addr"`
@@ -86,14 +96,6 @@ type Holder struct {
 	// Fenced is set once an admin blocklisted this holder; it can no longer renew.
 	Fenced bool `json:"fenced,omitempty"`
 }
-
-// LeaseExpiry is when the holder's lease runs out unless renewed.
-func (h Holder) LeaseExpiry() time.Time {
-	return h.RenewedAt.Add(time.Duration(h.LeaseSeconds) * time.Second)
-}
-
-// Expired says whether the lease had run out at now.
-func (h Holder) Expired(now time.Time) bool { return now.After(h.LeaseExpiry()) }
 
 // fenceAddr is the address that cuts this holder off: its mapping's, else its whole host's.
 func (h Holder) fenceAddr() string {
@@ -188,8 +190,8 @@ func decode(data []byte) (*Record, error) {
 	if err := json.Unmarshal(data, &r); err != nil {
 		return nil, fmt.Errorf("claim record is not valid JSON: %w", err)
 	}
-	if r.Format != FormatVersion {
-		return nil, fmt.Errorf("claim record has format %d, this agent reads %d", r.Format, FormatVersion)
+	if r.Format != FormatVersion && r.Format != legacyFormat {
+		return nil, fmt.Errorf("claim record has format %d, this agent reads %d and %d", r.Format, legacyFormat, FormatVersion)
 	}
 	return &r, nil
 }

@@ -28,6 +28,9 @@ type Node struct {
 	Addr func() string
 	// AgentVersion is recorded in every holder entry.
 	AgentVersion string
+	// Incarnation is recorded in every holder entry and heartbeat: it changes when the
+	// agent's state is lost (see Holder.Incarnation).
+	Incarnation string
 }
 
 // Config configures a Store.
@@ -38,8 +41,14 @@ type Config struct {
 	// FenceExpiry is how long a fenced address stays blocklisted (default 7 days: long
 	// enough to outlive a node that reboots, unlike Ceph's one-hour default).
 	FenceExpiry time.Duration
-	// Now is the clock (tests); default time.Now.
+	// Now is the wall clock, written into records for people (tests); default time.Now.
 	Now func() time.Time
+	// Mono is this process's monotonic clock, the only clock a lease is judged on (tests give
+	// each node its own); default: the time since the store was made.
+	Mono func() time.Duration
+	// OnSkew, when set, hears of a holder whose heartbeat, just seen to change, carries a
+	// timestamp ahead of this node's wall clock, or behind it by more than a third of the lease.
+	OnSkew func(node string, skew time.Duration)
 }
 
 // Defaults.
@@ -56,6 +65,7 @@ type Store struct {
 	cfg  Config
 	// afterFence runs after each blocklisting (tests use it to interleave a holder's renewal)
 	afterFence func()
+	obs        *Observer
 }
 
 // NewStore returns a Store on a RADOS connection (owned by the caller).
@@ -84,7 +94,11 @@ func NewStoreOn(b Backend, cfg Config) (*Store, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Store{b: b, fsid: b.FSID(), cfg: cfg}, nil
+	if cfg.Mono == nil {
+		start := time.Now()
+		cfg.Mono = func() time.Duration { return time.Since(start) } // monotonic reading
+	}
+	return &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver()}, nil
 }
 
 // FSID is the cluster's fsid.
@@ -98,7 +112,7 @@ func (s *Store) Backend() Backend { return s.b }
 
 // read returns the record and its object version; (nil, 0, nil) when there is none.
 func (s *Store) read(ctx context.Context, img Image) (*Record, uint64, error) {
-	data, ver, err := s.b.Read(ctx, img)
+	data, ver, err := s.b.Read(ctx, img, objectOf(img))
 	if err != nil || data == nil {
 		return nil, 0, err
 	}
@@ -113,11 +127,12 @@ func (s *Store) read(ctx context.Context, img Image) (*Record, uint64, error) {
 // in ONE atomic write. A lost race returns ErrConflict.
 func (s *Store) cas(ctx context.Context, img Image, ver uint64, rec *Record) error {
 	rec.UpdatedAt = s.cfg.Now().UTC()
+	rec.Format = FormatVersion // a legacy record is rewritten in this agent's format
 	data, err := encode(rec)
 	if err != nil {
 		return fmt.Errorf("write claim of %s: %w", img, err)
 	}
-	return s.b.CompareAndWrite(ctx, img, ver, data)
+	return s.b.CompareAndWrite(ctx, img, objectOf(img), ver, data)
 }
 
 // maxAttempts bounds the compare-and-set retries of one operation.
@@ -126,7 +141,7 @@ const maxAttempts = 64
 // update runs read → decide → compare-and-set until the write wins. decide gets the current
 // record (nil when none) and returns the record to write, or nil to write nothing; it may
 // run several times and must only look at its arguments (and may fence, which is idempotent).
-func (s *Store) update(ctx context.Context, img Image, decide func(cur *Record) (*Record, error)) (*Record, error) {
+func (s *Store) update(ctx context.Context, img Image, decide func(cur *Record, ver uint64) (*Record, error)) (*Record, error) {
 	if err := validateImage(img); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
@@ -142,7 +157,7 @@ func (s *Store) update(ctx context.Context, img Image, decide func(cur *Record) 
 		if cur != nil {
 			in = cur.clone()
 		}
-		next, err := decide(in)
+		next, err := decide(in, ver)
 		if err != nil || next == nil {
 			return cur, err
 		}

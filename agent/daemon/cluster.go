@@ -121,7 +121,7 @@ func (c *cluster) connect(ctx context.Context) (*claim.Store, Connection, error)
 	}
 	store, err := claim.NewStoreOn(conn.Backend, claim.Config{
 		Node: claim.Node{
-			ID: c.d.cfg.NodeID, Hostname: hostname, AgentVersion: version.Version,
+			ID: c.d.cfg.NodeID, Hostname: hostname, AgentVersion: version.Version, Incarnation: c.d.state.Incarnation(),
 			Addr: func() string {
 				a, err := c.d.addrs.SourceFor(c.cfg.Monitors)
 				if err != nil {
@@ -133,6 +133,8 @@ func (c *cluster) connect(ctx context.Context) (*claim.Store, Connection, error)
 		Lease:       c.d.cfg.LeaseDuration.D(),
 		FenceExpiry: c.d.cfg.FenceExpiry.D(),
 		Now:         c.d.opts.Now,
+		Mono:        c.d.opts.Mono,
+		OnSkew:      func(node string, skew time.Duration) { c.d.noteSkew(c.cfg.ID, node, skew) },
 	})
 	if err != nil {
 		if conn.Close != nil {

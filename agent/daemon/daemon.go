@@ -47,11 +47,27 @@ type Options struct {
 	// Fault, when set, is called before every saga step; an error fails the step, and
 	// ErrCrash makes the saga stop dead as if the process had been killed (tests).
 	Fault func(saga, step string) error
-	// Now is the clock used for leases (tests); default time.Now.
+	// Now is the wall clock written into records (tests); default time.Now. No decision reads it.
 	Now func() time.Time
+	// Mono is the monotonic clock leases are judged on (tests give each node its own);
+	// default: the process's own.
+	Mono func() time.Duration
 	// Connect opens a cluster (default: RADOS with the cluster's keyring); tests give an
 	// in-memory cluster.
 	Connect func(ctx context.Context, c config.Cluster) (Connection, error)
+	// Ticker makes the ticker of a periodic loop, named "reconcile", "renew <cluster id>" or
+	// "sweep", that runs every every; stop releases it. Tests hand some loops a channel of
+	// their own, to decide exactly when a round runs. Default (nil): a time.Ticker.
+	Ticker func(loop string, every time.Duration) (tick <-chan time.Time, stop func())
+}
+
+// ticker is Options.Ticker, or a time.Ticker.
+func (d *Daemon) ticker(loop string, every time.Duration) (<-chan time.Time, func()) {
+	if d.opts.Ticker != nil {
+		return d.opts.Ticker(loop, every)
+	}
+	t := time.NewTicker(every)
+	return t.C, t.Stop
 }
 
 // ErrCrash, returned by Options.Fault, simulates a kill -9 at that step: nothing is undone.
@@ -76,12 +92,14 @@ type Daemon struct {
 	problems map[state.Key]string // claims that cannot be renewed, devices that cannot be explained
 	lost     map[state.Key]bool   // claims this node knows it no longer holds (device kept)
 	// selfFenced: when this node last re-blocklisted its own lost mapping
-	selfFenced map[state.Key]time.Time
-	unmanaged  map[int]krbd.Device  // devices mapped behind the agent's back
-	beats      map[string]time.Time // when each loop last beat (see loops.go)
-	renewed    atomic.Int64         // successful renewals (tests)
-	beatEvery  time.Duration        // how often an idle loop beats (set by Run)
-	notifyOff  bool                 // sd_notify said there is no notify socket (logged once)
+	selfFenced   map[state.Key]time.Time
+	unmanaged    map[int]krbd.Device  // devices mapped behind the agent's back
+	skews        map[string]skew      // other nodes whose clocks are off, by "cluster/node"
+	beats        map[string]time.Time // when each loop last beat (see loops.go)
+	renewed      atomic.Int64         // successful heartbeats (tests)
+	heartbeatErr sync.Map             // "cluster/pool/ns" → true while its heartbeat fails
+	beatEvery    time.Duration        // how often an idle loop beats (set by Run)
+	notifyOff    bool                 // sd_notify said there is no notify socket (logged once)
 
 	ops *executor
 
@@ -112,7 +130,7 @@ func New(opts Options) (*Daemon, error) {
 	d := &Daemon{
 		opts: opts, cfg: opts.Config, log: opts.Log, audit: opts.Audit, kernel: opts.Kernel, state: st,
 		addrs: nodeaddr.New(), clusters: map[string]*cluster{},
-		beats: map[string]time.Time{}, problems: map[state.Key]string{}, lost: map[state.Key]bool{}, selfFenced: map[state.Key]time.Time{}, unmanaged: map[int]krbd.Device{},
+		beats: map[string]time.Time{}, problems: map[state.Key]string{}, lost: map[state.Key]bool{}, selfFenced: map[state.Key]time.Time{}, unmanaged: map[int]krbd.Device{}, skews: map[string]skew{},
 	}
 	d.ops = newExecutor(d)
 	if opts.Peers != nil {

@@ -35,8 +35,9 @@ func TestEveryKindHasAContractCode(t *testing.T) {
 			t.Errorf("contract code %s is no kind's", code)
 		}
 	}
-	held := &claim.HeldError{Image: claim.Image{Pool: "rbd", Image: "x"}, Access: claim.RWO, Now: time.Now(),
-		Holders: []claim.Holder{{NodeID: "node-a", Epoch: 3}}}
+	held := &claim.HeldError{Image: claim.Image{Pool: "rbd", Image: "x"}, Access: claim.RWO,
+		Holders: []claim.Holder{{NodeID: "node-a", Epoch: 3}},
+		Leases:  map[string]claim.LeaseView{"node-a": {Unchanged: 4 * time.Second, RetryAfter: 11*time.Second + 300*time.Millisecond}}}
 	for _, tc := range []struct {
 		name   string
 		err    error
@@ -74,8 +75,9 @@ func TestEveryKindHasAContractCode(t *testing.T) {
 		if e.Code != tc.code || api.HTTPStatus(e.Code) != tc.status {
 			t.Errorf("%s: %s %d, want %s %d", tc.name, e.Code, api.HTTPStatus(e.Code), tc.code, tc.status)
 		}
-		if tc.code == api.CodeClaimedElsewhere && (e.Owner == nil || e.Owner.NodeID != "node-a" || e.Owner.Epoch != 3) {
-			t.Errorf("%s: owner %+v", tc.name, e.Owner)
+		if tc.code == api.CodeClaimedElsewhere && (e.Owner == nil || e.Owner.NodeID != "node-a" || e.Owner.Epoch != 3 ||
+			e.Owner.Expired || e.Owner.LeaseAge != 4 || e.RetryAfterSeconds != 12) {
+			t.Errorf("%s: owner %+v, retry after %d", tc.name, e.Owner, e.RetryAfterSeconds)
 		}
 	}
 	if http.StatusConflict != api.HTTPStatus(api.CodeOf(fault.KindOf(cephconn.ErrBlocklisted))) {

@@ -39,6 +39,8 @@ type node struct {
 	cancel context.CancelFunc
 	done   chan error
 	sock   string
+	// manual holds the loops (Options.Ticker names) that tick only when the test says so
+	manual map[string]chan time.Time
 }
 
 func newNode(t testing.TB, id string) *node {
@@ -120,6 +122,7 @@ func (n *node) run() {
 		n.t.Fatal(err)
 	}
 	n.d.opts.Listener = l
+	n.d.opts.Ticker = n.ticker
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel, n.done = cancel, make(chan error, 1)
 	go func() { n.done <- n.d.Run(ctx) }()
@@ -141,6 +144,45 @@ func (n *node) stop() {
 		n.t.Errorf("daemon %s did not stop", n.id)
 	}
 	n.cancel = nil
+}
+
+// manualTicks makes the named periodic loops ("reconcile", "renew test") of the daemon that
+// run() starts tick only when tick or round says so, instead of every renew interval.
+func (n *node) manualTicks(loops ...string) {
+	if n.manual == nil {
+		n.manual = map[string]chan time.Time{}
+	}
+	for _, l := range loops {
+		n.manual[l] = make(chan time.Time) // unbuffered: a send returns once the loop took it
+	}
+}
+
+// ticker is the daemon's Options.Ticker: a manual channel, or a real ticker.
+func (n *node) ticker(loop string, every time.Duration) (<-chan time.Time, func()) {
+	if ch, ok := n.manual[loop]; ok {
+		return ch, func() {}
+	}
+	t := time.NewTicker(every)
+	return t.C, t.Stop
+}
+
+// tick hands the named manual loop one tick; it returns once the loop took it.
+func (n *node) tick(loop string) {
+	n.t.Helper()
+	select {
+	case n.manual[loop] <- time.Now():
+	case <-time.After(30 * time.Second):
+		n.t.Fatalf("%s: loop %q took no tick within 30 s", n.id, loop)
+	}
+}
+
+// reconcileRound returns once a whole reconciliation has run after the call: the reconcile
+// loop reconciles in line, so it takes the second tick only when the round started by the
+// first is over. (The second round may still be running.)
+func (n *node) reconcileRound() {
+	n.t.Helper()
+	n.tick("reconcile")
+	n.tick("reconcile")
 }
 
 func (n *node) noted(prefix string) bool {
@@ -168,7 +210,7 @@ func (n *node) audited(event string) []audit.Entry {
 
 func (n *node) eventually(what string, f func() bool) {
 	n.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !f() {
 		if time.Now().After(deadline) {
 			n.t.Fatalf("%s: timed out waiting for %s", n.id, what)

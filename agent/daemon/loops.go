@@ -96,8 +96,8 @@ func (d *Daemon) mainLoop(ctx context.Context, watcher *devwatch.Watcher) {
 
 // reconcileLoop compares the persisted state with the kernel every renew interval.
 func (d *Daemon) reconcileLoop(ctx context.Context) {
-	tick := time.NewTicker(d.cfg.RenewInterval.D())
-	defer tick.Stop()
+	tick, stopTick := d.ticker("reconcile", d.cfg.RenewInterval.D())
+	defer stopTick()
 	beat := time.NewTicker(d.beatEvery)
 	defer beat.Stop()
 	for {
@@ -106,7 +106,7 @@ func (d *Daemon) reconcileLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-beat.C:
-		case <-tick.C:
+		case <-tick:
 			d.reconcile(ctx)
 		}
 	}
@@ -117,8 +117,8 @@ func (d *Daemon) reconcileLoop(ctx context.Context) {
 // joined by another: its renewals are bounded by the renew interval and report themselves.
 func (d *Daemon) renewLoop(ctx context.Context, cl *cluster) {
 	name := "renew " + cl.cfg.ID
-	tick := time.NewTicker(d.cfg.RenewInterval.D())
-	defer tick.Stop()
+	tick, stopTick := d.ticker(name, d.cfg.RenewInterval.D())
+	defer stopTick()
 	beat := time.NewTicker(d.beatEvery)
 	defer beat.Stop()
 	var round sync.WaitGroup
@@ -154,19 +154,24 @@ func (d *Daemon) renewLoop(ctx context.Context, cl *cluster) {
 		case <-ctx.Done():
 			return
 		case <-beat.C:
-		case <-tick.C:
+		case <-tick:
 			start()
 		}
 	}
 }
 
-// renewRound renews every claim this node holds on cl, concurrently within renewConcurrency,
-// each bounded by the renew interval.
+// renewRound keeps this node's leases on cl: one heartbeat write per pool and namespace it
+// holds claims in (the cost is O(pools), not O(claims)), then one read of each claim to learn
+// whether it was taken or fenced (a holder learns that within a renew interval). Both run
+// concurrently within renewConcurrency, each bounded by the renew interval.
 func (d *Daemon) renewRound(ctx context.Context, cl *cluster) {
 	var ms []state.Mapping
+	places := map[[2]string][]state.Key{}
 	for _, m := range d.state.All() {
 		if m.Cluster == cl.cfg.ID && m.Claimed && (m.Phase == state.Mapped || m.Phase == state.Claimed) {
 			ms = append(ms, m)
+			p := [2]string{m.Pool, m.Namespace}
+			places[p] = append(places[p], m.Key)
 		}
 	}
 	if len(ms) == 0 {
@@ -183,34 +188,64 @@ func (d *Daemon) renewRound(ctx context.Context, cl *cluster) {
 	}
 	sem := make(chan struct{}, renewConcurrency)
 	var wg sync.WaitGroup
-	for _, m := range ms {
+	run := func(f func()) {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			d.renewOne(ctx, cl, store, m)
+			f()
 		}()
+	}
+	for p, keys := range places {
+		run(func() { d.heartbeat(ctx, cl, store, p[0], p[1], keys) })
+	}
+	wg.Wait() // the claims are checked after the heartbeats, whose problems they may clear
+	for _, m := range ms {
+		run(func() { d.checkClaim(ctx, cl, store, m) })
 	}
 	wg.Wait()
 }
 
-// renewOne renews one claim. A claim that cannot be renewed any more is reported (status,
+// heartbeat renews this node's liveness in one pool and namespace; a failure is a problem of
+// every claim held there (its lease will run out for the others' observers).
+func (d *Daemon) heartbeat(ctx context.Context, cl *cluster, store *claim.Store, pool, ns string, keys []state.Key) {
+	hctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
+	err := store.Heartbeat(hctx, pool, ns)
+	cancel()
+	d.heartbeatErr.Store(cl.cfg.ID+"/"+pool+"/"+ns, err != nil)
+	if err == nil {
+		d.renewed.Add(1)
+		return
+	}
+	msg := "lease not renewed: " + err.Error()
+	if fault.Is(err, fault.Timeout) || fault.Is(err, fault.Unavailable) {
+		msg = fmt.Sprintf("lease not renewed: cluster %s did not answer within %s: %v", cl.cfg.ID, d.cfg.RenewInterval.D(), err)
+	}
+	for _, k := range keys {
+		if d.problem(k) != msg {
+			d.log.WithError(err).WithField("image", k.String()).Warn("lease not renewed")
+		}
+		d.setProblem(k, msg)
+	}
+}
+
+// checkClaim reads one claim: a claim that is no longer this node's is reported (status,
 // journal at error priority) and its device left alone: unmapping a file system in use is
 // never the agent's call.
-func (d *Daemon) renewOne(ctx context.Context, cl *cluster, store *claim.Store, m state.Mapping) {
+func (d *Daemon) checkClaim(ctx context.Context, cl *cluster, store *claim.Store, m state.Mapping) {
 	rctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
-	_, err := store.Renew(rctx, m.Ref.Head(), m.Epoch)
+	_, err := store.Check(rctx, m.Ref.Head(), m.Epoch)
 	cancel()
 	switch {
 	case err == nil:
-		d.renewed.Add(1)
-		if p := d.problem(m.Key); p != "" {
+		failed, _ := d.heartbeatErr.Load(cl.cfg.ID + "/" + m.Pool + "/" + m.Namespace)
+		if failed != true && d.problem(m.Key) != "" {
 			d.setProblem(m.Key, "")
 		}
 	case errors.Is(err, claim.ErrFenced):
 		if cur, ok := d.state.Get(m.Key); !ok || cur.Epoch != m.Epoch || cur.Phase != m.Phase {
-			return // unmapped or changed while the renewal ran: not a lost claim
+			return // unmapped or changed while the check ran: not a lost claim
 		}
 		if !d.isLost(m.Key) {
 			d.audit.Record(audit.Entry{Event: audit.Renew, Result: audit.Failed, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace,
@@ -220,12 +255,9 @@ func (d *Daemon) renewOne(ctx context.Context, cl *cluster, store *claim.Store, 
 		d.setLost(m.Key, err.Error())
 		d.keepFenced(ctx, cl, m, err)
 	default:
-		msg := "lease not renewed: " + err.Error()
-		if fault.Is(err, fault.Timeout) || fault.Is(err, fault.Unavailable) {
-			msg = fmt.Sprintf("lease not renewed: cluster %s did not answer within %s: %v", cl.cfg.ID, d.cfg.RenewInterval.D(), err)
-		}
+		msg := "claim not checked: " + err.Error()
 		if d.problem(m.Key) != msg {
-			d.log.WithError(err).WithField("image", m.Key.String()).Warn("lease not renewed")
+			d.log.WithError(err).WithField("image", m.Key.String()).Warn("claim not checked")
 		}
 		d.setProblem(m.Key, msg)
 	}

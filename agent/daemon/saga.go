@@ -156,6 +156,9 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 			}
 			return nil, d.refused(req, peer, s.fail(err))
 		}
+		if res.HeartbeatErr != nil {
+			d.log.WithError(res.HeartbeatErr).WithField("image", t.key.String()).Warn("claimed, but this node's heartbeat in the pool was not written; the next renewal writes it")
+		}
 		epoch := res.Holder.Epoch
 		s.onFail(func(ctx context.Context) error { _, err := store.Release(ctx, t.img, epoch); return err })
 		d.audit.Record(audit.Entry{Event: audit.Claim, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,

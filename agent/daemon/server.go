@@ -231,8 +231,12 @@ func apiError(err error) *api.Error {
 	var held *claim.HeldError
 	if errors.As(err, &held) {
 		o := held.Owner()
+		lv := held.Leases[o.NodeID]
 		e.Owner = &api.Owner{NodeID: o.NodeID, Hostname: o.Hostname, NodeAddr: o.NodeAddr, ClientAddr: o.ClientAddr, Epoch: o.Epoch,
-			AcquiredAt: o.AcquiredAt, RenewedAt: o.RenewedAt, LeaseAge: held.Now.Sub(o.RenewedAt).Seconds(), Expired: o.Expired(held.Now)}
+			AcquiredAt: o.AcquiredAt, RenewedAt: o.RenewedAt, LeaseAge: lv.Unchanged.Seconds(), Expired: lv.Expired}
+		if d := held.RetryAfter(); d > 0 {
+			e.RetryAfterSeconds = int64((d + time.Second - 1) / time.Second)
+		}
 	}
 	return e
 }
@@ -521,6 +525,7 @@ func (d *Daemon) Status() api.Status {
 			st.Problems = append(st.Problems, dv.Device+": "+dv.Problem)
 		}
 	}
+	st.Problems = append(st.Problems, d.skewProblems()...)
 	sort.Strings(st.Problems)
 	return st
 }

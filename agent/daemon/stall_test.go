@@ -207,7 +207,13 @@ func TestStalledClusterDoesNotStopRenewalsOrTheWatchdog(t *testing.T) {
 // open) holds its own image only.
 func TestStuckUnmapDoesNotStopRenewalsOrTheWatchdog(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000002")
-	n := startMemDaemon(t, c)
+	// the unmap retries EBUSY for EBusyRetry (3 s by default) and then fails: longer than
+	// anything below may take, so that it is still stuck when the assertions run
+	n := startMemDaemonWith(t, func(o *Options) {
+		kc := o.Kernel.Config()
+		kc.EBusyRetry = time.Hour
+		o.Kernel = krbd.New(kc)
+	}, c)
 	defer n.stop(t)
 	busy := n.mapImage(t, c, "busy")
 	n.mapImage(t, c, "other")

@@ -18,8 +18,8 @@ import (
 func (d *Daemon) sweepLoop(ctx context.Context) {
 	period := d.cfg.OrphanSweepInterval.D()
 	check := min(period/4, time.Minute)
-	tick := time.NewTicker(check)
-	defer tick.Stop()
+	tick, stopTick := d.ticker("sweep", check)
+	defer stopTick()
 	beat := time.NewTicker(d.beatEvery)
 	defer beat.Stop()
 	next := map[state.Pool]time.Time{}
@@ -36,7 +36,7 @@ func (d *Daemon) sweepLoop(ctx context.Context) {
 		case <-beat.C:
 		case p := <-done:
 			delete(running, p)
-		case <-tick.C:
+		case <-tick:
 			now := time.Now()
 			for _, p := range d.state.ClaimPools() {
 				if _, ok := next[p]; !ok {

@@ -54,7 +54,7 @@ func TestOrphanSweep(t *testing.T) {
 		t.Fatalf("sweep removed %d (%v), want 1", removed, err)
 	}
 	for name, want := range map[string]bool{"gone": false, "kept": true, "held": true, "raced": true} {
-		if _, v, _ := c.m.Read(bg, img(name)); (v != 0) != want {
+		if v := c.m.Version(img(name)); (v != 0) != want {
 			t.Errorf("%s: record present %v, want %v", name, v != 0, want)
 		}
 	}

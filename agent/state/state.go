@@ -4,6 +4,8 @@
 package state
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -70,6 +72,8 @@ type file struct {
 	// ClaimPools are the pools this node holds or has held claims in (the orphan sweep's
 	// list); an older agent ignores the field.
 	ClaimPools []Pool `json:"claim_pools,omitempty"`
+	// Incarnation names this state: a node whose state is lost comes back with a new one.
+	Incarnation string `json:"incarnation,omitempty"`
 }
 
 // Pool is one pool of one cluster.
@@ -84,7 +88,12 @@ type Store struct {
 	mu    sync.Mutex
 	m     map[Key]Mapping
 	pools map[Pool]bool
+	inc   string
 }
+
+// Incarnation is this state's random name, made when the state was first written: claims
+// record it, so that a node that lost its state is told apart from the one that claimed.
+func (s *Store) Incarnation() string { return s.inc }
 
 // Open loads dir/mappings.json (creating dir when needed).
 func Open(dir string) (*Store, error) {
@@ -94,7 +103,7 @@ func Open(dir string) (*Store, error) {
 	s := &Store{path: filepath.Join(dir, "mappings.json"), m: map[Key]Mapping{}, pools: map[Pool]bool{}}
 	data, err := os.ReadFile(s.path)
 	if errors.Is(err, os.ErrNotExist) {
-		return s, nil
+		return s, s.newIncarnation()
 	}
 	if err != nil {
 		return nil, fmt.Errorf("state: %w", err)
@@ -112,7 +121,21 @@ func Open(dir string) (*Store, error) {
 	for _, p := range f.ClaimPools {
 		s.pools[p] = true
 	}
+	if s.inc = f.Incarnation; s.inc == "" { // a state from before incarnations
+		return s, s.newIncarnation()
+	}
 	return s, nil
+}
+
+func (s *Store) newIncarnation() error {
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		return fmt.Errorf("state: incarnation: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inc = hex.EncodeToString(b)
+	return s.save()
 }
 
 // Get returns the mapping of k.
@@ -192,7 +215,7 @@ func (s *Store) Delete(k Key) error {
 }
 
 func (s *Store) save() error {
-	f := file{Format: 1, Mappings: make([]Mapping, 0, len(s.m))}
+	f := file{Format: 1, Mappings: make([]Mapping, 0, len(s.m)), Incarnation: s.inc}
 	for _, m := range s.m {
 		f.Mappings = append(f.Mappings, m)
 	}

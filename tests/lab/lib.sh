@@ -85,17 +85,32 @@ claim_json() {
 }
 # first_holder_field IMAGE FIELD: a field of the claim's first holder
 first_holder_field() { claim_json "$1" | jq -r ".holders[0].$2"; }
-# wait_lease_unrenewed IMAGE: poll the claim until its renewed_at has stayed the same for a whole
-# lease (plus 2 s), measured on this host's clock from the first look; bounded by 4 leases
+# heartbeat_mark NODE [POOL[/NS]]: NODE's liveness record in the pool as "incarnation/seq"
+# ("none" when there is none); it changes at every renewal
+heartbeat_mark() {
+  local pool=${2:-rbd} nsarg=() out
+  case $pool in */*) nsarg=(-N "${pool#*/}"); pool=${pool%%/*} ;; esac
+  out=$(rados -p "$pool" "${nsarg[@]}" get "rbd-owner.node.$1" - 2>/dev/null | jq -r '"\(.incarnation)/\(.seq)"') || out=""
+  echo "${out:-none}"
+}
+# wait_lease_unrenewed NODE [POOL[/NS]]: poll NODE's heartbeat until it has stayed the same for
+# a whole lease (plus 2 s), measured on this host's clock from the first look (the rule the
+# agents follow on their own clocks); bounded by 4 leases
 wait_lease_unrenewed() {
   local lease_s=${LEASE%s} last seen cur end
-  last=$(first_holder_field "$1" renewed_at); seen=$(now); end=$(echo "$seen + 4 * $lease_s" | bc)
+  last=$(heartbeat_mark "$@"); seen=$(now); end=$(echo "$seen + 4 * $lease_s" | bc)
   while [ "$(echo "$(now) - $seen < $lease_s + 2" | bc)" = 1 ]; do
     [ "$(echo "$(now) < $end" | bc)" = 1 ] || return 1
-    cur=$(first_holder_field "$1" renewed_at)
+    cur=$(heartbeat_mark "$@")
     [ "$cur" = "$last" ] || { last=$cur; seen=$(now); }
     sleep 0.5
   done
+}
+# wait_seconds SECONDS: let SECONDS of this host's clock pass (a lease window to wait out),
+# polled, never one long sleep
+wait_seconds() {
+  local end; end=$(echo "$(now) + $1" | bc)
+  while [ "$(echo "$(now) < $end" | bc)" = 1 ]; do sleep 0.2; done
 }
 
 # ---- the command channel --------------------------------------------------------------------
@@ -230,7 +245,7 @@ EOF
     || { cat "$LAB_DIR/logs/ceph-up.log" >&2; die "ceph up failed"; }
   FSID=$(awk '$1=="fsid"{print $3}' "$CEPHDIR/ceph.conf")
   [[ $FSID =~ ^[0-9a-f-]{36}$ ]] || die "ceph up: no fsid in $CEPHDIR/ceph.conf (got '$FSID')"
-  local im; for im in img2 img3 ns1/img4 kimg1 ns1/kimg2; do rbd create --size 64M "rbd/$im" || die "rbd create $im"; done
+  local im; for im in img2 img3 ns1/img4 kimg1 ns1/kimg2 skew1; do rbd create --size 64M "rbd/$im" || die "rbd create $im"; done
   rbd snap create rbd/kimg1@s1 >/dev/null 2>&1 || die "rbd snap create kimg1@s1"
   lab_save_env
   for n in "${NODES[@]}"; do install -m 0600 "$CEPHDIR/client.rbdowner.keyring" "$(share "$n")/keyring"; done

@@ -127,11 +127,14 @@ func report(cmd string, err error, stderr io.Writer) int {
 						what = f[len(f)-1]
 					}
 				}
-				msg = fmt.Sprintf("%s is held by node %s (host %s) at epoch %d since %s, lease renewed %.0fs ago",
-					what, o.NodeID, o.Hostname, o.Epoch, o.AcquiredAt.Format(time.RFC3339), o.LeaseAge)
-				if o.Expired {
-					msg += " (expired: map with --takeover to fence it and take over)"
-				} else {
+				msg = fmt.Sprintf("%s is held by node %s (host %s) at epoch %d since %s",
+					what, o.NodeID, o.Hostname, o.Epoch, o.AcquiredAt.Format(time.RFC3339))
+				switch {
+				case o.Expired:
+					msg += fmt.Sprintf(" (lease expired: its heartbeat has not changed for %.0fs on this node's clock; map with --takeover to fence it and take over)", o.LeaseAge)
+				case ae.RetryAfterSeconds > 0:
+					msg += fmt.Sprintf(" (live: watching node %s's lease; a takeover is possible in %ds unless it renews; if that node is dead, retry with --takeover then, or run `rbd-owner fence` and `rbd-owner release --force`)", o.NodeID, ae.RetryAfterSeconds)
+				default:
 					msg += " (live: if that node is dead, run `rbd-owner fence` and `rbd-owner release --force` first)"
 				}
 			}
