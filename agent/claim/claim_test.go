@@ -19,7 +19,7 @@ func TestAcquireWritesARecordRadosCanRead(t *testing.T) {
 	for _, ns := range []string{"", cephtest.Namespace} {
 		t.Run("ns="+ns, func(t *testing.T) {
 			img := testImage(t, ns)
-			a := newNode(t, "node-a", nil)
+			a := newNode(t, "nodeA", nil)
 			res, err := a.Acquire(ctx(t), Request{Image: img})
 			if err != nil {
 				t.Fatal(err)
@@ -54,7 +54,7 @@ func TestAcquireWritesARecordRadosCanRead(t *testing.T) {
 					t.Errorf("holder lacks %q: %s", k, buf[:n])
 				}
 			}
-			if raw["cluster_fsid"] != a.FSID() || raw["image"] != img.Image || raw["namespace"] != ns || h["node_id"] != "node-a" {
+			if raw["cluster_fsid"] != a.FSID() || raw["image"] != img.Image || raw["namespace"] != ns || h["node_id"] != "nodeA" {
 				t.Errorf("record has wrong values: %s", buf[:n])
 			}
 			if raw["image_id"] == "" {
@@ -67,7 +67,7 @@ func TestAcquireWritesARecordRadosCanRead(t *testing.T) {
 func TestReacquireIsIdempotent(t *testing.T) {
 	img := testImage(t, "")
 	clk := newClock()
-	a := newNode(t, "node-a", clk)
+	a := newNode(t, "nodeA", clk)
 	first, err := a.Acquire(ctx(t), Request{Image: img})
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +90,7 @@ func TestReacquireIsIdempotent(t *testing.T) {
 
 func TestClaimedElsewhereNamesTheOwner(t *testing.T) {
 	img := testImage(t, cephtest.Namespace)
-	a, b := newNode(t, "node-a", nil), newNode(t, "node-b", nil)
+	a, b := newNode(t, "nodeA", nil), newNode(t, "nodeB", nil)
 	if _, err := a.Acquire(ctx(t), Request{Image: img}); err != nil {
 		t.Fatal(err)
 	}
@@ -99,10 +99,10 @@ func TestClaimedElsewhereNamesTheOwner(t *testing.T) {
 		t.Fatalf("want ErrClaimedElsewhere, got %v", err)
 	}
 	var held *HeldError
-	if !errors.As(err, &held) || held.Owner().NodeID != "node-a" || held.Epoch != 1 {
+	if !errors.As(err, &held) || held.Owner().NodeID != "nodeA" || held.Epoch != 1 {
 		t.Fatalf("error does not carry the owner: %#v", err)
 	}
-	for _, want := range []string{"node node-a", "host-node-a", "epoch 1", "a takeover is possible in"} {
+	for _, want := range []string{"node nodeA", "host-nodeA", "epoch 1", "a takeover is possible in"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("message %q lacks %q", err, want)
 		}
@@ -113,7 +113,7 @@ func TestClaimedElsewhereNamesTheOwner(t *testing.T) {
 		t.Fatalf("takeover of a live lease: want refusal, got %v", err)
 	}
 	rec, err := b.Inspect(ctx(t), img)
-	if err != nil || len(rec.Fences) != 0 || rec.Holder("node-a") == nil {
+	if err != nil || len(rec.Fences) != 0 || rec.Holder("nodeA") == nil {
 		t.Fatalf("refused takeover changed the record: %+v %v", rec, err)
 	}
 }
@@ -121,7 +121,7 @@ func TestClaimedElsewhereNamesTheOwner(t *testing.T) {
 func TestRenewOnlyWhileOwnedAtEpoch(t *testing.T) {
 	img := testImage(t, "")
 	clk := newClock()
-	a, b := newNode(t, "node-a", clk), newNode(t, "node-b", clk)
+	a, b := newNode(t, "nodeA", clk), newNode(t, "nodeB", clk)
 	res, err := a.Acquire(ctx(t), Request{Image: img})
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +131,7 @@ func TestRenewOnlyWhileOwnedAtEpoch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := rec.Holder("node-a").RenewedAt; !got.Equal(clk.Now()) {
+	if got := rec.Holder("nodeA").RenewedAt; !got.Equal(clk.Now()) {
 		t.Fatalf("renewed_at = %v, want %v", got, clk.Now())
 	}
 	if _, err := a.Renew(ctx(t), img, res.Holder.Epoch+1); !errors.Is(err, ErrFenced) {
@@ -147,7 +147,7 @@ func TestRenewOnlyWhileOwnedAtEpoch(t *testing.T) {
 
 func TestSetMappingAndRelease(t *testing.T) {
 	img := testImage(t, cephtest.Namespace)
-	a, b := newNode(t, "node-a", nil), newNode(t, "node-b", nil)
+	a, b := newNode(t, "nodeA", nil), newNode(t, "nodeB", nil)
 	res, err := a.Acquire(ctx(t), Request{Image: img})
 	if err != nil {
 		t.Fatal(err)
@@ -156,7 +156,7 @@ func TestSetMappingAndRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h := rec.Holder("node-a"); h.ClientAddr != fakeClientAddr(1) || h.Device != "/dev/rbd3" {
+	if h := rec.Holder("nodeA"); h.ClientAddr != fakeClientAddr(1) || h.Device != "/dev/rbd3" {
 		t.Fatalf("mapping not recorded: %+v", h)
 	}
 	if _, err := b.SetMapping(ctx(t), img, res.Holder.Epoch, "x", "y"); !errors.Is(err, ErrFenced) {
@@ -187,7 +187,7 @@ func TestSetMappingAndRelease(t *testing.T) {
 }
 
 func TestMissingImagePoolAndClaim(t *testing.T) {
-	a := newNode(t, "node-a", nil)
+	a := newNode(t, "nodeA", nil)
 	for _, img := range []Image{
 		{Pool: cephtest.Pool, Image: "no-such-image"},
 		{Pool: cephtest.Pool, Namespace: "no-such-ns", Image: "x"},
@@ -224,7 +224,7 @@ func TestWatcherNotExplainedByClaimIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := newNode(t, "node-a", nil)
+	a := newNode(t, "nodeA", nil)
 	_, err = a.Acquire(ctx(t), Request{Image: img})
 	addr, _ := admin.GetAddrs()
 	if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), addr) {
@@ -255,8 +255,8 @@ func TestWatcherNotExplainedByClaimIsRefused(t *testing.T) {
 func TestTakeoverFencesTheOldHolder(t *testing.T) {
 	img := testImage(t, "")
 	clk := newClock()
-	a, b := newNode(t, "node-a", clk), newNode(t, "node-b", clk)
-	// node-a's "mapping" is a RADOS client of its own, standing in for the kernel's
+	a, b := newNode(t, "nodeA", clk), newNode(t, "nodeB", clk)
+	// nodeA's "mapping" is a RADOS client of its own, standing in for the kernel's
 	mapping := cephtest.Conn(t)
 	mapAddr, err := mapping.GetAddrs()
 	if err != nil {
@@ -281,7 +281,7 @@ func TestTakeoverFencesTheOldHolder(t *testing.T) {
 	if _, err := b.Acquire(ctx(t), Request{Image: img, Takeover: true}); !errors.Is(err, ErrClaimedElsewhere) {
 		t.Fatalf("takeover before expiry: want ErrClaimedElsewhere, got %v", err)
 	}
-	clk.Advance(31 * time.Second) // node-a stopped renewing: its 30 s lease ran out
+	clk.Advance(31 * time.Second) // nodeA stopped renewing: its 30 s lease ran out
 	if _, err := b.Acquire(ctx(t), Request{Image: img}); !errors.Is(err, ErrClaimedElsewhere) {
 		t.Fatalf("expired lease without takeover asked: want ErrClaimedElsewhere, got %v", err)
 	}
@@ -289,16 +289,16 @@ func TestTakeoverFencesTheOldHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Holder.Epoch != res.Holder.Epoch+1 || len(got.Record.Holders) != 1 || got.Record.Holders[0].NodeID != "node-b" {
+	if got.Holder.Epoch != res.Holder.Epoch+1 || len(got.Record.Holders) != 1 || got.Record.Holders[0].NodeID != "nodeB" {
 		t.Fatalf("takeover result: %+v", got.Record)
 	}
-	if len(got.Fenced) != 1 || got.Fenced[0].Addr != mapAddr || got.Fenced[0].NodeID != "node-a" || got.Fenced[0].Epoch != res.Holder.Epoch {
+	if len(got.Fenced) != 1 || got.Fenced[0].Addr != mapAddr || got.Fenced[0].NodeID != "nodeA" || got.Fenced[0].Epoch != res.Holder.Epoch {
 		t.Fatalf("fence not recorded: %+v", got.Fenced)
 	}
 	if d := got.Fenced[0].Expires.Sub(clk.Now()); d < 50*time.Minute {
 		t.Fatalf("fence expires too soon: %s", d)
 	}
-	// the new holder's mapping (a fresh client, as node-b's kernel mapping would be) writes
+	// the new holder's mapping (a fresh client, as nodeB's kernel mapping would be) writes
 	// first: it knows the OSD map with the blocklist entry and the OSD catches up to that map
 	// before serving it, so the order below does not depend on how fast the monitor's new map
 	// reaches the OSD on its own
@@ -320,8 +320,8 @@ func TestTakeoverFencesTheOldHolder(t *testing.T) {
 		t.Fatalf("write through the fenced client: want -108, got %v", err)
 	}
 	// and its agent learns it has lost the claim
-	if _, err := a.Renew(ctx(t), img, res.Holder.Epoch); !errors.Is(err, ErrFenced) || !strings.Contains(err.Error(), "node-b") {
-		t.Fatalf("renew by the old holder: want ErrFenced naming node-b, got %v", err)
+	if _, err := a.Renew(ctx(t), img, res.Holder.Epoch); !errors.Is(err, ErrFenced) || !strings.Contains(err.Error(), "nodeB") {
+		t.Fatalf("renew by the old holder: want ErrFenced naming nodeB, got %v", err)
 	}
 	if ok, _ := a.Release(ctx(t), img, res.Holder.Epoch); ok {
 		t.Fatal("old holder released the new holder's claim")
@@ -331,14 +331,14 @@ func TestTakeoverFencesTheOldHolder(t *testing.T) {
 func TestTakeoverByHostAddressWhenNoMappingRecorded(t *testing.T) {
 	img := testImage(t, "")
 	clk := newClock()
-	a := newNode(t, "node-a", clk)
+	a := newNode(t, "nodeA", clk)
 	a.cfg.Node.Addr = func() string { return "127.0.0.3" } // an address no test client uses
-	b := newNode(t, "node-b", clk)
+	b := newNode(t, "nodeB", clk)
 	if _, err := a.Acquire(ctx(t), Request{Image: img}); err != nil {
 		t.Fatal(err)
 	}
-	// node-b's first look starts its watch of node-a's heartbeat: a takeover needs a whole
-	// lease of it unchanged, on node-b's clock
+	// nodeB's first look starts its watch of nodeA's heartbeat: a takeover needs a whole
+	// lease of it unchanged, on nodeB's clock
 	if _, err := b.Acquire(ctx(t), Request{Image: img, Takeover: true}); !errors.Is(err, ErrClaimedElsewhere) {
 		t.Fatalf("first look: %v", err)
 	}
@@ -358,7 +358,7 @@ func TestTakeoverByHostAddressWhenNoMappingRecorded(t *testing.T) {
 
 func TestAdminFenceThenForceRelease(t *testing.T) {
 	img := testImage(t, cephtest.Namespace)
-	a, b := newNode(t, "node-a", nil), newNode(t, "node-b", nil)
+	a, b := newNode(t, "nodeA", nil), newNode(t, "nodeB", nil)
 	res, err := a.Acquire(ctx(t), Request{Image: img})
 	if err != nil {
 		t.Fatal(err)
@@ -396,7 +396,7 @@ func TestAdminFenceThenForceRelease(t *testing.T) {
 
 func TestAccessModes(t *testing.T) {
 	img := testImage(t, "")
-	a, b, c := newNode(t, "node-a", nil), newNode(t, "node-b", nil), newNode(t, "node-c", nil)
+	a, b, c := newNode(t, "nodeA", nil), newNode(t, "nodeB", nil), newNode(t, "nodeC", nil)
 	ra, err := a.Acquire(ctx(t), Request{Image: img, Access: ROX})
 	if err != nil {
 		t.Fatal(err)
@@ -429,7 +429,7 @@ func TestAccessModes(t *testing.T) {
 
 func TestListAndOrphans(t *testing.T) {
 	admin := cephtest.AdminConn(t)
-	a := newNode(t, "node-a", nil)
+	a := newNode(t, "nodeA", nil)
 	keep := testImage(t, cephtest.Namespace)
 	gone := testImage(t, "")
 	for _, img := range []Image{keep, gone} {
@@ -484,7 +484,7 @@ func TestListAndOrphans(t *testing.T) {
 func TestRecreatedImageStartsFreeButKeepsEpoch(t *testing.T) {
 	admin := cephtest.AdminConn(t)
 	img := testImage(t, "")
-	a, b := newNode(t, "node-a", nil), newNode(t, "node-b", nil)
+	a, b := newNode(t, "nodeA", nil), newNode(t, "nodeB", nil)
 	res, err := a.Acquire(ctx(t), Request{Image: img})
 	if err != nil {
 		t.Fatal(err)
@@ -527,7 +527,7 @@ func TestPermissionDeniedNamesTheCap(t *testing.T) {
 	o.User, o.Keyring = user, path
 	img := testImage(t, "")
 	clk := newClock()
-	a := newNode(t, "node-a", clk)
+	a := newNode(t, "nodeA", clk)
 	weak := newNodeWith(t, "node-weak", clk, o)
 	res, err := a.Acquire(ctx(t), Request{Image: img})
 	if err != nil {
@@ -546,7 +546,7 @@ func TestPermissionDeniedNamesTheCap(t *testing.T) {
 		t.Fatalf("takeover without the blocklist cap: want a permission error naming the cap, got %v", err)
 	}
 	rec, _ := a.Inspect(ctx(t), img)
-	if rec.Holder("node-a") == nil || rec.Epoch != res.Holder.Epoch {
+	if rec.Holder("nodeA") == nil || rec.Epoch != res.Holder.Epoch {
 		t.Fatalf("a failed fence must not change the claim: %+v", rec)
 	}
 }
@@ -574,7 +574,7 @@ var _ = rados.OperationNoFlag
 func TestTakeoverCompletesWhenTheFencedHolderRenewsInBetween(t *testing.T) {
 	img := testImage(t, "")
 	clk := newClock()
-	a, b := newNode(t, "node-a", clk), newNode(t, "node-b", clk)
+	a, b := newNode(t, "nodeA", clk), newNode(t, "nodeB", clk)
 	res, err := a.Acquire(ctx(t), Request{Image: img})
 	if err != nil {
 		t.Fatal(err)
@@ -583,15 +583,15 @@ func TestTakeoverCompletesWhenTheFencedHolderRenewsInBetween(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := b.Acquire(ctx(t), Request{Image: img, Takeover: true}); !errors.Is(err, ErrClaimedElsewhere) {
-		t.Fatalf("first look: %v", err) // starts node-b's watch of node-a's heartbeat
+		t.Fatalf("first look: %v", err) // starts nodeB's watch of nodeA's heartbeat
 	}
 	clk.Advance(31 * time.Second)
 	renewed := false
 	b.afterFence = func() {
-		if !renewed { // node-a wakes up and renews between node-b's fence and its write
+		if !renewed { // nodeA wakes up and renews between nodeB's fence and its write
 			renewed = true
 			if _, err := a.Renew(ctx(t), img, res.Holder.Epoch); err != nil {
-				t.Errorf("node-a's late renewal: %v", err)
+				t.Errorf("nodeA's late renewal: %v", err)
 			}
 		}
 	}
@@ -599,10 +599,10 @@ func TestTakeoverCompletesWhenTheFencedHolderRenewsInBetween(t *testing.T) {
 	if err != nil {
 		t.Fatalf("takeover after fencing must complete, got %v", err)
 	}
-	if !renewed || got.Record.Holder("node-a") != nil || got.Holder.Epoch != res.Holder.Epoch+1 || len(got.Fenced) != 1 {
+	if !renewed || got.Record.Holder("nodeA") != nil || got.Holder.Epoch != res.Holder.Epoch+1 || len(got.Fenced) != 1 {
 		t.Fatalf("takeover result: renewed=%v %+v", renewed, got.Record)
 	}
 	if _, err := a.Renew(ctx(t), img, res.Holder.Epoch); !errors.Is(err, ErrFenced) {
-		t.Fatalf("node-a after the takeover: %v", err)
+		t.Fatalf("nodeA after the takeover: %v", err)
 	}
 }

@@ -50,6 +50,9 @@ type node struct {
 	conn *rados.Conn
 }
 
+// Node ids here are nodeA, nodeB, …: the daemon package's tests run against the same cluster
+// at the same time as node-a, node-b, … and renew their heartbeats, and two agents sharing an
+// id are one node to every observer.
 func newNode(t testing.TB, id string, clk *clock) node {
 	t.Helper()
 	return newNodeWith(t, id, clk, cephtest.Options(t))
