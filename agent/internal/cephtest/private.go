@@ -1,6 +1,7 @@
 package cephtest
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,9 +40,14 @@ func StartPrivate(t testing.TB) *Private {
 	}
 	up, down := repoFile(t, "tests/ceph/up"), repoFile(t, "tests/ceph/down")
 	dir := filepath.Join(t.TempDir(), "ceph")
-	// ports apart from the shared cluster's (20000-39999) and from other processes' and calls'
-	base := 40000 + (os.Getpid()%100)*200 + int(privateSeq.Add(1)%10)*20
+	// An address of this process's own in 127/8 (every one of them is on lo), so that test
+	// processes running at once (go test runs packages in parallel; CI and a developer share a
+	// machine) never meet on a port; the ports only move per call, past the OSD's range of 100.
+	pid := os.Getpid()
+	ip := fmt.Sprintf("127.%d.%d.%d", 64+(pid>>16)&63, (pid>>8)&255, 1+(pid&255)%254)
+	base := 40000 + int(privateSeq.Add(1)%20)*200
 	cmd := exec.Command(up, dir, strconv.Itoa(base), strconv.Itoa(base+10))
+	cmd.Env = append(os.Environ(), "BIND_IP="+ip)
 	out, err := cmd.CombinedOutput()
 	p := &Private{Dir: dir}
 	t.Cleanup(func() {
@@ -53,7 +59,15 @@ func StartPrivate(t testing.TB) *Private {
 		}
 	})
 	if err != nil {
-		t.Fatalf("tests/ceph/up %s: %v\n%s", dir, err, out)
+		// the daemons log to files: show their last lines too
+		logs, _ := filepath.Glob(filepath.Join(dir, "log", "*.log"))
+		for _, l := range logs {
+			if data, rerr := os.ReadFile(l); rerr == nil {
+				lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+				out = fmt.Appendf(out, "--- %s (last lines)\n%s\n", l, strings.Join(lines[max(0, len(lines)-8):], "\n"))
+			}
+		}
+		t.Fatalf("tests/ceph/up %s (bind %s, ports %d/%d): %v\n%s", dir, ip, base, base+10, err, out)
 	}
 	env := map[string]string{}
 	data, err := os.ReadFile(filepath.Join(dir, "env"))
@@ -71,12 +85,12 @@ func StartPrivate(t testing.TB) *Private {
 	p.Admin.User, p.Admin.Keyring = "admin", env["RBD_OWNER_TEST_ADMIN_KEYRING"]
 	p.Monitor = monitorV1Of(t, p.Options.ConfFile)
 	p.Secret = secretOf(t, p.Options.Keyring)
-	pid, err := os.ReadFile(filepath.Join(dir, "run", "osd.0.pid"))
+	pidText, err := os.ReadFile(filepath.Join(dir, "run", "osd.0.pid"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.osdPID, err = strconv.Atoi(strings.TrimSpace(string(pid))); err != nil || p.osdPID <= 1 {
-		t.Fatalf("osd pid file holds %q: not a process id", pid)
+	if p.osdPID, err = strconv.Atoi(strings.TrimSpace(string(pidText))); err != nil || p.osdPID <= 1 {
+		t.Fatalf("osd pid file holds %q: not a process id", pidText)
 	}
 	return p
 }
