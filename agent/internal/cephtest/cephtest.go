@@ -88,10 +88,16 @@ func UniqueName(prefix string) string {
 // It returns the image's name.
 func Image(t testing.TB, admin *rados.Conn, namespace string) string {
 	t.Helper()
+	return ImageIn(t, admin, Pool, namespace)
+}
+
+// ImageIn is Image in another pool (one of TempPool's).
+func ImageIn(t testing.TB, admin *rados.Conn, pool, namespace string) string {
+	t.Helper()
 	name := UniqueName("img-")
-	ioctx, err := admin.OpenIOContext(Pool)
+	ioctx, err := admin.OpenIOContext(pool)
 	if err != nil {
-		t.Fatalf("open pool %s: %v", Pool, err)
+		t.Fatalf("open pool %s: %v", pool, err)
 	}
 	ioctx.SetNamespace(namespace)
 	opts := rbd.NewRbdImageOptions()
@@ -101,13 +107,40 @@ func Image(t testing.TB, admin *rados.Conn, namespace string) string {
 	}
 	if err := rbd.CreateImage(ioctx, name, 16<<20, opts); err != nil {
 		ioctx.Destroy()
-		t.Fatalf("create image %s/%s/%s: %v", Pool, namespace, name, err)
+		t.Fatalf("create image %s/%s/%s: %v", pool, namespace, name, err)
 	}
 	t.Cleanup(func() {
 		defer ioctx.Destroy()
 		// best effort: a test may have removed it already
 		_ = rbd.RemoveImage(ioctx, name)
 	})
+	return name
+}
+
+// TempPool creates a pool of the calling test's own, initialised for rbd, and deletes it when
+// the test ends. It is for a test that acts on every claim of a pool (removing orphaned claims):
+// the shared pool holds other tests' claims, some of them orphans for a moment by design, and
+// the tests of other packages run at the same time.
+func TempPool(t testing.TB) string {
+	t.Helper()
+	admin := AdminConn(t)
+	name := UniqueName("pool-")
+	if err := admin.MakePool(name); err != nil {
+		t.Fatalf("create pool %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if err := admin.DeletePool(name); err != nil {
+			t.Errorf("delete pool %s: %v", name, err)
+		}
+	})
+	ioctx, err := admin.OpenIOContext(name)
+	if err != nil {
+		t.Fatalf("open pool %s: %v", name, err)
+	}
+	defer ioctx.Destroy()
+	if err := rbd.PoolInit(ioctx, false); err != nil { // also waits for its placement groups
+		t.Fatalf("rbd pool init %s: %v", name, err)
+	}
 	return name
 }
 
