@@ -56,16 +56,30 @@ func newNode(t testing.TB, id string) *node {
 	}
 	k.AddPool(cephtest.Pool)
 	n := &node{t: t, id: id, kernel: k, stateDir: t.TempDir()}
-	n.cfg = &config.Config{
-		NodeID: id, Socket: filepath.Join(t.TempDir(), "s.sock"), StateDir: n.stateDir,
-		Clusters:      []config.Cluster{{ID: "test", Monitors: []string{cephtest.MonitorV1(t)}, User: o.User, Keyring: o.Keyring}},
-		LeaseDuration: config.Duration(30 * time.Second), RenewInterval: config.Duration(200 * time.Millisecond),
-		TakeoverPolicy: config.TakeoverManual, FenceExpiry: config.Duration(time.Hour),
-		MapTimeout: config.Duration(10 * time.Second), MountTimeout: config.Duration(10 * time.Second),
-	}
+	n.cfg = testConfig(t, id, 200*time.Millisecond, config.Cluster{ID: "test", Monitors: []string{cephtest.MonitorV1(t)}, User: o.User, Keyring: o.Keyring})
+	n.cfg.StateDir = n.stateDir
 	n.start()
 	t.Cleanup(n.stop)
 	return n
+}
+
+// testConfig is a daemon's config for tests: sockets and state in temporary directories, a
+// 30 s lease renewed every renew, manual takeover, 10 s map and mount timeouts.
+func testConfig(t testing.TB, nodeID string, renew time.Duration, clusters ...config.Cluster) *config.Config {
+	dir := t.TempDir()
+	return &config.Config{
+		NodeID: nodeID, Socket: filepath.Join(dir, "s.sock"), StateDir: t.TempDir(), Clusters: clusters,
+		LeaseDuration: config.Duration(30 * time.Second), RenewInterval: config.Duration(renew),
+		TakeoverPolicy: config.TakeoverManual, FenceExpiry: config.Duration(time.Hour),
+		MapTimeout: config.Duration(10 * time.Second), MountTimeout: config.Duration(10 * time.Second),
+	}
+}
+
+// quietLog is a logger that only shows errors.
+func quietLog() *logrus.Logger {
+	log := logrus.New()
+	log.SetLevel(logrus.ErrorLevel)
+	return log
 }
 
 var (

@@ -2,14 +2,12 @@ package daemon
 
 import (
 	"context"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ceph/go-ceph/rados"
-	"github.com/sirupsen/logrus"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
@@ -54,19 +52,11 @@ func TestPausedOSDDoesNotStopTheOtherClustersRenewals(t *testing.T) {
 	k.AddImage(cephtest.Pool, "", fastImg, 16<<20)
 	k.AddImage(cephtest.Pool, "", slowImg, 16<<20)
 
-	dir := t.TempDir()
-	cfg := &config.Config{
-		NodeID: "node-p", Socket: filepath.Join(dir, "s.sock"), StateDir: t.TempDir(),
-		Clusters: []config.Cluster{
-			{ID: "shared", Monitors: []string{sharedMon}, User: shared.User, Keyring: shared.Keyring},
-			{ID: "paused", Monitors: []string{priv.Monitor}, User: priv.Options.User, Keyring: priv.Options.Keyring},
-		},
-		LeaseDuration: config.Duration(30 * time.Second), RenewInterval: config.Duration(300 * time.Millisecond),
-		TakeoverPolicy: config.TakeoverManual, FenceExpiry: config.Duration(time.Hour),
-		MapTimeout: config.Duration(20 * time.Second), MountTimeout: config.Duration(10 * time.Second),
-	}
-	log := logrus.New()
-	log.SetLevel(logrus.ErrorLevel)
+	cfg := testConfig(t, "node-p", 300*time.Millisecond,
+		config.Cluster{ID: "shared", Monitors: []string{sharedMon}, User: shared.User, Keyring: shared.Keyring},
+		config.Cluster{ID: "paused", Monitors: []string{priv.Monitor}, User: priv.Options.User, Keyring: priv.Options.Keyring})
+	cfg.MapTimeout = config.Duration(20 * time.Second)
+	log := quietLog()
 	var mu sync.Mutex
 	var notes []string
 	count := func(prefix string) int {

@@ -3,12 +3,9 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/sirupsen/logrus"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
@@ -41,13 +38,9 @@ func TestRenewalCostsOneWritePerPool(t *testing.T) {
 	if err := k.AddUser("u", memSecret); err != nil {
 		t.Fatal(err)
 	}
-	cfg := &config.Config{NodeID: "node-c", Socket: filepath.Join(t.TempDir(), "s.sock"), StateDir: t.TempDir(),
-		Clusters:      []config.Cluster{{ID: "c1", Monitors: []string{"203.0.113.1:6789"}, User: "u", Keyring: "/nonexistent"}},
-		LeaseDuration: config.Duration(60 * time.Second), RenewInterval: config.Duration(20 * time.Second),
-		TakeoverPolicy: config.TakeoverManual, FenceExpiry: config.Duration(time.Hour),
-		MapTimeout: config.Duration(10 * time.Second), MountTimeout: config.Duration(10 * time.Second)}
-	log := logrus.New()
-	log.SetLevel(logrus.ErrorLevel)
+	cfg := testConfig(t, "node-c", 20*time.Second, config.Cluster{ID: "c1", Monitors: []string{"203.0.113.1:6789"}, User: "u", Keyring: "/nonexistent"})
+	cfg.LeaseDuration = config.Duration(60 * time.Second) // the defaults: 60 s lease, 20 s renewals
+	log := quietLog()
 	kc := k.Config()
 	kc.Poll = 5 * time.Millisecond
 	d, err := New(Options{Config: cfg, Log: log, Audit: audit.NewWithSink(log, func(audit.Entry) {}), Kernel: krbd.New(kc),

@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sirupsen/logrus"
-
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/client"
@@ -33,16 +31,9 @@ func offlineDaemon(t *testing.T) (*Daemon, func() []audit.Entry) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	cfg := &config.Config{
-		NodeID: "node-r", Socket: filepath.Join(dir, "s.sock"), CSISocket: filepath.Join(dir, "csi", "csi.sock"), StateDir: t.TempDir(),
-		Clusters:      []config.Cluster{{ID: "c1", Monitors: []string{"127.0.0.1:9"}, User: "u", Keyring: filepath.Join(dir, "none")}},
-		LeaseDuration: config.Duration(30 * time.Second), RenewInterval: config.Duration(10 * time.Second),
-		TakeoverPolicy: config.TakeoverManual, FenceExpiry: config.Duration(time.Hour),
-		MapTimeout: config.Duration(10 * time.Second), MountTimeout: config.Duration(10 * time.Second),
-	}
-	log := logrus.New()
-	log.SetLevel(logrus.ErrorLevel)
+	cfg := testConfig(t, "node-r", 10*time.Second, config.Cluster{ID: "c1", Monitors: []string{"127.0.0.1:9"}, User: "u", Keyring: "/nonexistent"})
+	cfg.CSISocket = filepath.Join(filepath.Dir(cfg.Socket), "csi", "csi.sock")
+	log := quietLog()
 	var mu sync.Mutex
 	var entries []audit.Entry
 	d, err := New(Options{Config: cfg, Log: log, Kernel: krbd.New(k.Config()),

@@ -3,14 +3,11 @@ package daemon
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/sirupsen/logrus"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
@@ -95,15 +92,8 @@ func startMemDaemonWith(t *testing.T, change func(*Options), clusters ...*memClu
 		byID[c.id] = c
 		ccfg = append(ccfg, config.Cluster{ID: c.id, Monitors: []string{"203.0.113.1:6789"}, User: "u", Keyring: "/nonexistent"})
 	}
-	dir := t.TempDir()
-	cfg := &config.Config{
-		NodeID: "node-m", Socket: filepath.Join(dir, "s.sock"), StateDir: t.TempDir(), Clusters: ccfg,
-		LeaseDuration: config.Duration(30 * time.Second), RenewInterval: config.Duration(100 * time.Millisecond),
-		TakeoverPolicy: config.TakeoverManual, FenceExpiry: config.Duration(time.Hour),
-		MapTimeout: config.Duration(10 * time.Second), MountTimeout: config.Duration(10 * time.Second),
-	}
-	log := logrus.New()
-	log.SetLevel(logrus.ErrorLevel)
+	cfg := testConfig(t, "node-m", 100*time.Millisecond, ccfg...)
+	log := quietLog()
 	n := &memDaemon{k: k}
 	kc := k.Config()
 	kc.Poll = 10 * time.Millisecond
