@@ -40,8 +40,9 @@ func newExecutor(d *Daemon) *executor {
 }
 
 // start runs op for key unless an operation on key is running or key is backing off; it says
-// whether op was started. op runs with the image's saga lock held (it is skipped when a saga
-// holds it) and returns whether it succeeded.
+// whether op was started. op runs with the image's saga lock held: when a saga (or anything
+// else) holds it, op waits for it, at most as long as a saga may take, and then runs on the
+// state the saga left (each op re-reads what it acts on). It returns whether it succeeded.
 func (e *executor) start(ctx context.Context, key state.Key, op func(ctx context.Context) error) bool {
 	e.mu.Lock()
 	if e.running[key] || time.Now().Before(e.backoff[key].until) {
@@ -57,8 +58,10 @@ func (e *executor) start(ctx context.Context, key state.Key, op func(ctx context
 	e.d.bg.Add(1)
 	go func() {
 		defer e.d.bg.Done()
-		var err error
-		if unlock, ok := e.d.locks.tryLock(key); ok {
+		lctx, cancel := context.WithTimeout(ctx, e.d.cfg.MapTimeout.D()+time.Minute)
+		unlock, err := e.d.locks.lock(lctx, key)
+		cancel()
+		if err == nil {
 			err = op(ctx)
 			unlock()
 		}

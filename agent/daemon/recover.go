@@ -48,7 +48,7 @@ func (d *Daemon) recover(ctx context.Context) {
 
 // reconcile brings every persisted mapping to a consistent state and notes the devices that
 // nobody explains. It only decides: each mapping's settling runs on the executor (one at a
-// time per image, skipped while a saga runs on it, backed off after a failure).
+// time per image, after any saga on it, backed off after a failure).
 func (d *Daemon) reconcile(ctx context.Context) {
 	devs, err := d.kernel.List()
 	if err != nil {
@@ -267,8 +267,8 @@ func (d *Daemon) deviceEvent(ctx context.Context, ev devwatch.Event) {
 			if m.Phase != state.Mapped || m.DeviceID != ev.Device.ID || (ev.Device.ClientAddr != "" && m.ClientAddr != ev.Device.ClientAddr) {
 				continue
 			}
-			// off the main loop, one operation per image; skipped while a saga on it runs
-			// (the saga owns the outcome) and retried by the reconciler after a failure
+			// off the main loop, one operation per image, after any saga on it has ended (it
+			// re-reads the state the saga left); retried by the reconciler after a failure
 			key, id := m.Key, ev.Device.ID
 			d.ops.start(ctx, key, func(ctx context.Context) error {
 				cur, ok := d.state.Get(key)
