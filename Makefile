@@ -22,7 +22,7 @@ build: deps
 	CGO_ENABLED=1 $(GO) build -tags "$(CEPH_TAG)" -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-owner ./agent/cmd/rbd-owner
 
 # Everything: lint, the Go tests with -race against a throwaway Ceph cluster, the package checks,
-# and the two-node end-to-end tests on real kernels (needs root; ~3.5 minutes with warm caches).
+# and the two-node end-to-end tests on real kernels (needs root; ~4.5 minutes with warm caches).
 test: deps lint unit package-check e2e
 	@echo "make test: all passed"
 
@@ -31,7 +31,7 @@ unit: deps
 
 # The two-node lab on real kernels (tests/lab; qemu TCG guests, Ceph on the host in a private
 # network namespace; needs root). e2e: every scenario as PASS/FAIL assertions, ends with
-# "N passed, M failed" (about 3 minutes on 2 cores, guest image cached).
+# "N passed, M failed" (about 4-5 minutes on 2 cores, guest image cached).
 e2e: package
 	@tests/deps lab
 	@tests/lab/e2e
