@@ -45,6 +45,3 @@ type Backend interface {
 
 // ErrConflict means the compare of a compare-and-set failed: someone else wrote first.
 var ErrConflict = errors.New("claim changed concurrently")
-
-// errConflict is the package's old name for ErrConflict.
-var errConflict = ErrConflict

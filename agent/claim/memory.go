@@ -14,7 +14,7 @@ import (
 // a compare against any other version than the current one fails with ErrConflict. It also
 // plays the image side (ids, watchers) and the blocklist. Safe for concurrent use.
 //
-// Hook, when set, runs at the start of every call with the call's name ("read", "write",
+// A hook (SetHook), when set, runs at the start of every call with the call's name ("read", "write",
 // "remove", "objects", "pools", "image", "imageid", "blocklist"); an error it returns is the
 // call's error. Tests use it to fail, count, or block calls (a stalled cluster).
 type Memory struct {
@@ -27,7 +27,7 @@ type Memory struct {
 	blocklisted map[string]time.Time
 	version     uint64
 	own         string
-	Hook        func(ctx context.Context, call string, img Image) error
+	onCall      func(ctx context.Context, call string, img Image) error
 }
 
 // memKey is one object: its pool and namespace, and its name.
@@ -113,7 +113,7 @@ func (m *Memory) hook(ctx context.Context, call string, img Image) error {
 		return err
 	}
 	m.mu.Lock()
-	h := m.Hook
+	h := m.onCall
 	m.mu.Unlock()
 	if h != nil {
 		return h(ctx, call, img)
@@ -121,11 +121,11 @@ func (m *Memory) hook(ctx context.Context, call string, img Image) error {
 	return nil
 }
 
-// SetHook replaces Hook (safe while calls run).
+// SetHook sets the hook (safe while calls run; nil removes it).
 func (m *Memory) SetHook(h func(ctx context.Context, call string, img Image) error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.Hook = h
+	m.onCall = h
 }
 
 // FSID is the cluster's fsid.

@@ -76,27 +76,27 @@ func (r *Rados) Read(ctx context.Context, img Image, oid string) ([]byte, uint64
 // CompareAndWrite writes data iff the object is at version ver (0: exclusive create), in one
 // RADOS write operation (assert-version or create-exclusive, then write-full).
 func (r *Rados) CompareAndWrite(ctx context.Context, img Image, oid string, ver uint64, data []byte) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	io, err := r.ioctx(img)
-	if err != nil {
-		return err
-	}
-	defer io.Destroy()
-	op := rados.CreateWriteOp()
-	defer op.Release()
-	if ver == 0 {
-		op.Create(rados.CreateExclusive)
-	} else {
-		op.AssertVersion(ver)
-	}
-	op.WriteFull(data)
-	return r.operate(op, io, img, oid)
+	return r.operate(ctx, img, oid, func(op *rados.WriteOp) {
+		if ver == 0 {
+			op.Create(rados.CreateExclusive)
+		} else {
+			op.AssertVersion(ver)
+		}
+		op.WriteFull(data)
+	})
 }
 
 // CompareAndRemove deletes the object iff it is still at version ver.
 func (r *Rados) CompareAndRemove(ctx context.Context, img Image, oid string, ver uint64) error {
+	return r.operate(ctx, img, oid, func(op *rados.WriteOp) {
+		op.AssertVersion(ver)
+		op.Remove()
+	})
+}
+
+// operate runs one write operation, built by build, on object oid: a failed compare is
+// ErrConflict.
+func (r *Rados) operate(ctx context.Context, img Image, oid string, build func(*rados.WriteOp)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -107,13 +107,8 @@ func (r *Rados) CompareAndRemove(ctx context.Context, img Image, oid string, ver
 	defer io.Destroy()
 	op := rados.CreateWriteOp()
 	defer op.Release()
-	op.AssertVersion(ver)
-	op.Remove()
-	return r.operate(op, io, img, oid)
-}
-
-func (r *Rados) operate(op *rados.WriteOp, io *rados.IOContext, img Image, oid string) error {
-	err := op.Operate(io, oid, rados.OperationNoFlag)
+	build(op)
+	err = op.Operate(io, oid, rados.OperationNoFlag)
 	switch -cephconn.Code(err) {
 	case 0:
 		return err

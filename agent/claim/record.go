@@ -53,9 +53,6 @@ type Image = image.Ref
 // objectOf is the name of the image's claim object.
 func objectOf(i Image) string { return ObjectPrefix + i.Image }
 
-// ObjectOf is the name of the image's claim object (rados -p POOL [-N NAMESPACE] get ObjectOf(img)).
-func ObjectOf(i Image) string { return objectOf(i) }
-
 // validateImage refuses what cannot name a claim object: empty pool or image, a snapshot,
 // separators, NUL, over-long names.
 func validateImage(i Image) error {

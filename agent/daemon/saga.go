@@ -265,7 +265,9 @@ func (d *Daemon) alreadyMapped(ctx context.Context, t target, store *claim.Store
 	}
 	resp := &api.MapResponse{Device: dev.DevNode, Link: linkOf(t.spec, m.FSID), AlreadyMapped: true}
 	if m.Claimed {
-		rec, err := store.Renew(ctx, t.img, m.Epoch)
+		// a read, not a write: the lease is the node's heartbeat; this only proves the claim
+		// is still this node's at its epoch
+		rec, err := store.Check(ctx, t.img, m.Epoch)
 		if err != nil {
 			if errors.Is(err, claim.ErrFenced) {
 				d.setLost(t.key, err.Error())
