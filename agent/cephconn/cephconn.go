@@ -180,3 +180,17 @@ func Blocklist(conn *rados.Conn, addr string, expire time.Duration) (time.Time, 
 	}
 	return until, nil
 }
+
+// Unblocklist removes addr from the cluster's blocklist. Removing an address that is not
+// listed succeeds (the monitor says so and changes nothing).
+func Unblocklist(conn *rados.Conn, addr string) error {
+	if addr == "" || strings.ContainsAny(addr, "\"\\ \t\n") {
+		return fmt.Errorf("unblocklist %q: not a client address", addr)
+	}
+	cmd := fmt.Sprintf(`{"prefix":"osd blocklist","blocklistop":"rm","addr":%q}`, addr)
+	if _, status, err := conn.MonCommand([]byte(cmd)); err != nil {
+		return Classify(fmt.Errorf("unblocklist %s: %w (%s)", addr, err, strings.TrimSpace(status)),
+			"unblocklist "+addr, BlocklistCap)
+	}
+	return nil
+}

@@ -38,6 +38,8 @@ type Backend interface {
 	// Blocklist adds a client address to the cluster's blocklist for expire, and returns when
 	// it ends.
 	Blocklist(ctx context.Context, addr string, expire time.Duration) (time.Time, error)
+	// Unblocklist removes a client address from the blocklist (no error when it is not listed).
+	Unblocklist(ctx context.Context, addr string) error
 	// OwnAddr is this client's own address ("" when unknown): its read-only opens of an
 	// image watch it too and are not counted as foreign watchers.
 	OwnAddr() string

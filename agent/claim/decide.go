@@ -29,6 +29,10 @@ type acquireInput struct {
 	// lost a race to such a holder's own renewal, its mapping is fenced all the same, so the
 	// takeover goes on rather than leave a live-looking claim whose device cannot write.
 	Fenced map[string]bool
+	// Adopt, when set, is a mapping already made on this node outside rbd-owner that this hold
+	// takes charge of: its client (a watcher of the image) is explained, and its address and
+	// device are recorded in the new hold at once.
+	Adopt *Holder
 }
 
 // acquirePlan is what the decision wants written: Next, once every holder in Evict has been
@@ -121,7 +125,11 @@ func decideAcquire(cur *Record, in acquireInput) (acquirePlan, error) {
 	if evict != nil {
 		kept = nil
 	}
-	if w := unexplained(withoutAddrsOf(in.Info.Watchers, evict), kept); w != nil {
+	gone := evict
+	if in.Adopt != nil {
+		gone = append(append([]Holder(nil), evict...), *in.Adopt)
+	}
+	if w := unexplained(withoutAddrsOf(in.Info.Watchers, gone), kept); w != nil {
 		return acquirePlan{}, fmt.Errorf("%w: %s has watchers no claim explains: %s (mapped or opened outside rbd-owner?)", ErrBusy, in.Image, strings.Join(w, ", "))
 	}
 	for _, h := range evict {
@@ -129,6 +137,9 @@ func decideAcquire(cur *Record, in acquireInput) (acquirePlan, error) {
 	}
 	cur.Epoch++
 	h := Holder{NodeID: in.Self, ReadOnly: in.ReadOnly, Epoch: cur.Epoch, AcquiredAt: in.Now}
+	if in.Adopt != nil {
+		h.ClientAddr, h.Device = in.Adopt.ClientAddr, in.Adopt.Device
+	}
 	in.refresh(&h)
 	cur.Holders = append(cur.Holders, h)
 	cur.Access = in.Access

@@ -15,7 +15,7 @@ import (
 // plays the image side (ids, watchers) and the blocklist. Safe for concurrent use.
 //
 // A hook (SetHook), when set, runs at the start of every call with the call's name ("read", "write",
-// "remove", "objects", "pools", "image", "imageid", "blocklist"); an error it returns is the
+// "remove", "objects", "pools", "image", "imageid", "blocklist", "unblocklist"); an error it returns is the
 // call's error. Tests use it to fail, count, or block calls (a stalled cluster).
 type Memory struct {
 	fsid string
@@ -265,6 +265,17 @@ func (m *Memory) Blocklist(ctx context.Context, addr string, expire time.Duratio
 		m.images[k] = im
 	}
 	return until, nil
+}
+
+// Unblocklist removes addr from the blocklist.
+func (m *Memory) Unblocklist(ctx context.Context, addr string) error {
+	if err := m.hook(ctx, "unblocklist", Image{}); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.blocklisted, addr)
+	return nil
 }
 
 // OwnAddr is this client's address.

@@ -224,6 +224,14 @@ func (r *Rados) Blocklist(ctx context.Context, addr string, expire time.Duration
 	return cephconn.Blocklist(r.conn, addr, expire)
 }
 
+// Unblocklist removes addr from the blocklist.
+func (r *Rados) Unblocklist(ctx context.Context, addr string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return cephconn.Unblocklist(r.conn, addr)
+}
+
 // OwnAddr is this connection's client address ("" when unknown).
 func (r *Rados) OwnAddr() string {
 	a, err := r.conn.GetAddrs()

@@ -129,11 +129,13 @@ type Record struct {
 	image.Ref
 	ImageID string `json:"image_id"`
 	// Access is the mode of the current holders; empty when free.
-	Access    Access    `json:"access"`
-	Epoch     uint64    `json:"epoch"`
-	Holders   []Holder  `json:"holders"`
-	Fences    []Fence   `json:"fences,omitempty"`
-	UpdatedAt time.Time `json:"updated_at"`
+	Access  Access   `json:"access"`
+	Epoch   uint64   `json:"epoch"`
+	Holders []Holder `json:"holders"`
+	Fences  []Fence  `json:"fences,omitempty"`
+	// Intruders are mappings made outside rbd-owner that were fenced (see Intruder).
+	Intruders []Intruder `json:"intruders,omitempty"`
+	UpdatedAt time.Time  `json:"updated_at"`
 }
 
 // Holder returns node's holder entry, or nil.
@@ -176,6 +178,7 @@ func (r *Record) clone() *Record {
 	c := *r
 	c.Holders = append([]Holder(nil), r.Holders...)
 	c.Fences = append([]Fence(nil), r.Fences...)
+	c.Intruders = append([]Intruder(nil), r.Intruders...)
 	return &c
 }
 

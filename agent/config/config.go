@@ -26,6 +26,19 @@ const (
 	TakeoverAfterLeaseExpiry = "after-lease-expiry"
 )
 
+// Policies for a mapping made on this node outside rbd-owner (an operator's `rbd map`, a CSI
+// plugin without the drop-in, a script).
+const (
+	// UnmanagedFenceIfClaimed: blocklist it when another node (or another device of this one)
+	// holds the image; report it otherwise.
+	UnmanagedFenceIfClaimed = "fence-if-claimed"
+	// UnmanagedAdoptOrFence: as fence-if-claimed, and a writable mapping of a free image with a
+	// kernel client of its own is claimed for this node and managed from then on.
+	UnmanagedAdoptOrFence = "adopt-or-fence"
+	// UnmanagedReport: only report it (audit and status).
+	UnmanagedReport = "report"
+)
+
 // Config is the agent's configuration.
 type Config struct {
 	NodeID         string    `yaml:"node_id"`
@@ -36,10 +49,12 @@ type Config struct {
 	LeaseDuration  Duration  `yaml:"lease_duration"`
 	RenewInterval  Duration  `yaml:"renew_interval"`
 	TakeoverPolicy string    `yaml:"takeover_policy"`
-	FenceExpiry    Duration  `yaml:"fence_expiry"`
-	MapTimeout     Duration  `yaml:"map_timeout"`
-	MountTimeout   Duration  `yaml:"mount_timeout"`
-	MapOptions     []string  `yaml:"map_options"`
+	// Unmanaged is what the agent does with a mapping it did not make (see the Unmanaged* policies).
+	Unmanaged    string   `yaml:"unmanaged"`
+	FenceExpiry  Duration `yaml:"fence_expiry"`
+	MapTimeout   Duration `yaml:"map_timeout"`
+	MountTimeout Duration `yaml:"mount_timeout"`
+	MapOptions   []string `yaml:"map_options"`
 	// OrphanSweep turns the automatic removal of deleted images' free claims on (default) or off.
 	OrphanSweep *bool `yaml:"orphan_sweep"`
 	// OrphanSweepInterval is how often each pool is swept (default 1h; each node starts at a
@@ -159,6 +174,9 @@ func (c *Config) fill(machineID string) error {
 	if c.TakeoverPolicy == "" {
 		c.TakeoverPolicy = TakeoverManual
 	}
+	if c.Unmanaged == "" {
+		c.Unmanaged = UnmanagedFenceIfClaimed
+	}
 	if c.FenceExpiry == 0 {
 		c.FenceExpiry = Duration(7 * 24 * time.Hour)
 	}
@@ -216,6 +234,11 @@ func (c *Config) validate() error {
 	case TakeoverManual, TakeoverAfterLeaseExpiry:
 	default:
 		return fmt.Errorf("takeover_policy: %q: want %s or %s", c.TakeoverPolicy, TakeoverManual, TakeoverAfterLeaseExpiry)
+	}
+	switch c.Unmanaged {
+	case UnmanagedFenceIfClaimed, UnmanagedAdoptOrFence, UnmanagedReport:
+	default:
+		return fmt.Errorf("unmanaged: %q: want %s, %s or %s", c.Unmanaged, UnmanagedFenceIfClaimed, UnmanagedAdoptOrFence, UnmanagedReport)
 	}
 	if c.FenceExpiry.D() < time.Hour {
 		return fmt.Errorf("fence_expiry: %s is too short: a fenced node must stay fenced until it has rebooted (at least 1h)", c.FenceExpiry.D())

@@ -26,6 +26,37 @@ type Device struct {
 	Minor       uint32
 	Size        uint64 // bytes
 	DevNode     string // <dev root>/rbd<ID>
+	// ReadOnly: the kernel refuses writes (mapped read_only, or a snapshot); from the block
+	// device's ro attribute.
+	ReadOnly bool
+	// Options tells how the mapping's kernel client was made, from config_info (the string
+	// written to add_single_major; root-only). Only the facts the agent needs are kept: never
+	// the string itself, which may hold a secret=.
+	Options MapFacts
+}
+
+// MapFacts are the facts about a mapping's kernel client read from its config_info.
+type MapFacts struct {
+	Known bool // config_info could be read
+	// NoShare: the mapping has a kernel client of its own (so its own client_addr), which
+	// is what lets it be fenced alone.
+	NoShare bool
+}
+
+// ParseConfigInfo reads the facts the agent needs from a device's config_info
+// ("<mons> <options> <pool> <image> [<snap>]").
+func ParseConfigInfo(s string) MapFacts {
+	f := strings.Fields(s)
+	if len(f) < 4 {
+		return MapFacts{}
+	}
+	mf := MapFacts{Known: true}
+	for _, o := range strings.Split(f[1], ",") {
+		if o == "noshare" {
+			mf.NoShare = true
+		}
+	}
+	return mf
 }
 
 // Spec returns the image spec of the device.
@@ -135,6 +166,14 @@ func (c *Client) ReadDevice(id int) (Device, error) {
 		return Device{}, err
 	}
 	d.DevNode = filepath.Join(c.cfg.DevRoot, d.Name())
+	// the block device's ro (a child of the rbd device); a snapshot is read-only whatever it says
+	if b, err := os.ReadFile(filepath.Join(dir, "block", d.Name(), "ro")); err == nil {
+		d.ReadOnly = strings.TrimSpace(string(b)) == "1"
+	}
+	d.ReadOnly = d.ReadOnly || d.Snap != ""
+	if b, err := os.ReadFile(filepath.Join(dir, "config_info")); err == nil {
+		d.Options = ParseConfigInfo(string(b))
+	}
 	return d, nil
 }
 

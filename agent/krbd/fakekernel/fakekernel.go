@@ -61,10 +61,14 @@ type Kernel struct {
 	open      map[int]bool
 	nextMajor int
 	clientSeq int
-	subs      map[*sub]bool
-	dropNext  int
-	writes    []string
-	loads     int
+	// shared kernel clients: a map without noshare joins a client made with the same monitors
+	// and options (libceph's ceph_compare_options), which lives while a device uses it
+	sharedBy map[string]int // client key -> clientSeq
+	clientOf map[int]string // device id -> client key ("" for a client of its own)
+	subs     map[*sub]bool
+	dropNext int
+	writes   []string
+	loads    int
 }
 
 // New creates a fake kernel under dir (dir/sys, dir/dev).
@@ -75,7 +79,8 @@ func New(dir string, o Options) (*Kernel, error) {
 	k := &Kernel{Sysfs: filepath.Join(dir, "sys"), Dev: filepath.Join(dir, "dev"), opts: o,
 		images: map[string]*image{}, pools: map[string]bool{}, users: map[string][][]byte{},
 		keys: map[string][]byte{}, devices: map[int]string{}, open: map[int]bool{},
-		nextMajor: 240, clientSeq: 4117, subs: map[*sub]bool{}}
+		nextMajor: 240, clientSeq: 4117, subs: map[*sub]bool{},
+		sharedBy: map[string]int{}, clientOf: map[int]string{}}
 	for _, d := range []string{k.Sysfs, k.Dev, filepath.Join(k.Sysfs, "devices", "rbd")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
@@ -304,18 +309,29 @@ func (k *Kernel) add(s string, single bool) error {
 		k.nextMajor--
 		major, minor = k.nextMajor, 0
 	}
-	k.clientSeq++
+	seq, clientKey := 0, ""
+	if _, own := opts["noshare"]; !own {
+		clientKey = mons + " " + optstr
+		seq = k.sharedBy[clientKey]
+	}
+	if seq == 0 {
+		k.clientSeq++
+		seq = k.clientSeq
+		if clientKey != "" {
+			k.sharedBy[clientKey] = seq
+		}
+	}
 	_, hasRO := opts["read_only"]
 	_, hasRO2 := opts["ro"]
 	ro := hasRO || hasRO2 || snap != "-"
 	attrs := map[string]string{
 		"pool": pool, "pool_id": "2", "pool_ns": ns, "name": name, "image_id": im.id,
 		"current_snap": snap, "snap_id": "18446744073709551614",
-		"client_id":    "client" + strconv.Itoa(k.clientSeq),
-		"client_addr":  fmt.Sprintf("203.0.113.11:0/%d", 100000+k.clientSeq),
+		"client_id":    "client" + strconv.Itoa(seq),
+		"client_addr":  fmt.Sprintf("203.0.113.11:0/%d", 100000+seq),
 		"cluster_fsid": k.fsidOf(mons), "features": "0x3d",
 		"major": strconv.Itoa(major), "minor": strconv.Itoa(minor),
-		"size": strconv.FormatUint(im.size, 10), "config_info": s, "ro": strconv.FormatBool(ro),
+		"size": strconv.FormatUint(im.size, 10), "config_info": s,
 	}
 	// build devices/N atomically (a temp dir renamed into place), then the links, like
 	// device_add; then the block device and its node.
@@ -333,12 +349,20 @@ func (k *Kernel) add(s string, single bool) error {
 	if err := os.MkdirAll(filepath.Join(tmp, "block", blk), 0o755); err != nil {
 		return syscall.ENOMEM
 	}
+	roAttr := "0"
+	if ro {
+		roAttr = "1"
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "block", blk, "ro"), []byte(roAttr+"\n"), 0o444); err != nil {
+		return syscall.ENOMEM
+	}
 	dir := filepath.Join(top, strconv.Itoa(id))
 	if err := os.Rename(tmp, dir); err != nil {
 		return syscall.ENOMEM
 	}
 	_ = os.Symlink(filepath.Join("..", "..", "..", "devices", "rbd", strconv.Itoa(id)), filepath.Join(k.bus(), "devices", strconv.Itoa(id)))
 	k.devices[id] = s
+	k.clientOf[id] = clientKey
 	k.emit(krbd.Uevent{Action: "add", Subsystem: "rbd", DevPath: "/devices/rbd/" + strconv.Itoa(id)})
 	k.emit(krbd.Uevent{Action: "add", Subsystem: "bdi", DevPath: fmt.Sprintf("/devices/virtual/bdi/%d:%d", major, minor)})
 	if err := os.WriteFile(filepath.Join(k.Dev, blk), []byte(fmt.Sprintf("%d:%d", major, minor)), 0o600); err != nil {
@@ -380,6 +404,17 @@ func (k *Kernel) remove(s string) error {
 	k.emit(krbd.Uevent{Action: "remove", Subsystem: "rbd", DevPath: "/devices/rbd/" + sid})
 	delete(k.devices, id)
 	delete(k.open, id)
+	if key := k.clientOf[id]; key != "" {
+		delete(k.clientOf, id)
+		inUse := false
+		for _, other := range k.clientOf {
+			inUse = inUse || other == key
+		}
+		if !inUse {
+			delete(k.sharedBy, key)
+		}
+	}
+	delete(k.clientOf, id)
 	return nil
 }
 

@@ -1,0 +1,300 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Intruder is a mapping made outside rbd-owner that its node's agent fenced because the image
+// was held by another node (or by another device of that node). It is kept in the image's
+// claim record, so that the cluster-wide view shows it, until an admin unfences it.
+type Intruder struct {
+	NodeID string `json:"node_id"` // where it was mapped
+	Device string `json:"device"`
+	Addr   string `json:"addr"` // its kernel client's address: what was blocklisted
+	// SharedClient: its kernel client served other mappings too (mapped without noshare), and
+	// they were fenced with it.
+	SharedClient bool      `json:"shared_client,omitempty"`
+	Holders      string    `json:"holders"` // who held the image then, "node@epoch,…"
+	At           time.Time `json:"at"`
+	Expires      time.Time `json:"expires"`
+}
+
+// maxIntruders bounds the intruders kept in a record.
+const maxIntruders = 8
+
+func (r *Record) addIntruder(in Intruder) {
+	kept := r.Intruders[:0]
+	for _, o := range r.Intruders {
+		if o.Addr != in.Addr {
+			kept = append(kept, o)
+		}
+	}
+	r.Intruders = append(kept, in)
+	if len(r.Intruders) > maxIntruders {
+		r.Intruders = r.Intruders[len(r.Intruders)-maxIntruders:]
+	}
+}
+
+// Unmanaged is a krbd mapping this node's agent did not make, as the kernel describes it.
+type Unmanaged struct {
+	Image      Image  // the head image (a snapshot mapping's image)
+	ImageID    string // the kernel's image_id ("" when unknown)
+	ClientAddr string // its kernel client's address
+	Device     string
+	ReadOnly   bool // the kernel refuses its writes (read_only, or a snapshot)
+	// OwnClient: the mapping has a kernel client of its own (mapped with noshare and shared
+	// by no other device), so it can be fenced, and later taken over, alone.
+	OwnClient bool
+	// SharedWith names the other devices on this node that use the same kernel client.
+	SharedWith []string
+}
+
+// UnmanagedPolicy is what may be done with an unmanaged mapping (config key `unmanaged`).
+type UnmanagedPolicy string
+
+// The policies.
+const (
+	FenceIfClaimed UnmanagedPolicy = "fence-if-claimed"
+	AdoptOrFence   UnmanagedPolicy = "adopt-or-fence"
+	ReportOnly     UnmanagedPolicy = "report"
+)
+
+// Action is the verdict on an unmanaged mapping.
+type Action int
+
+// The actions.
+const (
+	// Report: leave it mapped and say why (free image, read-only, rwx, policy).
+	Report Action = iota
+	// FenceIntruder: blocklist its client: someone else holds the image.
+	FenceIntruder
+	// AdoptOwn: it is the mapping this node's own claim records (an agent that lost its
+	// state); manage it again under that claim.
+	AdoptOwn
+	// Adopt: claim the free image for this node with this mapping.
+	Adopt
+)
+
+func (a Action) String() string {
+	switch a {
+	case FenceIntruder:
+		return "fence"
+	case AdoptOwn:
+		return "adopt-own"
+	case Adopt:
+		return "adopt"
+	}
+	return "report"
+}
+
+// Verdict is what decideUnmanaged found.
+type Verdict struct {
+	Action Action
+	Why    string
+	// Holders are the holds the mapping collides with (FenceIntruder, and Report when held).
+	Holders []Holder
+	// Mine is this node's own holder entry (AdoptOwn).
+	Mine Holder
+}
+
+// holdersText names holders as "node-a@7,node-b@8".
+func holdersText(hs []Holder) string {
+	parts := make([]string, len(hs))
+	for i, h := range hs {
+		parts[i] = fmt.Sprintf("%s@%d", h.NodeID, h.Epoch)
+	}
+	return strings.Join(parts, ",")
+}
+
+// decideUnmanaged judges a mapping this node's agent did not make by the image's claim: a pure
+// function of the record as read (nil: none), so that every case is tested without a cluster.
+//
+//   - this node's own hold records this very client: adopt it back (unless an admin fenced it);
+//   - anyone else holds the image, or this node holds it for another device: fence it, unless
+//     it cannot write (read-only), the image is shared rwx (several writers are allowed), or
+//     the policy only reports;
+//   - free: adopt it under adopt-or-fence if it can write and has a client of its own;
+//     otherwise report it.
+func decideUnmanaged(cur *Record, self string, u Unmanaged, policy UnmanagedPolicy) Verdict {
+	if cur != nil && cur.ImageID != "" && u.ImageID != "" && cur.ImageID != u.ImageID {
+		cur = nil // the claim was for an older image of the same name: nobody holds this one
+	}
+	if h := cur.Holder(self); h != nil && h.ClientAddr != "" && h.ClientAddr == u.ClientAddr {
+		if h.Fenced {
+			return Verdict{Action: Report, Holders: []Holder{*h}, Why: "it is this node's own mapping, but an admin fenced it; unmap it"}
+		}
+		return Verdict{Action: AdoptOwn, Mine: *h, Why: fmt.Sprintf("this node's own claim (epoch %d) records this mapping", h.Epoch)}
+	}
+	var others []Holder
+	if cur != nil {
+		for _, h := range cur.Holders {
+			if h.NodeID != self || h.ClientAddr != u.ClientAddr {
+				others = append(others, h)
+			}
+		}
+	}
+	if len(others) > 0 {
+		held := fmt.Sprintf("%s is held %s by %s", u.Image, cur.Access, holdersText(others))
+		switch {
+		case u.ReadOnly:
+			return Verdict{Action: Report, Holders: others, Why: held + "; this mapping is read-only, so it cannot write: left alone"}
+		case cur.Access == RWX:
+			return Verdict{Action: Report, Holders: others, Why: held + ", which allows several writers: not fenced"}
+		case policy == ReportOnly:
+			return Verdict{Action: Report, Holders: others, Why: held + "; the unmanaged policy is report: not fenced"}
+		}
+		return Verdict{Action: FenceIntruder, Holders: others, Why: held}
+	}
+	switch {
+	case policy != AdoptOrFence:
+		return Verdict{Action: Report, Why: fmt.Sprintf("%s is not claimed by any node; not adopted (unmanaged policy %s)", u.Image, policy)}
+	case u.ReadOnly:
+		return Verdict{Action: Report, Why: fmt.Sprintf("%s is not claimed; this mapping is read-only: not adopted", u.Image)}
+	case !u.OwnClient:
+		why := "it was mapped without noshare"
+		if len(u.SharedWith) > 0 {
+			why = "its kernel client also serves " + strings.Join(u.SharedWith, ", ")
+		}
+		return Verdict{Action: Report, Why: fmt.Sprintf("%s is not claimed, but %s: it could not be fenced alone, so it is not adopted (map with -o noshare, or through rbd-owner)", u.Image, why)}
+	}
+	return Verdict{Action: Adopt, Why: fmt.Sprintf("%s is not claimed by any node", u.Image)}
+}
+
+// UnmanagedResult is the outcome of Store.Unmanaged.
+type UnmanagedResult struct {
+	Verdict
+	Record   *Record   // the record after the call (nil when there is none)
+	Intruder *Intruder // set when it was fenced
+	Holder   Holder    // this node's entry when adopted (Adopt, AdoptOwn)
+}
+
+// Unmanaged judges a mapping this node's agent did not make and acts on it, in one
+// read-decide-write of the image's claim: it fences it (blocklists its client, then records
+// the intruder in the claim) when the image is held elsewhere, or claims a free image for this
+// node with this mapping already recorded (adopt-or-fence). Nothing is written for a report or
+// for this node's own mapping.
+func (s *Store) Unmanaged(ctx context.Context, u Unmanaged, policy UnmanagedPolicy) (*UnmanagedResult, error) {
+	if err := validateImage(u.Image); err != nil {
+		return nil, fmt.Errorf("unmanaged mapping of %s: %w: %w", u.Image, ErrInvalid, err)
+	}
+	if u.ClientAddr == "" {
+		return nil, fmt.Errorf("unmanaged mapping of %s: %w: its client address is unknown (the kernel has no client_addr)", u.Image, ErrInvalid)
+	}
+	var info *imageInfo // read once, only if an adoption is considered
+	var res UnmanagedResult
+	var fenced *Intruder
+	rec, err := s.update(ctx, u.Image, func(cur *Record, _ uint64) (*Record, error) {
+		res = UnmanagedResult{Verdict: decideUnmanaged(cur, s.cfg.Node.ID, u, policy)}
+		switch res.Action {
+		case FenceIntruder:
+			if fenced == nil { // blocklisting is idempotent, but once is enough
+				until, err := s.b.Blocklist(ctx, u.ClientAddr, s.cfg.FenceExpiry)
+				if err != nil {
+					return nil, fmt.Errorf("fence %s (%s): %w", u.Device, u.ClientAddr, err)
+				}
+				fenced = &Intruder{NodeID: s.cfg.Node.ID, Device: u.Device, Addr: u.ClientAddr, SharedClient: !u.OwnClient,
+					At: s.cfg.Now().UTC(), Expires: until.UTC()}
+			}
+			in := *fenced
+			in.Holders = holdersText(res.Holders)
+			res.Intruder = &in
+			cur.addIntruder(in)
+			return cur, nil
+		case Adopt:
+			if info == nil {
+				i, err := s.inspectImage(ctx, u.Image)
+				if err != nil {
+					return nil, err
+				}
+				info = &i
+			}
+			plan, err := decideAcquire(cur, acquireInput{Self: s.cfg.Node.ID, FSID: s.fsid, Image: u.Image, Access: RWO,
+				Info: *info, Now: s.cfg.Now().UTC(), Me: s.me(), Adopt: &Holder{ClientAddr: u.ClientAddr, Device: u.Device}})
+			if err != nil {
+				if errors.Is(err, ErrBusy) || errors.Is(err, ErrClaimedElsewhere) {
+					res.Action, res.Why = Report, "not adopted: "+err.Error()
+					return nil, nil
+				}
+				return nil, err
+			}
+			res.Holder = plan.Holder
+			return plan.Next, nil
+		case AdoptOwn:
+			res.Holder = res.Mine
+		}
+		return nil, nil
+	})
+	if err != nil {
+		if fenced != nil {
+			// the blocklist stands even though the record could not say so: report the fence
+			return &UnmanagedResult{Verdict: res.Verdict, Intruder: fenced},
+				fmt.Errorf("unmanaged mapping %s of %s: fenced, but recording it in the claim failed: %w", u.Device, u.Image, err)
+		}
+		return nil, fmt.Errorf("unmanaged mapping %s of %s: %w", u.Device, u.Image, err)
+	}
+	res.Record = rec
+	if res.Action == Adopt {
+		_ = s.Heartbeat(ctx, u.Image.Pool, u.Image.Namespace) // renewals write it too
+	}
+	return &res, nil
+}
+
+// Unfence lifts the fences of this node's intruders on an image whose client address gone
+// says is no longer mapped here: each one's blocklist entry is removed, then it is dropped
+// from the record. An intruder still mapped is refused (ErrBusy), naming its device; intruders
+// of other nodes are left for those nodes' agents. It returns the intruders unfenced.
+func (s *Store) Unfence(ctx context.Context, img Image, gone func(addr string) bool) ([]Intruder, error) {
+	rec, _, err := s.read(ctx, img)
+	if err != nil {
+		return nil, fmt.Errorf("unfence %s: %w", img, err)
+	}
+	var mine, elsewhere []Intruder
+	if rec != nil {
+		for _, in := range rec.Intruders {
+			if in.NodeID == s.cfg.Node.ID {
+				mine = append(mine, in)
+			} else {
+				elsewhere = append(elsewhere, in)
+			}
+		}
+	}
+	if len(mine) == 0 {
+		if len(elsewhere) > 0 {
+			return nil, fmt.Errorf("unfence %s: %w: its fenced mappings are on node %s: run `rbd-owner unfence %s` there",
+				img, ErrNoClaim, elsewhere[0].NodeID, img)
+		}
+		return nil, fmt.Errorf("unfence %s: %w: no fenced mapping is recorded for it", img, ErrNoClaim)
+	}
+	for _, in := range mine {
+		if !gone(in.Addr) {
+			return nil, fmt.Errorf("unfence %s: %w: %s (client %s) is still mapped on this node; unmap it first (rbd unmap %s)",
+				img, ErrBusy, in.Device, in.Addr, in.Device)
+		}
+	}
+	for _, in := range mine {
+		if err := s.b.Unblocklist(ctx, in.Addr); err != nil {
+			return nil, fmt.Errorf("unfence %s: %w", img, err)
+		}
+	}
+	_, err = s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
+		if cur == nil {
+			return nil, nil
+		}
+		kept := cur.Intruders[:0]
+		for _, in := range cur.Intruders {
+			if !(in.NodeID == s.cfg.Node.ID && gone(in.Addr)) {
+				kept = append(kept, in)
+			}
+		}
+		cur.Intruders = kept
+		return cur, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("unfence %s: blocklist entries removed, but the claim still lists them: %w", img, err)
+	}
+	return mine, nil
+}
