@@ -14,11 +14,13 @@ import (
 
 // Paths of the v1 calls.
 const (
-	PathMap     = "/v1/map"
-	PathUnmap   = "/v1/unmap"
-	PathStatus  = "/v1/status"
-	PathClaims  = "/v1/claims"
-	PathFence   = "/v1/fence"
+	PathMap    = "/v1/map"
+	PathUnmap  = "/v1/unmap"
+	PathStatus = "/v1/status"
+	PathClaims = "/v1/claims"
+	PathFence  = "/v1/fence"
+	// PathUnfence lifts the fences put on mappings made outside rbd-owner, once unmapped (admin).
+	PathUnfence = "/v1/unfence"
 	PathRelease = "/v1/release"
 	// PathOrphanList lists the claims of deleted images (GET ?cluster=&pool=).
 	PathOrphanList = "/v1/orphans"
@@ -106,6 +108,24 @@ type FenceResponse struct {
 	FencedAddrs []string `json:"fenced_addrs,omitempty"`
 }
 
+// UnfenceResponse lists the fenced mappings whose fences were lifted.
+type UnfenceResponse struct {
+	Unfenced []Intruder `json:"unfenced"`
+}
+
+// Intruder is a mapping made outside rbd-owner that its node's agent fenced, as the image's
+// claim records it.
+type Intruder struct {
+	NodeID     string `json:"node_id"`
+	Device     string `json:"device"`
+	ClientAddr string `json:"client_addr"`
+	// SharedClient: its kernel client served other mappings too, fenced with it.
+	SharedClient bool      `json:"shared_client,omitempty"`
+	Holders      string    `json:"holders"` // who held the image then, "node@epoch,…"
+	FencedAt     time.Time `json:"fenced_at"`
+	Expires      time.Time `json:"expires"`
+}
+
 // OrphansRequest names the pool whose orphaned claims are removed ("" for every pool).
 type OrphansRequest struct {
 	Cluster string `json:"cluster,omitempty"`
@@ -151,6 +171,8 @@ type Claim struct {
 	Holders     []Holder `json:"holders"`
 	// Orphan is set in listings when the image no longer exists.
 	Orphan bool `json:"orphan,omitempty"`
+	// Intruders are mappings made outside rbd-owner that were fenced (until unfenced).
+	Intruders []Intruder `json:"intruders,omitempty"`
 }
 
 // Device is a mapped rbd device on this node.
@@ -169,6 +191,8 @@ type Device struct {
 	Epoch   uint64 `json:"epoch,omitempty"`
 	// Problem explains what is wrong with this device's claim, if anything.
 	Problem string `json:"problem,omitempty"`
+	// FencedUntil is set on a device mapped outside rbd-owner that the agent fenced.
+	FencedUntil *time.Time `json:"fenced_until,omitempty"`
 }
 
 // ClusterStatus is the agent's view of one configured cluster.

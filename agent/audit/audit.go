@@ -33,6 +33,10 @@ const (
 	OK      = "ok"
 	Refused = "refused"
 	Failed  = "failed"
+	// for unmanaged_device: what was done with a mapping made outside rbd-owner
+	Fenced   = "fenced"
+	Adopted  = "adopted"
+	Reported = "reported"
 )
 
 // Entry is one audit event.

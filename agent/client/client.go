@@ -88,6 +88,12 @@ func (c *Client) Fence(ctx context.Context, req api.ImageRequest) (*api.FenceRes
 	return &out, c.do(ctx, http.MethodPost, api.PathFence, req, &out)
 }
 
+// Unfence lifts the fences on this node's unmapped intruders of an image (admin).
+func (c *Client) Unfence(ctx context.Context, req api.ImageRequest) (*api.UnfenceResponse, error) {
+	var out api.UnfenceResponse
+	return &out, c.do(ctx, http.MethodPost, api.PathUnfence, req, &out)
+}
+
 // Release drops a claim (admin; Force drops a fenced dead owner's claim).
 func (c *Client) Release(ctx context.Context, req api.ImageRequest) (*api.ReleaseResponse, error) {
 	var out api.ReleaseResponse

@@ -35,7 +35,7 @@ func TestParseGoodAndDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.NodeID != "node-a" || c.LeaseDuration.D() != 90*time.Second || c.RenewInterval.D() != 30*time.Second ||
-		c.TakeoverPolicy != TakeoverAfterLeaseExpiry || c.FenceExpiry.D() != 168*time.Hour ||
+		c.TakeoverPolicy != TakeoverAfterLeaseExpiry || c.FenceExpiry.D() != 168*time.Hour || c.Unmanaged != UnmanagedFenceIfClaimed ||
 		c.Socket != DefaultSocket || c.CSISocket != DefaultCSISocket || c.StateDir != DefaultStateDir || c.Clusters[0].MapOptions[0] != "ms_mode=prefer-crc" {
 		t.Fatalf("parsed: %+v", c)
 	}
@@ -83,6 +83,7 @@ func TestBadConfigNamesTheKey(t *testing.T) {
 		{"lease_duration: 2s\n", "lease_duration"},
 		{"renew_interval: 50s\n", "renew_interval"},
 		{"takeover_policy: always\n", "takeover_policy"},
+		{"unmanaged: fence\n", "unmanaged"},
 		{"fence_expiry: 10m\n", "fence_expiry"},
 		{"nodeid: x\n", "nodeid"},
 		{"socket: relative.sock\n", "socket"},

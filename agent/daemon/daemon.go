@@ -93,13 +93,13 @@ type Daemon struct {
 	lost     map[state.Key]bool   // claims this node knows it no longer holds (device kept)
 	// selfFenced: when this node last re-blocklisted its own lost mapping
 	selfFenced   map[state.Key]time.Time
-	unmanaged    map[int]krbd.Device  // devices mapped behind the agent's back
-	skews        map[string]skew      // other nodes whose clocks are off, by "cluster/node"
-	beats        map[string]time.Time // when each loop last beat (see loops.go)
-	renewed      atomic.Int64         // successful heartbeats (tests)
-	heartbeatErr sync.Map             // "cluster/pool/ns" → true while its heartbeat fails
-	beatEvery    time.Duration        // how often an idle loop beats (set by Run)
-	notifyOff    bool                 // sd_notify said there is no notify socket (logged once)
+	unmanaged    map[int]unmanagedDevice // devices mapped behind the agent's back, and their verdicts
+	skews        map[string]skew         // other nodes whose clocks are off, by "cluster/node"
+	beats        map[string]time.Time    // when each loop last beat (see loops.go)
+	renewed      atomic.Int64            // successful heartbeats (tests)
+	heartbeatErr sync.Map                // "cluster/pool/ns" → true while its heartbeat fails
+	beatEvery    time.Duration           // how often an idle loop beats (set by Run)
+	notifyOff    bool                    // sd_notify said there is no notify socket (logged once)
 
 	ops *executor
 
@@ -130,7 +130,7 @@ func New(opts Options) (*Daemon, error) {
 	d := &Daemon{
 		opts: opts, cfg: opts.Config, log: opts.Log, audit: opts.Audit, kernel: opts.Kernel, state: st,
 		addrs: nodeaddr.New(), clusters: map[string]*cluster{},
-		beats: map[string]time.Time{}, problems: map[state.Key]string{}, lost: map[state.Key]bool{}, selfFenced: map[state.Key]time.Time{}, unmanaged: map[int]krbd.Device{}, skews: map[string]skew{},
+		beats: map[string]time.Time{}, problems: map[state.Key]string{}, lost: map[state.Key]bool{}, selfFenced: map[state.Key]time.Time{}, unmanaged: map[int]unmanagedDevice{}, skews: map[string]skew{},
 	}
 	d.ops = newExecutor(d)
 	if opts.Peers != nil {

@@ -62,7 +62,7 @@ func (d *Daemon) reconcile(ctx context.Context) {
 	}
 	for _, dv := range devs {
 		if !d.explained(dv, mappings) && d.unexplained(dv) {
-			d.noteUnmanaged(dv)
+			d.judgeLater(ctx, dv)
 		}
 	}
 }
@@ -292,49 +292,9 @@ func (d *Daemon) deviceEvent(ctx context.Context, ev devwatch.Event) {
 				return
 			}
 		}
-		// a saga of ours may be mapping it right now: decide once that saga is over
-		key := state.Key{Ref: dv.Spec()}
-		d.bg.Add(1)
-		go func() {
-			defer d.bg.Done()
-			for _, c := range d.clusters {
-				key.Cluster = c.cfg.ID
-				wctx, cancel := context.WithTimeout(ctx, d.cfg.MapTimeout.D()+time.Minute)
-				unlock, err := d.locks.lock(wctx, key)
-				cancel()
-				if err == nil {
-					unlock()
-				}
-			}
-			for _, m := range d.state.All() {
-				if m.DeviceID == dv.ID && m.ClientAddr == dv.ClientAddr {
-					return
-				}
-			}
-			if _, err := d.kernel.ReadDevice(dv.ID); err == nil {
-				d.noteUnmanaged(dv)
-			}
-		}()
+		// judged at once, once any saga of ours on its image is over (it may be ours)
+		d.judgeAtOnce(ctx, dv)
 	}
-}
-
-func (d *Daemon) noteUnmanaged(dv krbd.Device) {
-	d.mu.Lock()
-	old, seen := d.unmanaged[dv.ID]
-	d.unmanaged[dv.ID] = dv
-	d.mu.Unlock()
-	if seen && old.ClientAddr == dv.ClientAddr {
-		return // audited once
-	}
-	d.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.OK, Pool: dv.Pool, Namespace: dv.Namespace, Image: dv.Image,
-		Device: dv.DevNode, Warning: true,
-		Message: fmt.Sprintf("%s maps %s but was not mapped by rbd-owner: it holds no claim (unmap it and map through rbd-owner)", dv.DevNode, dv.Spec())})
-}
-
-func (d *Daemon) forgetUnmanaged(id int) {
-	d.mu.Lock()
-	delete(d.unmanaged, id)
-	d.mu.Unlock()
 }
 
 // keepFenced re-blocklists this node's own mapping of an image another node now holds, before

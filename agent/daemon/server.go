@@ -111,6 +111,7 @@ func (d *Daemon) routes() map[string]route {
 		api.PathClaims:     {http.MethodGet, peercred.RoleCSI, d.handleClaims},
 		api.PathOrphanList: {http.MethodGet, peercred.RoleCSI, d.handleOrphans},
 		api.PathFence:      {http.MethodPost, peercred.RoleAdmin, call(d.Fence)},
+		api.PathUnfence:    {http.MethodPost, peercred.RoleAdmin, call(d.Unfence)},
 		api.PathOrphans:    {http.MethodPost, peercred.RoleAdmin, call(d.RemoveOrphans)},
 	}
 }
@@ -512,9 +513,15 @@ func (d *Daemon) Status() api.Status {
 			Epoch: m.Epoch, Problem: d.problem(m.Key)})
 	}
 	d.mu.Lock()
-	for _, dv := range d.unmanaged {
-		st.Devices = append(st.Devices, api.Device{Device: dv.DevNode, FSID: dv.ClusterFSID, Pool: dv.Pool, Namespace: dv.Namespace,
-			Image: dv.Image, Snapshot: dv.Snap, ClientAddr: dv.ClientAddr, Problem: "mapped outside rbd-owner: no claim protects it"})
+	for _, u := range d.unmanaged {
+		dv := u.dev
+		ad := api.Device{Device: dv.DevNode, Cluster: u.cluster, FSID: dv.ClusterFSID, Pool: dv.Pool, Namespace: dv.Namespace,
+			Image: dv.Image, Snapshot: dv.Snap, ClientAddr: dv.ClientAddr, Problem: u.problem()}
+		if u.verdict == claim.FenceIntruder && !u.fencedAt.IsZero() {
+			until := u.fencedUntil
+			ad.FencedUntil = &until
+		}
+		st.Devices = append(st.Devices, ad)
 	}
 	for k, p := range d.problems {
 		st.Problems = append(st.Problems, k.String()+": "+p)
@@ -545,6 +552,9 @@ func apiClaim(clusterID string, r *claim.Record) *api.Claim {
 		c.Holders = append(c.Holders, api.Holder{NodeID: h.NodeID, Hostname: h.Hostname, NodeAddr: h.NodeAddr, ClientAddr: h.ClientAddr,
 			Device: h.Device, ReadOnly: h.ReadOnly, Epoch: h.Epoch, AcquiredAt: h.AcquiredAt, RenewedAt: h.RenewedAt,
 			LeaseSeconds: h.LeaseSeconds, AgentVersion: h.AgentVersion, Fenced: h.Fenced})
+	}
+	for _, in := range r.Intruders {
+		c.Intruders = append(c.Intruders, apiIntruder(in))
 	}
 	return c
 }

@@ -676,3 +676,22 @@ func TestUnmapDeviceLeavesAReusedIDAlone(t *testing.T) {
 		t.Fatalf("img2's device is gone: %+v %v", d, err)
 	}
 }
+
+// TestParseConfigInfo: noshare is read from the options field of config_info; nothing else
+// of the string is kept.
+func TestParseConfigInfo(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want krbd.MapFacts
+	}{
+		{"10.0.0.1:6789 name=admin,key=client.admin,noshare rbd img\n", krbd.MapFacts{Known: true, NoShare: true}},
+		{"10.0.0.1:6789 name=admin,secret=QUJD,read_only rbd img snap1", krbd.MapFacts{Known: true}},
+		{"10.0.0.1:6789 name=admin,nosharex rbd img", krbd.MapFacts{Known: true}},
+		{"", krbd.MapFacts{}},
+		{"garbage", krbd.MapFacts{}},
+	} {
+		if got := krbd.ParseConfigInfo(tc.in); got != tc.want {
+			t.Errorf("ParseConfigInfo(%q) = %+v, want %+v", tc.in, got, tc.want)
+		}
+	}
+}

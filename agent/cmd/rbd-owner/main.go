@@ -41,6 +41,7 @@ commands:
   claims  [--cluster ID] [--pool POOL] [--json] [--remove-orphans]   the claims of a pool, cluster-wide
   fence   [--cluster ID] POOL[/NAMESPACE]/IMAGE             blocklist the owner's mapping (admin)
   release [--cluster ID] --force POOL[/NAMESPACE]/IMAGE     drop a dead owner's claim (admin, after fence)
+  unfence [--cluster ID] POOL[/NAMESPACE]/IMAGE             lift the fence on this node's unmapped intruders (admin)
   version                                                   print the version
 
 exit codes: 0 done, 1 failed, 2 usage error, 3 held by another node, 4 agent not reachable
@@ -91,6 +92,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runClaims(ctx, client.New(*socket), rest, stdout)
 	case "fence":
 		err = runFence(ctx, client.New(*socket), rest, stdout)
+	case "unfence":
+		err = runUnfence(ctx, client.New(*socket), rest, stdout)
 	case "release":
 		err = runRelease(ctx, client.New(*socket), rest, stdout)
 	default:
@@ -336,8 +339,37 @@ func runClaims(ctx context.Context, c *client.Client, args []string, stdout io.W
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", imageName(cl.Pool, cl.Namespace, cl.Image, ""), cl.Access, h.Epoch,
 				h.NodeID, h.Hostname, dash(h.ClientAddr), dash(h.Device), h.RenewedAt.Format(time.RFC3339), dash(n))
 		}
+		for _, in := range cl.Intruders {
+			fmt.Fprintf(tw, "%s\t-\t-\t%s\t-\t%s\t%s\t%s\t%s\n", imageName(cl.Pool, cl.Namespace, cl.Image, ""), in.NodeID, in.ClientAddr, in.Device,
+				in.FencedAt.Format(time.RFC3339), "FENCED INTRUDER: mapped outside rbd-owner while "+in.Holders+" held it; blocklisted until "+in.Expires.Format(time.RFC3339))
+		}
 	}
 	return tw.Flush()
+}
+
+func runUnfence(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
+	fs := flags("unfence")
+	cluster := fs.String("cluster", "", "cluster id from the config")
+	asJSON := fs.Bool("json", false, "JSON output")
+	pos, err := parse(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	spec, err := parseSpec(pos[0], false)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Unfence(ctx, api.ImageRequest{Cluster: *cluster, Pool: spec.Pool, Namespace: spec.Namespace, Image: spec.Image})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, resp)
+	}
+	for _, in := range resp.Unfenced {
+		fmt.Fprintf(stdout, "unfenced %s (client %s, fenced %s)\n", in.Device, in.ClientAddr, in.FencedAt.Format(time.RFC3339))
+	}
+	return nil
 }
 
 func runFence(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {

@@ -135,10 +135,19 @@ func (k *Kernel) AddPool(pool string) { k.mu.Lock(); k.pools[pool] = true; k.mu.
 
 // AddImage creates pool/ns/image (ns "" for none) with snapshots.
 func (k *Kernel) AddImage(pool, ns, name string, size uint64, snaps ...string) {
+	k.AddImageWithID(pool, ns, name, "", size, snaps...)
+}
+
+// AddImageWithID is AddImage with the image's id (image_id) given, e.g. to match the id an
+// in-memory cluster gives the same image; "" picks one.
+func (k *Kernel) AddImageWithID(pool, ns, name, id string, size uint64, snaps ...string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.pools[pool] = true
-	im := &image{id: fmt.Sprintf("%x", 0x1000+len(k.images)), size: size, snaps: map[string]bool{}}
+	if id == "" {
+		id = fmt.Sprintf("%x", 0x1000+len(k.images))
+	}
+	im := &image{id: id, size: size, snaps: map[string]bool{}}
 	for _, s := range snaps {
 		im.snaps[s] = true
 	}

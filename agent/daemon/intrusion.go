@@ -1,0 +1,298 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/api"
+	"github.com/rbd-owner/rbd-owner/agent/audit"
+	"github.com/rbd-owner/rbd-owner/agent/cephconn"
+	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
+	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/state"
+)
+
+// unmanagedDevice is a device this agent did not map, and what was decided about it.
+type unmanagedDevice struct {
+	dev     krbd.Device
+	cluster string // "" until its cluster is known
+	verdict claim.Action
+	why     string
+	// fencedAt is when this agent last blocklisted its client; fencedUntil when that ends.
+	fencedAt, fencedUntil time.Time
+}
+
+// problem is the device's line in status.
+func (u unmanagedDevice) problem() string {
+	switch {
+	case u.verdict == claim.FenceIntruder && !u.fencedAt.IsZero():
+		return fmt.Sprintf("mapped outside rbd-owner and FENCED (client %s blocklisted until %s): %s; unmap it, then `rbd-owner unfence %s`",
+			u.dev.ClientAddr, u.fencedUntil.UTC().Format(time.RFC3339), u.why, u.dev.Spec().Head())
+	case u.why != "":
+		return "mapped outside rbd-owner: no claim protects it: " + u.why
+	}
+	return "mapped outside rbd-owner: no claim protects it"
+}
+
+// judgeAtOnce judges a device that just appeared (its add uevent), as soon as no saga of this
+// node holds its image: nothing queues it behind other images' work, and no backoff delays it.
+func (d *Daemon) judgeAtOnce(ctx context.Context, dv krbd.Device) {
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		if err := d.judgeUnmanaged(ctx, dv, true); err != nil {
+			// the reconciler judges it again
+			d.log.WithError(err).WithField("device", dv.DevNode).Error("judging a device mapped outside rbd-owner failed; retrying at the next reconciliation")
+		}
+	}()
+}
+
+// judgeLater queues the judgement of an unexplained device found by the reconciler on the
+// executor (one operation per image, backed off after a failure).
+func (d *Daemon) judgeLater(ctx context.Context, dv krbd.Device) {
+	cl := d.clusterOfDevice(dv)
+	if cl == nil {
+		d.noteUnmanaged(unmanagedDevice{dev: dv, why: "its cluster (fsid " + orNone(dv.ClusterFSID) + ") is not a connected configured cluster"})
+		return
+	}
+	key := state.Key{Cluster: cl.cfg.ID, Ref: dv.Spec()}
+	d.ops.start(ctx, key, func(ctx context.Context) error { return d.judgeUnmanaged(ctx, dv, false) })
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+// clusterOfDevice is the configured cluster a device belongs to (by fsid), nil when none is
+// connected with that fsid. With one cluster and a kernel that shows no fsid, that cluster.
+func (d *Daemon) clusterOfDevice(dv krbd.Device) *cluster {
+	if dv.ClusterFSID == "" && len(d.clusters) == 1 {
+		for _, c := range d.clusters {
+			return c
+		}
+	}
+	return d.clusterByFSID(dv.ClusterFSID)
+}
+
+// judgeUnmanaged decides what to do with a device this agent did not map, by its image's
+// claim (claim.Store.Unmanaged), holding the image's lock so that a saga of this node cannot
+// be mistaken for an intruder: it fences a mapping of an image held elsewhere, adopts one this
+// node's claim records or (adopt-or-fence) a free one, and reports the rest. lockWait says
+// whether to wait for the lock (an add uevent) or run under the caller's (the executor).
+func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bool) error {
+	cl := d.clusterOfDevice(dv)
+	if cl == nil && lockWait {
+		// not connected yet: connecting is part of reacting at once
+		cctx, cancel := context.WithTimeout(ctx, 2*cephconn.DefaultTimeout)
+		for _, c := range d.clusters {
+			if s, err := c.claims(cctx); err == nil && (s.FSID() == dv.ClusterFSID || dv.ClusterFSID == "") {
+				cl = c
+				break
+			}
+		}
+		cancel()
+	}
+	if cl == nil {
+		d.noteUnmanaged(unmanagedDevice{dev: dv, why: "its cluster (fsid " + orNone(dv.ClusterFSID) + ") is not a connected configured cluster"})
+		return nil
+	}
+	key := state.Key{Cluster: cl.cfg.ID, Ref: dv.Spec()}
+	if lockWait {
+		lctx, cancel := context.WithTimeout(ctx, d.cfg.MapTimeout.D()+time.Minute)
+		unlock, err := d.locks.lock(lctx, key)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("device %s: waiting for its image: %w", dv.DevNode, err)
+		}
+		defer unlock()
+	}
+	// what the kernel says now: the device may be gone, or be one of ours by now
+	cur, err := d.kernel.ReadDevice(dv.ID)
+	if err != nil || cur.ClientAddr != dv.ClientAddr || cur.Spec() != dv.Spec() {
+		return nil
+	}
+	dv = cur
+	for _, m := range d.state.All() {
+		if m.DeviceID == dv.ID && m.ClientAddr == dv.ClientAddr {
+			return nil
+		}
+		if m.Ref == dv.Spec() && m.Cluster == cl.cfg.ID && (m.Phase == state.Claiming || m.Phase == state.Claimed) {
+			return nil // a half-done map of ours: the reconciler's settle adopts or removes it
+		}
+	}
+	prev, seen := d.unmanagedOf(dv)
+	if seen && prev.verdict == claim.FenceIntruder && time.Since(prev.fencedAt) < d.cfg.FenceExpiry.D()/4 {
+		return nil // fenced recently enough: the next look blocklists again before it runs out
+	}
+	u := claim.Unmanaged{Image: dv.Spec().Head(), ImageID: dv.ImageID, ClientAddr: dv.ClientAddr, Device: dv.DevNode,
+		ReadOnly: dv.ReadOnly}
+	u.SharedWith, err = d.sharingClient(dv)
+	if err != nil {
+		return fmt.Errorf("device %s: %w", dv.DevNode, err)
+	}
+	u.OwnClient = len(u.SharedWith) == 0 && (dv.Options.NoShare || !dv.Options.Known)
+	if dv.ClientAddr == "" {
+		d.noteUnmanaged(unmanagedDevice{dev: dv, cluster: cl.cfg.ID, why: "the kernel shows no client_addr, so it cannot be fenced"})
+		return nil
+	}
+	store, err := cl.claims(ctx)
+	if err != nil {
+		d.noteUnmanaged(unmanagedDevice{dev: dv, cluster: cl.cfg.ID, why: "its claim could not be read: " + err.Error()})
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 2*cephconn.DefaultTimeout)
+	defer cancel()
+	res, err := store.Unmanaged(cctx, u, claim.UnmanagedPolicy(d.cfg.Unmanaged))
+	if err != nil && (res == nil || res.Intruder == nil) {
+		d.noteUnmanaged(unmanagedDevice{dev: dv, cluster: cl.cfg.ID, why: "its claim could not be judged: " + err.Error()})
+		return err
+	}
+	entry := unmanagedDevice{dev: dv, cluster: cl.cfg.ID, verdict: res.Action, why: res.Why}
+	switch res.Action {
+	case claim.FenceIntruder:
+		entry.fencedAt, entry.fencedUntil = time.Now(), res.Intruder.Expires
+		d.noteUnmanaged(entry)
+		shared := ""
+		if len(u.SharedWith) > 0 {
+			shared = fmt.Sprintf("; its kernel client also served %s, which is fenced with it (mapped without noshare)", strings.Join(u.SharedWith, ", "))
+		} else if !u.OwnClient {
+			shared = "; it was mapped without noshare: any mapping that joins its kernel client is fenced too"
+		}
+		owner := ""
+		if len(res.Holders) > 0 {
+			owner = res.Holders[0].NodeID
+		}
+		d.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.Fenced, Cluster: cl.cfg.ID, Pool: dv.Pool, Namespace: dv.Namespace,
+			Image: dv.Image, Device: dv.DevNode, OwnerNode: owner, Error: true,
+			Message: fmt.Sprintf("FENCED %s: it maps %s outside rbd-owner while %s; its client %s is blocklisted until %s, so it cannot write (node %s keeps the image)%s; unmap it, then run `rbd-owner unfence %s`",
+				dv.DevNode, dv.Spec(), res.Why, dv.ClientAddr, res.Intruder.Expires.UTC().Format(time.RFC3339), owner, shared, u.Image)})
+		if err != nil {
+			d.log.WithError(err).WithField("device", dv.DevNode).Warn("the fence stands but is not recorded in the claim; the next reconciliation records it")
+			entry.fencedAt = time.Time{} // look again at the next reconciliation
+			d.noteUnmanaged(entry)
+		}
+		return nil
+	case claim.Adopt, claim.AdoptOwn:
+		m := state.Mapping{Key: state.Key{Cluster: cl.cfg.ID, Ref: dv.Spec()}, FSID: store.FSID(), Phase: state.Mapped,
+			Epoch: res.Holder.Epoch, Access: string(claim.RWO), Claimed: true, DeviceID: dv.ID, Device: dv.DevNode, ClientAddr: dv.ClientAddr}
+		if res.Record != nil {
+			m.Access = string(res.Record.Access)
+		}
+		if perr := d.state.Put(m); perr != nil {
+			// the claim stands without local state: the next look finds it this node's own
+			d.noteUnmanaged(entry)
+			return fmt.Errorf("adopt %s: %w", dv.DevNode, perr)
+		}
+		d.forgetUnmanaged(dv.ID)
+		d.setProblem(m.Key, "")
+		how := "adopted"
+		if res.Action == claim.AdoptOwn {
+			how = "adopted back (this node's claim recorded it; the agent's state had lost it)"
+		}
+		d.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.Adopted, Cluster: cl.cfg.ID, Pool: dv.Pool, Namespace: dv.Namespace,
+			Image: dv.Image, Device: dv.DevNode, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, Warning: true,
+			Message: fmt.Sprintf("%s maps %s outside rbd-owner: %s: %s at epoch %d; rbd-owner manages it from now on (unmap it with rbd-owner unmap)",
+				dv.DevNode, dv.Spec(), res.Why, how, m.Epoch)})
+		return nil
+	}
+	d.noteUnmanaged(entry)
+	return nil
+}
+
+// sharingClient names the other devices on this node that use dv's kernel client.
+func (d *Daemon) sharingClient(dv krbd.Device) ([]string, error) {
+	devs, err := d.kernel.List()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, o := range devs {
+		if o.ID != dv.ID && o.ClientAddr != "" && o.ClientAddr == dv.ClientAddr {
+			out = append(out, o.DevNode)
+		}
+	}
+	return out, nil
+}
+
+func (d *Daemon) unmanagedOf(dv krbd.Device) (unmanagedDevice, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	u, ok := d.unmanaged[dv.ID]
+	if !ok || u.dev.ClientAddr != dv.ClientAddr {
+		return unmanagedDevice{}, false
+	}
+	return u, true
+}
+
+// noteUnmanaged records what was decided about a device and audits a report once per device.
+func (d *Daemon) noteUnmanaged(u unmanagedDevice) {
+	d.mu.Lock()
+	old, seen := d.unmanaged[u.dev.ID]
+	d.unmanaged[u.dev.ID] = u
+	d.mu.Unlock()
+	if u.verdict != claim.Report || (seen && old.dev.ClientAddr == u.dev.ClientAddr && old.why == u.why) {
+		return // fences and adoptions are audited where they happen; a report once
+	}
+	d.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.Reported, Cluster: u.cluster, Pool: u.dev.Pool,
+		Namespace: u.dev.Namespace, Image: u.dev.Image, Device: u.dev.DevNode, Warning: true,
+		Message: fmt.Sprintf("%s maps %s but was not mapped by rbd-owner: no claim protects it (%s); unmap it and map through rbd-owner",
+			u.dev.DevNode, u.dev.Spec(), orNone(u.why))})
+}
+
+func (d *Daemon) forgetUnmanaged(id int) {
+	d.mu.Lock()
+	delete(d.unmanaged, id)
+	d.mu.Unlock()
+}
+
+// Unfence lifts the fences this node's agent put on mappings made outside rbd-owner of an
+// image, once they are unmapped (admin).
+func (d *Daemon) Unfence(ctx context.Context, req api.ImageRequest, peer *peercred.Cred) (*api.UnfenceResponse, error) {
+	t, err := d.target(req.Cluster, req.Ref())
+	if err != nil {
+		return nil, err
+	}
+	if t.spec.Snap != "" {
+		return nil, fmt.Errorf("%w: unfence %s: name the image, not a snapshot", errInvalid, t.spec)
+	}
+	store, err := t.cl.claims(ctx)
+	if err != nil {
+		return nil, err
+	}
+	devs, err := d.kernel.List()
+	if err != nil {
+		return nil, fmt.Errorf("unfence %s: listing devices: %w", t.spec, err)
+	}
+	gone := func(addr string) bool {
+		for _, dv := range devs {
+			if dv.ClientAddr == addr {
+				return false
+			}
+		}
+		return true
+	}
+	un, err := store.Unfence(ctx, t.img, gone)
+	if err != nil {
+		return nil, err
+	}
+	out := &api.UnfenceResponse{Unfenced: []api.Intruder{}}
+	for _, in := range un {
+		out.Unfenced = append(out.Unfenced, apiIntruder(in))
+		d.audit.Record(audit.Entry{Event: audit.Fence, Result: audit.OK, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
+			Image: t.spec.Image, Device: in.Device, OwnerNode: d.cfg.NodeID, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
+			Message: fmt.Sprintf("unfenced %s's former client %s (mapped outside rbd-owner, fenced %s, now unmapped): its blocklist entry is removed",
+				in.Device, in.Addr, in.At.UTC().Format(time.RFC3339))})
+	}
+	return out, nil
+}
+
+func apiIntruder(in claim.Intruder) api.Intruder {
+	return api.Intruder{NodeID: in.NodeID, Device: in.Device, ClientAddr: in.Addr, SharedClient: in.SharedClient,
+		Holders: in.Holders, FencedAt: in.At, Expires: in.Expires}
+}

@@ -1,0 +1,342 @@
+package daemon
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"errors"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/api"
+	"github.com/rbd-owner/rbd-owner/agent/audit"
+	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
+	"github.com/rbd-owner/rbd-owner/agent/state"
+)
+
+// refsOf is how many hold or wait for an image's lock (tests).
+func (k *keyedLocks) refsOf(key state.Key) int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if l := k.m[key]; l != nil {
+		return l.refs
+	}
+	return 0
+}
+
+// auditLog collects a test daemon's audit entries.
+type auditLog struct {
+	mu      sync.Mutex
+	entries []audit.Entry
+}
+
+func (a *auditLog) sink(e audit.Entry) { a.mu.Lock(); a.entries = append(a.entries, e); a.mu.Unlock() }
+
+func (a *auditLog) find(event, result string) []audit.Entry {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []audit.Entry
+	for _, e := range a.entries {
+		if e.Event == event && (result == "" || e.Result == result) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// startIntrusionDaemon starts node-m on c with the given unmanaged policy, recording its audit.
+func startIntrusionDaemon(t *testing.T, c *memCluster, policy string) (*memDaemon, *auditLog) {
+	t.Helper()
+	al := &auditLog{}
+	n := startMemDaemonWith(t, func(o *Options) {
+		o.Config.Unmanaged = policy
+		o.Audit = audit.NewWithSink(o.Log, al.sink)
+	}, c)
+	t.Cleanup(func() { n.stop(t) })
+	return n, al
+}
+
+// handMap maps an image on the fake kernel the way Ceph's `rbd map` would, outside the agent,
+// and returns the device as the kernel describes it.
+func handMap(t *testing.T, n *memDaemon, c *memCluster, image string, opts ...string) krbd.Device {
+	t.Helper()
+	raw, err := base64.StdEncoding.DecodeString(memSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := append([]string{"name=u", "secret=" + base64.StdEncoding.EncodeToString(raw)}, opts...)
+	before, _ := n.d.kernel.List()
+	add := filepath.Join(n.k.Sysfs, "bus", "rbd", "add_single_major")
+	if err := n.k.WriteControl(add, []byte("203.0.113.1:6789 "+strings.Join(o, ",")+" "+c.pool+" "+image)); err != nil {
+		t.Fatalf("rbd map by hand: %v", err)
+	}
+	after, _ := n.d.kernel.List()
+	for _, d := range after {
+		if !containsDevice(before, d.ID) {
+			return d
+		}
+	}
+	t.Fatal("the hand map made no device")
+	return krbd.Device{}
+}
+
+func containsDevice(ds []krbd.Device, id int) bool {
+	for _, d := range ds {
+		if d.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+func handUnmap(t *testing.T, n *memDaemon, dv krbd.Device) {
+	t.Helper()
+	rm := filepath.Join(n.k.Sysfs, "bus", "rbd", "remove_single_major")
+	if err := n.k.WriteControl(rm, []byte(strconv.Itoa(dv.ID))); err != nil {
+		t.Fatalf("rbd unmap by hand: %v", err)
+	}
+}
+
+// holdElsewhere makes node-a hold image on c with a mapping of its own.
+func holdElsewhere(t *testing.T, c *memCluster, image, addr string) (*claim.Store, uint64) {
+	t.Helper()
+	img := claim.Image{Pool: c.pool, Image: image}
+	a, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Hostname: "host-a"}, Lease: time.Minute, FenceExpiry: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := a.Acquire(context.Background(), claim.Request{Image: img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.SetMapping(context.Background(), img, res.Holder.Epoch, addr, "/dev/rbd7"); err != nil {
+		t.Fatal(err)
+	}
+	return a, res.Holder.Epoch
+}
+
+func addImage(n *memDaemon, c *memCluster, image string) {
+	c.m.AddImage(claim.Image{Pool: c.pool, Image: image}, "id-"+image)
+	n.k.AddImageWithID(c.pool, "", image, "id-"+image, 16<<20)
+}
+
+// TestIntruderOfAHeldImageIsFencedAtOnce: a plain `rbd map` on this node of an image node-a
+// holds is blocklisted from its add uevent alone (no reconciliation runs meanwhile), recorded
+// in the claim and shown in status; node-a keeps the image; the fence is lifted by an admin
+// only once the device is gone.
+func TestIntruderOfAHeldImageIsFencedAtOnce(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "fsid-intr")
+	n, al := startIntrusionDaemon(t, c, config.UnmanagedFenceIfClaimed)
+	addImage(n, c, "held")
+	a, epoch := holdElsewhere(t, c, "held", "10.9.9.9:0/1")
+	dv := handMap(t, n, c, "held", "noshare")
+	waitFor(t, "the intruder's client blocklisted", func() bool { return c.m.Blocklisted(dv.ClientAddr) })
+	if c.m.Blocklisted("10.9.9.9:0/1") {
+		t.Fatal("the holder's mapping was fenced")
+	}
+	waitFor(t, "the fence audited", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Fenced)) == 1 })
+	e := al.find(audit.UnmanagedDevice, audit.Fenced)[0]
+	if !e.Error || e.OwnerNode != "node-a" || e.Device != dv.DevNode || !strings.Contains(e.Message, "node-a") || !strings.Contains(e.Message, dv.ClientAddr) {
+		t.Fatalf("audit entry: %+v", e)
+	}
+	img := claim.Image{Pool: c.pool, Image: "held"}
+	if _, err := a.Renew(context.Background(), img, epoch); err != nil {
+		t.Fatalf("node-a lost its claim: %v", err)
+	}
+	rec, err := a.Inspect(context.Background(), img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.Intruders) != 1 || rec.Intruders[0].NodeID != "node-m" || rec.Intruders[0].Addr != dv.ClientAddr || rec.Intruders[0].Holders != "node-a@1" {
+		t.Fatalf("intruders in the claim: %+v", rec.Intruders)
+	}
+	waitFor(t, "status shows the fenced device", func() bool {
+		for _, d := range n.d.Status().Devices {
+			if d.Device == dv.DevNode && d.FencedUntil != nil && strings.Contains(d.Problem, "FENCED") && !d.Managed {
+				return true
+			}
+		}
+		return false
+	})
+	rr := httptest.NewRecorder()
+	n.d.handleClaims(rr, httptest.NewRequest(http.MethodGet, api.PathClaims+"?cluster=c1&pool=rbd", nil))
+	var claims []api.Claim
+	if err := json.Unmarshal(rr.Body.Bytes(), &claims); err != nil || len(claims) != 1 || len(claims[0].Intruders) != 1 ||
+		claims[0].Intruders[0].NodeID != "node-m" {
+		t.Fatalf("claims view: %s %v", rr.Body.String(), err)
+	}
+	req := api.ImageRequest{Cluster: "c1", Pool: c.pool, Image: "held"}
+	if _, err := n.d.Unfence(context.Background(), req, nil); !errors.Is(err, claim.ErrBusy) {
+		t.Fatalf("unfence while the intruder is mapped: %v", err)
+	}
+	handUnmap(t, n, dv)
+	resp, err := n.d.Unfence(context.Background(), req, nil)
+	if err != nil || len(resp.Unfenced) != 1 || resp.Unfenced[0].ClientAddr != dv.ClientAddr {
+		t.Fatalf("unfence: %+v %v", resp, err)
+	}
+	if c.m.Blocklisted(dv.ClientAddr) {
+		t.Fatal("still blocklisted after unfence")
+	}
+	if rec, _ := a.Inspect(context.Background(), img); len(rec.Intruders) != 0 || len(rec.Holders) != 1 {
+		t.Fatalf("record after unfence: %+v", rec)
+	}
+}
+
+// TestSharedClientIntruderIsFencedAndSaysSo: a mapping without noshare whose kernel client also
+// serves another mapping is fenced all the same, and the audit says what else was cut off.
+func TestSharedClientIntruderIsFencedAndSaysSo(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "fsid-shared")
+	n, al := startIntrusionDaemon(t, c, config.UnmanagedFenceIfClaimed)
+	addImage(n, c, "free1")
+	addImage(n, c, "held2")
+	holdElsewhere(t, c, "held2", "10.9.9.9:0/2")
+	d1 := handMap(t, n, c, "free1")
+	waitFor(t, "the free image's mapping reported", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Reported)) == 1 })
+	if c.m.Blocklisted(d1.ClientAddr) {
+		t.Fatal("a mapping of a free image was fenced")
+	}
+	d2 := handMap(t, n, c, "held2")
+	if d2.ClientAddr != d1.ClientAddr {
+		t.Fatalf("the fake kernel did not share the client: %s vs %s", d1.ClientAddr, d2.ClientAddr)
+	}
+	waitFor(t, "the fence audited", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Fenced)) == 1 })
+	e := al.find(audit.UnmanagedDevice, audit.Fenced)[0]
+	if !strings.Contains(e.Message, d1.DevNode) || !strings.Contains(e.Message, "noshare") {
+		t.Fatalf("the audit does not say the shared client's other mapping is fenced too: %s", e.Message)
+	}
+}
+
+// TestReadOnlyIntruderIsNeverFenced: a read-only mapping cannot write: reported only.
+func TestReadOnlyIntruderIsNeverFenced(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "fsid-ro")
+	n, al := startIntrusionDaemon(t, c, config.UnmanagedFenceIfClaimed)
+	addImage(n, c, "held")
+	holdElsewhere(t, c, "held", "10.9.9.9:0/3")
+	dv := handMap(t, n, c, "held", "noshare", "read_only")
+	if !dv.ReadOnly {
+		t.Fatal("the kernel did not show the mapping read-only")
+	}
+	waitFor(t, "the read-only mapping reported", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Reported)) == 1 })
+	if c.m.Blocklisted(dv.ClientAddr) || len(al.find(audit.UnmanagedDevice, audit.Fenced)) != 0 {
+		t.Fatal("a read-only mapping was fenced")
+	}
+	if e := al.find(audit.UnmanagedDevice, audit.Reported)[0]; !strings.Contains(e.Message, "node-a") || !strings.Contains(e.Message, "read-only") {
+		t.Fatalf("report: %s", e.Message)
+	}
+}
+
+// TestReportPolicyOnlyReports: under `report` an intruder of a held image is only reported.
+func TestReportPolicyOnlyReports(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "fsid-report")
+	n, al := startIntrusionDaemon(t, c, config.UnmanagedReport)
+	addImage(n, c, "held")
+	holdElsewhere(t, c, "held", "10.9.9.9:0/4")
+	dv := handMap(t, n, c, "held", "noshare")
+	waitFor(t, "reported", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Reported)) == 1 })
+	n.d.reconcile(context.Background())
+	if !n.d.ops.waitIdle(10 * time.Second) {
+		t.Fatal("reconcile did not settle")
+	}
+	if c.m.Blocklisted(dv.ClientAddr) || len(al.find(audit.UnmanagedDevice, audit.Fenced)) != 0 {
+		t.Fatal("the report policy fenced")
+	}
+}
+
+// TestAdoptOrFenceAdoptsAFreeMapping: under adopt-or-fence a by-hand noshare mapping of a free
+// image is claimed for this node and managed: unmapped through the agent, its claim released.
+// Without noshare it is only reported.
+func TestAdoptOrFenceAdoptsAFreeMapping(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "fsid-adopt")
+	n, al := startIntrusionDaemon(t, c, config.UnmanagedAdoptOrFence)
+	addImage(n, c, "free")
+	addImage(n, c, "shared")
+	dv := handMap(t, n, c, "free", "noshare")
+	key := state.Key{Cluster: "c1", Ref: krbd.Spec{Pool: c.pool, Image: "free"}}
+	waitFor(t, "adopted", func() bool { m, ok := n.d.state.Get(key); return ok && m.Phase == state.Mapped })
+	m, _ := n.d.state.Get(key)
+	if m.DeviceID != dv.ID || m.ClientAddr != dv.ClientAddr || m.Epoch != 1 {
+		t.Fatalf("adopted state: %+v", m)
+	}
+	rec, err := n.d.clusters["c1"].store.Inspect(context.Background(), claim.Image{Pool: c.pool, Image: "free"})
+	if err != nil || rec.Holder("node-m") == nil || rec.Holder("node-m").ClientAddr != dv.ClientAddr {
+		t.Fatalf("claim after adoption: %+v %v", rec, err)
+	}
+	if e := al.find(audit.UnmanagedDevice, audit.Adopted); len(e) != 1 || e[0].Epoch != 1 {
+		t.Fatalf("adoption audit: %+v", e)
+	}
+	ok, err := n.d.Unmap(context.Background(), api.UnmapRequest{Cluster: "c1", Pool: c.pool, Image: "free"}, nil)
+	if err != nil || !ok {
+		t.Fatalf("unmap of the adopted device: %v %v", ok, err)
+	}
+	if rec, _ := n.d.clusters["c1"].store.Inspect(context.Background(), claim.Image{Pool: c.pool, Image: "free"}); !rec.Free() {
+		t.Fatalf("claim not released: %+v", rec)
+	}
+	sh := handMap(t, n, c, "shared")
+	waitFor(t, "the shareable mapping reported", func() bool {
+		for _, e := range al.find(audit.UnmanagedDevice, audit.Reported) {
+			if e.Device == sh.DevNode && strings.Contains(e.Message, "noshare") {
+				return true
+			}
+		}
+		return false
+	})
+	if _, ok := n.d.state.Get(state.Key{Cluster: "c1", Ref: krbd.Spec{Pool: c.pool, Image: "shared"}}); ok {
+		t.Fatal("a mapping without a client of its own was adopted")
+	}
+}
+
+// TestOwnMapIsNeverMistakenForAnIntruder: the add uevent of the agent's own map arrives while
+// the saga still runs (its claim does not name the device yet); its judgement waits for the
+// saga and then finds the device the agent's own. Without the image lock the claim would show
+// this node holding the image for another client, and the device would be fenced.
+func TestOwnMapIsNeverMistakenForAnIntruder(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "fsid-own")
+	var n *memDaemon
+	al := &auditLog{}
+	key := state.Key{Cluster: "c1", Ref: krbd.Spec{Pool: "rbd", Image: "mine"}}
+	n = startMemDaemonWith(t, func(o *Options) {
+		o.Audit = audit.NewWithSink(o.Log, al.sink)
+		// no reconciliation round on its own: only the uevent's judgement can wait for the saga
+		o.Ticker = func(loop string, every time.Duration) (<-chan time.Time, func()) {
+			if loop == "reconcile" {
+				return make(chan time.Time), func() {}
+			}
+			t := time.NewTicker(every)
+			return t.C, t.Stop
+		}
+		o.Fault = func(saga, step string) error {
+			if saga == "map" && step == "record" {
+				// the device exists now; hold the saga until its uevent's judgement waits
+				waitFor(t, "the judgement to wait for the saga", func() bool { return n.d.locks.refsOf(key) >= 2 })
+			}
+			return nil
+		}
+	}, c)
+	t.Cleanup(func() { n.stop(t) })
+	resp := n.mapImage(t, c, "mine")
+	n.d.reconcile(context.Background())
+	if !n.d.ops.waitIdle(10 * time.Second) {
+		t.Fatal("reconcile did not settle")
+	}
+	waitFor(t, "the judgement to end", func() bool { return n.d.locks.refsOf(key) == 0 })
+	devs, _ := n.d.kernel.List()
+	if len(devs) != 1 || devs[0].DevNode != resp.Device {
+		t.Fatalf("devices: %+v", devs)
+	}
+	if c.m.Blocklisted(devs[0].ClientAddr) || len(al.find(audit.UnmanagedDevice, "")) != 0 {
+		t.Fatalf("the agent's own mapping was judged unmanaged: %+v", al.find(audit.UnmanagedDevice, ""))
+	}
+	for _, d := range n.d.Status().Devices {
+		if !d.Managed {
+			t.Fatalf("status: %+v", d)
+		}
+	}
+}
