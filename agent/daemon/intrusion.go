@@ -19,6 +19,7 @@ import (
 type unmanagedDevice struct {
 	dev     krbd.Device
 	cluster string // "" until its cluster is known
+	owner   string // the node that held its image when judged ("" when free)
 	verdict claim.Action
 	why     string
 	// fencedAt is when this agent last blocklisted its client; fencedUntil when that ends.
@@ -154,6 +155,9 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 		return err
 	}
 	entry := unmanagedDevice{dev: dv, cluster: cl.cfg.ID, verdict: res.Action, why: res.Why}
+	if len(res.Holders) > 0 {
+		entry.owner = res.Holders[0].NodeID
+	}
 	switch res.Action {
 	case claim.FenceIntruder:
 		entry.fencedAt, entry.fencedUntil = time.Now(), res.Intruder.Expires
@@ -240,7 +244,7 @@ func (d *Daemon) noteUnmanaged(u unmanagedDevice) {
 		return // fences and adoptions are audited where they happen; a report once
 	}
 	d.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.Reported, Cluster: u.cluster, Pool: u.dev.Pool,
-		Namespace: u.dev.Namespace, Image: u.dev.Image, Device: u.dev.DevNode, Warning: true,
+		Namespace: u.dev.Namespace, Image: u.dev.Image, Device: u.dev.DevNode, OwnerNode: u.owner, Warning: true,
 		Message: fmt.Sprintf("%s maps %s but was not mapped by rbd-owner: no claim protects it (%s); unmap it and map through rbd-owner",
 			u.dev.DevNode, u.dev.Spec(), orNone(u.why))})
 }

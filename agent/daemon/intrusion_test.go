@@ -241,6 +241,9 @@ func TestReportPolicyOnlyReports(t *testing.T) {
 	holdElsewhere(t, c, "held", "10.9.9.9:0/4")
 	dv := handMap(t, n, c, "held", "noshare")
 	waitFor(t, "reported", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Reported)) == 1 })
+	if e := al.find(audit.UnmanagedDevice, audit.Reported)[0]; e.OwnerNode != "node-a" {
+		t.Fatalf("the report does not name the holder: %+v", e)
+	}
 	n.d.reconcile(context.Background())
 	if !n.d.ops.waitIdle(10 * time.Second) {
 		t.Fatal("reconcile did not settle")
