@@ -244,7 +244,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 // watchConfig is how the device watcher is started.
 func (d *Daemon) watchConfig() devwatch.Config {
-	return devwatch.Config{Client: d.kernel, Resync: d.cfg.RenewInterval.D(), Logger: d.log}
+	cfg := devwatch.Config{Client: d.kernel, Resync: d.cfg.RenewInterval.D(), Logger: d.log}
+	if _, real := d.kernel.Config().Events.(*krbd.NetlinkSource); real {
+		// the kernel's own uevents, not udevd's (which come only after its rules ran): a
+		// mapping made behind the agent's back is judged, and fenced, that much sooner. The
+		// agent reads sysfs, never /dev links, to follow devices.
+		cfg.Source = &krbd.NetlinkSource{Mode: krbd.ModeKernel}
+	}
+	return cfg
 }
 
 func (d *Daemon) setProblem(k state.Key, p string) {
