@@ -21,7 +21,11 @@ import (
 
 // newMetrics makes the daemon's collectors (called by New).
 func (d *Daemon) newMetrics() *metrics.Metrics {
-	return metrics.New(metrics.Options{Version: version.Version, PerImage: d.cfg.PerImageMetrics,
+	ids := make([]string, 0, len(d.cfg.Clusters))
+	for _, c := range d.cfg.Clusters {
+		ids = append(ids, c.ID)
+	}
+	return metrics.New(metrics.Options{Version: version.Version, PerImage: d.cfg.PerImageMetrics, Clusters: ids,
 		Lease: d.cfg.LeaseDuration.D(), Renew: d.cfg.RenewInterval.D(), Snapshot: d.metricsSnapshot})
 }
 

@@ -98,6 +98,9 @@ type Options struct {
 	// Lease and Renew are the config's lease_duration and renew_interval, exported so that
 	// alert rules can be written against them.
 	Lease, Renew time.Duration
+	// Clusters are the configured clusters' ids: their counters start at 0 (so that a rule's
+	// increase() sees the first event too).
+	Clusters []string
 	// Snapshot is called at every scrape (and by LivenessAges).
 	Snapshot func() Snapshot
 	// Now is the clock of the liveness ages (tests); default time.Now.
@@ -171,6 +174,17 @@ func New(o Options) *Metrics {
 		m.liveness, m.claimsLost, m.devicesLost, m.recovery, build, lease, renew,
 		stateCollector{m},
 	)
+	for _, c := range o.Clusters {
+		for _, v := range []*prometheus.CounterVec{m.takeovers, m.intruders, m.adoptions, m.claimsLost, m.devicesLost} {
+			v.WithLabelValues(c)
+		}
+		for _, cause := range []string{CauseTakeover, CauseAdmin, CauseOwnLost} {
+			m.fences.WithLabelValues(c, cause)
+		}
+		m.liveness.WithLabelValues(c, ResultOK)
+		m.maps.WithLabelValues(c, ResultOK)
+		m.unmaps.WithLabelValues(c, ResultOK)
+	}
 	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 	return m
 }
