@@ -11,7 +11,7 @@ CEPH_TAG     = $(shell tests/ceph/build-tag)
 LDFLAGS     := -s -w -X github.com/rbd-owner/rbd-owner/agent/version.Version=$(VERSION)
 ARCH        := amd64
 
-.PHONY: all build test unit e2e lab lab-sh lab-down bench package package-check lint deps clean
+.PHONY: all build test unit e2e lab lab-sh lab-down bench package package-check lint metrics-check deps clean
 all: build
 
 deps:
@@ -21,9 +21,10 @@ build: deps
 	@mkdir -p bin
 	CGO_ENABLED=1 $(GO) build -tags "$(CEPH_TAG)" -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-owner ./agent/cmd/rbd-owner
 
-# Everything: lint, the Go tests with -race against a throwaway Ceph cluster, the package checks,
-# and the two-node end-to-end tests on real kernels (needs root; ~4.5 minutes with warm caches).
-test: deps lint unit package-check e2e
+# Everything: lint, the Go tests with -race against a throwaway Ceph cluster, the alert rules'
+# promtool tests, the package checks, and the two-node end-to-end tests on real kernels (needs
+# root; ~4.5 minutes with warm caches).
+test: deps lint unit metrics-check package-check e2e
 	@echo "make test: all passed"
 
 unit: deps
@@ -51,6 +52,11 @@ lab-down:
 
 bench: deps
 	@RACE= tests/go-test -run '^$$' -bench . -benchtime 300x ./agent/...
+
+# The shipped Prometheus alert rules: promtool check rules, and promtool test rules over
+# packaging/prometheus/tests/ (installs Debian's prometheus package for promtool when missing).
+metrics-check:
+	@tests/promtool-check
 
 # CEPH_MIN: the Ceph release (major.minor) of the librados-dev the binary was built against; the
 # packages depend on librados2/librbd1 at least that new (go-ceph is compiled for its API).

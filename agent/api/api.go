@@ -26,6 +26,8 @@ const (
 	PathOrphanList = "/v1/orphans"
 	// PathOrphans removes the claims of deleted images (admin).
 	PathOrphans = "/v1/orphans/remove"
+	// PathMetrics serves the Prometheus metrics (text exposition format), CSI role or more.
+	PathMetrics = "/metrics"
 )
 
 // DefaultSocket is where the agent listens.
@@ -202,6 +204,10 @@ type ClusterStatus struct {
 	Connected bool   `json:"connected"`
 	NodeAddr  string `json:"node_addr,omitempty"`
 	Error     string `json:"error,omitempty"`
+	// LivenessWriteAge is how long this node's liveness record went unwritten in the stalest
+	// pool of the cluster where it holds claims (the metric rbd_owner_liveness_write_age_seconds);
+	// absent when it holds none there.
+	LivenessWriteAge *float64 `json:"liveness_write_age_seconds,omitempty"`
 }
 
 // Status is the answer to GET /v1/status.

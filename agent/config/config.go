@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -60,6 +61,11 @@ type Config struct {
 	// OrphanSweepInterval is how often each pool is swept (default 1h; each node starts at a
 	// random point in the period, so nodes spread out).
 	OrphanSweepInterval Duration `yaml:"orphan_sweep_interval"`
+	// MetricsListen is a TCP address (host:port) where GET /metrics is also served, for a
+	// Prometheus server to scrape; "" (default) serves metrics on the sockets only.
+	MetricsListen string `yaml:"metrics_listen"`
+	// PerImageMetrics adds one series per claim (pool, image and device labels) to the metrics.
+	PerImageMetrics bool `yaml:"per_image_metrics"`
 }
 
 // SweepsOrphans says whether the orphan sweep is on.
@@ -221,6 +227,9 @@ func (c *Config) validate() error {
 	if c.OrphanSweepInterval.D() < time.Minute {
 		return fmt.Errorf("orphan_sweep_interval: %s is shorter than a minute (each sweep lists every claim of a pool)", c.OrphanSweepInterval.D())
 	}
+	if err := checkListen(c.MetricsListen); err != nil {
+		return err
+	}
 	if !strings.HasPrefix(c.StateDir, "/") {
 		return fmt.Errorf("state_dir: %q must be an absolute path", c.StateDir)
 	}
@@ -280,6 +289,21 @@ func (c *Config) validate() error {
 			return err
 		}
 		seen[cl.ID] = true
+	}
+	return nil
+}
+
+// checkListen validates metrics_listen: "" or host:port with a port from 1 to 65535.
+func checkListen(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("metrics_listen: %q is not host:port (e.g. 127.0.0.1:9283): %v", addr, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("metrics_listen: %q: the port must be a number from 1 to 65535", addr)
 	}
 	return nil
 }

@@ -48,6 +48,23 @@ func TestParseGoodAndDefaults(t *testing.T) {
 	}
 }
 
+// metrics_listen is off by default and takes host:port.
+func TestMetricsListen(t *testing.T) {
+	c, err := Parse([]byte(good), machineID(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MetricsListen != "" || c.PerImageMetrics {
+		t.Fatalf("metrics defaults: listen %q, per image %v", c.MetricsListen, c.PerImageMetrics)
+	}
+	for _, addr := range []string{"127.0.0.1:9283", "[::1]:9283", ":9283"} {
+		c, err := Parse([]byte(good+"metrics_listen: \""+addr+"\"\nper_image_metrics: true\n"), machineID(t))
+		if err != nil || c.MetricsListen != addr || !c.PerImageMetrics {
+			t.Fatalf("metrics_listen %q: %v %+v", addr, err, c)
+		}
+	}
+}
+
 func TestNodeIDFromMachineID(t *testing.T) {
 	c, err := Parse([]byte("clusters: []\n"), machineID(t))
 	if err != nil {
@@ -100,6 +117,11 @@ func TestBadConfigNamesTheKey(t *testing.T) {
 		{cl + cl[len("clusters:\n"):], "clusters[1].id"},
 		{"clusters:\n  - id: c\n    monitors: [m]\n    user: u\n    keyring: /k\n    map_options: [noshare]\n", "clusters[0].map_options[0]"},
 		{"clusters:\n  - id: c\n    mons: [m]\n", "mons"},
+		{"metrics_listen: 9283\n", "metrics_listen"},
+		{"metrics_listen: \"127.0.0.1:http\"\n", "metrics_listen"},
+		{"metrics_listen: \"127.0.0.1:0\"\n", "metrics_listen"},
+		{"metrics_listen: \"[::1]:70000\"\n", "metrics_listen"},
+		{"per_image_metrics: maybe\n", "per_image_metrics"},
 	} {
 		_, err := Parse([]byte("node_id: n\n"+tc.doc), machineID(t))
 		if err == nil || !strings.Contains(err.Error(), tc.key) {

@@ -20,6 +20,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/devwatch"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
+	"github.com/rbd-owner/rbd-owner/agent/metrics"
 	"github.com/rbd-owner/rbd-owner/agent/nodeaddr"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/state"
@@ -103,6 +104,9 @@ type Daemon struct {
 
 	ops *executor
 
+	metrics     *metrics.Metrics       // the Prometheus collectors (metrics.go)
+	metricsAddr atomic.Pointer[string] // where the TCP metrics listener is bound (tests)
+
 	bg sync.WaitGroup // goroutines the daemon owns
 }
 
@@ -133,6 +137,7 @@ func New(opts Options) (*Daemon, error) {
 		beats: map[string]time.Time{}, problems: map[state.Key]string{}, lost: map[state.Key]bool{}, selfFenced: map[state.Key]time.Time{}, unmanaged: map[int]unmanagedDevice{}, skews: map[string]skew{},
 	}
 	d.ops = newExecutor(d)
+	d.metrics = d.newMetrics()
 	if opts.Peers != nil {
 		d.peers = *opts.Peers
 	} else {
@@ -170,6 +175,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	watcher, err := devwatch.Start(ctx, d.watchConfig())
 	if err != nil {
 		return fmt.Errorf("device watcher: %w", err)
+	}
+	if err := d.serveMetrics(ctx); err != nil {
+		return err
 	}
 	d.recover(ctx)
 
@@ -269,6 +277,9 @@ func (d *Daemon) setProblem(k state.Key, p string) {
 func (d *Daemon) setLost(k state.Key, why string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if !d.lost[k] {
+		d.metrics.ClaimLost(k.Cluster)
+	}
 	d.problems[k] = why
 	d.lost[k] = true
 }

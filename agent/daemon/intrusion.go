@@ -160,6 +160,7 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 	}
 	switch res.Action {
 	case claim.FenceIntruder:
+		d.metrics.IntruderFenced(cl.cfg.ID)
 		entry.fencedAt, entry.fencedUntil = time.Now(), res.Intruder.Expires
 		d.noteUnmanaged(entry)
 		shared := ""
@@ -195,6 +196,7 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 		}
 		d.forgetUnmanaged(dv.ID)
 		d.setProblem(m.Key, "")
+		d.metrics.Adopted(cl.cfg.ID)
 		how := "adopted"
 		if res.Action == claim.AdoptOwn {
 			how = "adopted back (this node's claim recorded it; the agent's state had lost it)"

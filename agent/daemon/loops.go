@@ -213,6 +213,7 @@ func (d *Daemon) heartbeat(ctx context.Context, cl *cluster, store *claim.Store,
 	hctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
 	err := store.Heartbeat(hctx, pool, ns)
 	cancel()
+	d.metrics.Liveness(cl.cfg.ID, livenessPlace(pool, ns), err)
 	d.heartbeatErr.Store(cl.cfg.ID+"/"+pool+"/"+ns, err != nil)
 	if err == nil {
 		d.renewed.Add(1)

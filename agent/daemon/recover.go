@@ -12,6 +12,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/devwatch"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
+	"github.com/rbd-owner/rbd-owner/agent/metrics"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -39,6 +40,7 @@ func (d *Daemon) recover(ctx context.Context) {
 	case <-time.After(d.cfg.RenewInterval.D()):
 		d.log.Warn("recovery: lease renewals still wait for a cluster; going on in the background")
 	}
+	d.metrics.Recovered(time.Since(start))
 	d.mu.Lock()
 	problems, unmanaged := len(d.problems), len(d.unmanaged)
 	d.mu.Unlock()
@@ -239,6 +241,7 @@ func (d *Daemon) dropState(m state.Mapping) {
 // released (no device, no claim) and device_lost is audited.
 func (d *Daemon) deviceGone(ctx context.Context, m state.Mapping, how string) error {
 	cl := d.clusters[m.Cluster]
+	d.metrics.DeviceLost(m.Cluster)
 	d.audit.Record(audit.Entry{Event: audit.DeviceLost, Result: audit.OK, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace,
 		Image: m.Image, Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, Error: true,
 		Message: fmt.Sprintf("%s (%s) was unmapped outside rbd-owner (%s); releasing its claim", m.Device, m.Key, how)})
@@ -334,6 +337,7 @@ func (d *Daemon) keepFenced(ctx context.Context, cl *cluster, m state.Mapping, l
 	d.mu.Lock()
 	d.selfFenced[m.Key] = time.Now()
 	d.mu.Unlock()
+	d.metrics.Fenced(m.Cluster, metrics.CauseOwnLost)
 	d.audit.Record(audit.Entry{Event: audit.Fence, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace, Image: m.Image,
 		Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, Warning: true,
 		Message: fmt.Sprintf("%s lost its claim and stays mapped: its client %s is kept blocklisted until %s; unmap it", m.Device, m.ClientAddr, until.UTC().Format(time.RFC3339))})

@@ -93,7 +93,8 @@ func (d *Daemon) target(clusterID string, spec krbd.Spec) (target, error) {
 // address in the claim → persist → audit → reply. A failing step undoes the ones before it:
 // no claim is left without a device and no device without a claim. Asking again for an image
 // this node has mapped answers the same device with AlreadyMapped.
-func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cred) (*api.MapResponse, error) {
+func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cred) (resp *api.MapResponse, err error) {
+	defer func(start time.Time) { d.metrics.Map(d.clusterLabel(req.Cluster), start, err) }(time.Now())
 	// validate
 	access, err := claim.ParseAccess(req.Access)
 	if err != nil {
@@ -164,6 +165,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 		d.audit.Record(audit.Entry{Event: audit.Claim, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
 			Image: t.spec.Image, Epoch: epoch, OwnerNode: d.cfg.NodeID, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
 			Message: fmt.Sprintf("claimed %s (%s) at epoch %d", t.spec, access, epoch)})
+		d.metrics.Takeover(t.key.Cluster, len(res.Fenced))
 		for _, f := range res.Fenced {
 			d.audit.Record(audit.Entry{Event: audit.Takeover, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
 				Image: t.spec.Image, Epoch: epoch, OwnerNode: f.NodeID, Warning: true, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
@@ -229,7 +231,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 		Image: t.spec.Image, Device: dev.DevNode, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, HasPeer: peer != nil,
 		UID: uidOf(peer), PID: pidOf(peer),
 		Message: fmt.Sprintf("mapped %s as %s (epoch %d, client %s, requester %q, volume %q)", t.spec, dev.DevNode, m.Epoch, dev.ClientAddr, req.Requester, req.VolumeID)})
-	resp := &api.MapResponse{Device: dev.DevNode, Link: linkOf(t.spec, store.FSID())}
+	resp = &api.MapResponse{Device: dev.DevNode, Link: linkOf(t.spec, store.FSID())}
 	if res != nil {
 		rec := res.Record
 		if r, err := store.Inspect(ctx, t.img); err == nil {
@@ -290,7 +292,8 @@ func (d *Daemon) mapOptions(cl *cluster, readOnly bool) krbd.MapOptions {
 
 // Unmap is the unmap saga: find the device → unmap → release the claim → persist → audit.
 // It needs no secret. Unmapping what is not mapped answers false.
-func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred.Cred) (bool, error) {
+func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred.Cred) (unmapped bool, err error) {
+	defer func(start time.Time) { d.metrics.Unmap(d.clusterLabel(req.Cluster), start, err) }(time.Now())
 	t, dev, err := d.unmapTarget(req)
 	if err != nil {
 		return false, err
@@ -481,6 +484,7 @@ func (d *Daemon) refused(req api.MapRequest, peer *peercred.Cred, err error) err
 	}
 	if !errors.Is(err, ErrCrash) {
 		d.audit.Record(e)
+		d.metrics.Refused(d.clusterLabel(req.Cluster), err)
 	}
 	return err
 }

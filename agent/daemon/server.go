@@ -24,6 +24,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
+	"github.com/rbd-owner/rbd-owner/agent/metrics"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 	"github.com/rbd-owner/rbd-owner/agent/version"
@@ -113,6 +114,7 @@ func (d *Daemon) routes() map[string]route {
 		api.PathFence:      {http.MethodPost, peercred.RoleAdmin, call(d.Fence)},
 		api.PathUnfence:    {http.MethodPost, peercred.RoleAdmin, call(d.Unfence)},
 		api.PathOrphans:    {http.MethodPost, peercred.RoleAdmin, call(d.RemoveOrphans)},
+		api.PathMetrics:    {http.MethodGet, peercred.RoleCSI, d.metrics.Handler().ServeHTTP},
 	}
 }
 
@@ -410,6 +412,7 @@ func (d *Daemon) Fence(ctx context.Context, req api.ImageRequest, peer *peercred
 	out := &api.FenceResponse{}
 	for _, f := range res.Fences {
 		out.FencedAddrs = append(out.FencedAddrs, f.Addr)
+		d.metrics.Fenced(t.key.Cluster, metrics.CauseAdmin)
 		if out.FencedAddr == "" {
 			out.FencedAddr, out.Expires = f.Addr, f.Expires
 		}
@@ -480,9 +483,13 @@ func (d *Daemon) Status() api.Status {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
+	ages := d.metrics.LivenessAges()
 	for _, id := range ids {
 		c := d.clusters[id]
 		cs := api.ClusterStatus{ID: id}
+		if age, ok := ages[id]; ok {
+			cs.LivenessWriteAge = new(age.Seconds())
+		}
 		c.mu.Lock()
 		if c.store != nil {
 			cs.Connected, cs.FSID = true, c.store.FSID()

@@ -275,6 +275,9 @@ func runStatus(ctx context.Context, c *client.Client, args []string, stdout io.W
 				state += ": " + cl.Error
 			}
 		}
+		if cl.LivenessWriteAge != nil {
+			state += fmt.Sprintf("; last liveness write %.0fs ago", *cl.LivenessWriteAge)
+		}
 		fmt.Fprintf(stdout, "cluster %s (fsid %s, node address %s): %s\n", cl.ID, dash(cl.FSID), dash(cl.NodeAddr), state)
 	}
 	if len(st.Devices) > 0 {

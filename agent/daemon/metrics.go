@@ -1,0 +1,153 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/metrics"
+	"github.com/rbd-owner/rbd-owner/agent/state"
+	"github.com/rbd-owner/rbd-owner/agent/version"
+)
+
+// The agent's Prometheus metrics (package metrics): the daemon counts events where they happen
+// and answers what it holds now at every scrape (metricsSnapshot). GET /metrics is served on
+// the sockets (CSI role or more) and, with metrics_listen, on a TCP listener of its own.
+
+// newMetrics makes the daemon's collectors (called by New).
+func (d *Daemon) newMetrics() *metrics.Metrics {
+	ids := make([]string, 0, len(d.cfg.Clusters))
+	for _, c := range d.cfg.Clusters {
+		ids = append(ids, c.ID)
+	}
+	return metrics.New(metrics.Options{Version: version.Version, PerImage: d.cfg.PerImageMetrics, Clusters: ids,
+		Lease: d.cfg.LeaseDuration.D(), Renew: d.cfg.RenewInterval.D(), Snapshot: d.metricsSnapshot})
+}
+
+// clusterLabel is the cluster label of a request: the configured cluster it names (or the only
+// one), else "unknown", so that a caller cannot make up label values.
+func (d *Daemon) clusterLabel(id string) string {
+	if c, err := d.cfg.Cluster(id); err == nil {
+		return c.ID
+	}
+	return "unknown"
+}
+
+// metricsSnapshot is what the node holds now: the clusters (connected, and the pools where
+// this node's liveness must be written), its claims by state, the unmanaged devices.
+func (d *Daemon) metricsSnapshot() metrics.Snapshot {
+	var s metrics.Snapshot
+	mappings := d.state.All()
+	d.mu.Lock()
+	lost := make(map[state.Key]bool, len(d.lost))
+	for k, v := range d.lost {
+		lost[k] = v
+	}
+	for _, u := range d.unmanaged {
+		v := metrics.VerdictReported
+		if u.verdict == claim.FenceIntruder {
+			v = metrics.VerdictFenced
+		}
+		s.Unmanaged = append(s.Unmanaged, metrics.Unmanaged{Cluster: u.cluster, Verdict: v})
+	}
+	d.mu.Unlock()
+	places := map[string]map[string]bool{}
+	for _, m := range mappings {
+		if !m.Claimed {
+			continue
+		}
+		st := ""
+		switch {
+		case lost[m.Key]:
+			st = metrics.StateLost
+		case m.Phase == state.Claiming:
+			st = metrics.StateClaiming
+		case m.Phase == state.Mapped || m.Phase == state.Claimed:
+			st = metrics.StateHeld
+		}
+		if st != "" {
+			s.Claims = append(s.Claims, metrics.Claim{Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace, Image: m.Image,
+				Device: m.Device, State: st})
+		}
+		// the places renewRound writes liveness in
+		if m.Phase == state.Mapped || m.Phase == state.Claimed {
+			p := livenessPlace(m.Pool, m.Namespace)
+			if places[m.Cluster] == nil {
+				places[m.Cluster] = map[string]bool{}
+			}
+			places[m.Cluster][p] = true
+		}
+	}
+	ids := make([]string, 0, len(d.clusters))
+	for id := range d.clusters {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		_, _, ok := d.clusters[id].connected()
+		c := metrics.Cluster{ID: id, Connected: ok}
+		for p := range places[id] {
+			c.Places = append(c.Places, p)
+		}
+		sort.Strings(c.Places)
+		s.Clusters = append(s.Clusters, c)
+	}
+	return s
+}
+
+// livenessPlace is the place label of a heartbeat: "pool" or "pool/namespace".
+func livenessPlace(pool, ns string) string {
+	if ns == "" {
+		return pool
+	}
+	return pool + "/" + ns
+}
+
+// serveMetrics serves GET /metrics (and nothing else) on metrics_listen, when it is set, until
+// ctx ends; the server's goroutines are the daemon's (Run waits for them).
+func (d *Daemon) serveMetrics(ctx context.Context) error {
+	if d.cfg.MetricsListen == "" {
+		return nil
+	}
+	l, err := net.Listen("tcp", d.cfg.MetricsListen)
+	if err != nil {
+		return fmt.Errorf("metrics_listen: %w", err)
+	}
+	addr := l.Addr().String()
+	d.metricsAddr.Store(&addr)
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", d.metrics.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	d.bg.Add(2)
+	go func() {
+		defer d.bg.Done()
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.log.WithError(err).WithField("address", addr).Error("metrics listener stopped")
+		}
+	}()
+	go func() {
+		defer d.bg.Done()
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			d.log.WithError(err).Warn("metrics listener did not stop cleanly")
+		}
+	}()
+	d.log.WithField("address", addr).Info("serving metrics over TCP")
+	return nil
+}
+
+// MetricsAddr is the address the TCP metrics listener is bound to, "" when it is off.
+func (d *Daemon) MetricsAddr() string {
+	if p := d.metricsAddr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
