@@ -20,6 +20,7 @@ deps:
 build: deps
 	@mkdir -p bin
 	CGO_ENABLED=1 $(GO) build -tags "$(CEPH_TAG)" -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-owner ./agent/cmd/rbd-owner
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-shim ./agent/cmd/rbd-shim
 
 # Everything: lint, the Go tests with -race against a throwaway Ceph cluster, the alert rules'
 # promtool tests, the package checks, and the two-node end-to-end tests on real kernels (needs

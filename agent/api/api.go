@@ -52,6 +52,13 @@ type MapRequest struct {
 	Requester string `json:"requester,omitempty"`
 	// Takeover allows taking the image from a node whose lease has expired (fencing it).
 	Takeover bool `json:"takeover,omitempty"`
+	// Monitors, when Cluster is empty, name the cluster by one of its monitors' addresses
+	// (a CSI plugin's `rbd -m`); exactly one configured cluster must have one of them.
+	Monitors []string `json:"monitors,omitempty"`
+	// Options are extra krbd map options ("queue_depth=128"), filtered by the agent's rules:
+	// noshare is always set; read_only/ro map read-only; exclusive, share, name=, key=,
+	// secret= and the options the agent sets itself are refused.
+	Options []string `json:"options,omitempty"`
 }
 
 // Ref is the image the request names (the wire fields, converted here and nowhere else).

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -332,6 +333,65 @@ func checkOptions(key string, opts []string) error {
 }
 
 // Cluster returns the cluster named id; "" picks the only one.
+// ClusterByMonitors finds the one configured cluster that has one of the given monitor
+// addresses (as a CSI plugin passes them to `rbd -m`: "host:port", "v1:host:port", an
+// address vector "[v2:host:3300,v1:host:6789]", with or without "/nonce"). A monitor without a
+// port matches any port of that host. None or several matching is an error that says so.
+func (c *Config) ClusterByMonitors(mons []string) (*Cluster, error) {
+	want := monitorAddrs(mons)
+	if len(want) == 0 {
+		return nil, errors.New("no monitor address given to find the cluster by")
+	}
+	var found []int
+	for i, cl := range c.Clusters {
+		have := monitorAddrs(cl.Monitors)
+		if slices.ContainsFunc(want, func(w monAddr) bool { return slices.ContainsFunc(have, w.same) }) {
+			found = append(found, i)
+		}
+	}
+	switch len(found) {
+	case 1:
+		return &c.Clusters[found[0]], nil
+	case 0:
+		return nil, fmt.Errorf("no configured cluster has monitor %s (add the cluster to the agent's config, or name it with --cluster)", strings.Join(mons, ","))
+	}
+	ids := make([]string, len(found))
+	for i, f := range found {
+		ids[i] = c.Clusters[f].ID
+	}
+	return nil, fmt.Errorf("monitors %s belong to several configured clusters (%s): name one", strings.Join(mons, ","), strings.Join(ids, ", "))
+}
+
+// monAddr is one monitor address: host and port ("" when not given).
+type monAddr struct{ host, port string }
+
+func (a monAddr) same(b monAddr) bool {
+	return strings.EqualFold(a.host, b.host) && (a.port == "" || b.port == "" || a.port == b.port)
+}
+
+// monitorAddrs splits and normalises monitor addresses.
+func monitorAddrs(mons []string) []monAddr {
+	var out []monAddr
+	for _, m := range mons {
+		for _, a := range strings.FieldsFunc(m, func(r rune) bool { return r == ',' || r == ' ' || r == ';' }) {
+			a = strings.Trim(a, "[]")
+			a = strings.TrimPrefix(strings.TrimPrefix(a, "v1:"), "v2:")
+			if i := strings.IndexByte(a, '/'); i >= 0 {
+				a = a[:i]
+			}
+			if a == "" {
+				continue
+			}
+			if host, port, err := net.SplitHostPort(a); err == nil {
+				out = append(out, monAddr{host, port})
+			} else {
+				out = append(out, monAddr{strings.Trim(a, "[]"), ""})
+			}
+		}
+	}
+	return out
+}
+
 func (c *Config) Cluster(id string) (*Cluster, error) {
 	if id == "" {
 		if len(c.Clusters) == 1 {

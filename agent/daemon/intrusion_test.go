@@ -343,3 +343,40 @@ func TestOwnMapIsNeverMistakenForAnIntruder(t *testing.T) {
 		}
 	}
 }
+
+// TestMapByMonitorsWithOptions: a CSI plugin names the cluster by its monitors and passes map
+// options: the cluster is found, the options reach the kernel, the forbidden ones are refused.
+func TestMapByMonitorsWithOptions(t *testing.T) {
+	c1, c2 := newMemCluster("c1", "rbd", "fsid-mon"), newMemCluster("c2", "rbd2", "fsid-mon")
+	n := startMemDaemonWith(t, func(o *Options) {
+		o.Config.Clusters[0].Monitors = []string{"203.0.113.1:6789"}
+		o.Config.Clusters[1].Monitors = []string{"203.0.113.2:6789"}
+	}, c1, c2)
+	t.Cleanup(func() { n.stop(t) })
+	addImage(n, c1, "img")
+	resp, err := n.d.Map(context.Background(), api.MapRequest{Monitors: []string{"v1:203.0.113.1:6789/0"}, Pool: "rbd", Image: "img",
+		Options: []string{"noudev", "queue_depth=128"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Claim == nil || resp.Claim.Cluster != "c1" {
+		t.Fatalf("map by monitors: %+v", resp)
+	}
+	writes := strings.Join(n.k.Writes(), "\n")
+	if !strings.Contains(writes, "queue_depth=128") || strings.Contains(writes, "noudev") {
+		t.Fatalf("kernel writes: %s", writes)
+	}
+	for _, tc := range []struct {
+		req  api.MapRequest
+		want string
+	}{
+		{api.MapRequest{Monitors: []string{"198.51.100.9:6789"}, Pool: "rbd", Image: "img"}, "no configured cluster"},
+		{api.MapRequest{Monitors: []string{"203.0.113.1:6789"}, Pool: "rbd", Image: "img", Options: []string{"exclusive"}}, "exclusive"},
+		{api.MapRequest{Monitors: []string{"203.0.113.1:6789"}, Pool: "rbd", Image: "img", Options: []string{"secret=QUJD"}}, "secret"},
+	} {
+		_, err := n.d.Map(context.Background(), tc.req, nil)
+		if e := apiError(err); e.Code != api.CodeInvalidArgument || !strings.Contains(e.Message, tc.want) || strings.Contains(e.Message, "QUJD") {
+			t.Errorf("%+v: %+v", tc.req, e)
+		}
+	}
+}

@@ -100,11 +100,25 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 	if err != nil {
 		return nil, d.refused(req, peer, fmt.Errorf("%w: %w", errInvalid, err))
 	}
+	extra, optRO, err := krbd.RequestOptions(req.Options)
+	if err != nil {
+		return nil, d.refused(req, peer, fmt.Errorf("map %s: %w", req.Ref(), err))
+	}
+	if err := d.sameNetNS(peer); err != nil {
+		return nil, d.refused(req, peer, fmt.Errorf("map %s: %w", req.Ref(), err))
+	}
+	if req.Cluster == "" && len(req.Monitors) > 0 {
+		cl, err := d.cfg.ClusterByMonitors(req.Monitors)
+		if err != nil {
+			return nil, d.refused(req, peer, fmt.Errorf("map %s: %w: %w", req.Ref(), errInvalid, err))
+		}
+		req.Cluster = cl.ID
+	}
 	t, err := d.target(req.Cluster, req.Ref())
 	if err != nil {
 		return nil, d.refused(req, peer, err)
 	}
-	readOnly := req.ReadOnly || access == claim.ROX || t.spec.Snap != ""
+	readOnly := req.ReadOnly || optRO || access == claim.ROX || t.spec.Snap != ""
 	unlock, err := d.locks.lock(ctx, t.key)
 	if err != nil {
 		return nil, err
@@ -184,7 +198,9 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 	if err := s.step("map"); err != nil {
 		return nil, s.fail(err)
 	}
-	dev, err := d.kernel.Map(ctx, t.spec, d.mapOptions(t.cl, readOnly))
+	opts := d.mapOptions(t.cl, readOnly)
+	opts.Extra = append(opts.Extra, extra...)
+	dev, err := d.kernel.Map(ctx, t.spec, opts)
 	if err != nil {
 		if errors.Is(err, krbd.ErrLeftMapped) {
 			// the kernel made the device but it could not be removed again: keep the claim and

@@ -695,3 +695,20 @@ func TestParseConfigInfo(t *testing.T) {
 		}
 	}
 }
+
+// TestRequestOptions: a caller's map options are filtered by the agent's rules.
+func TestRequestOptions(t *testing.T) {
+	extra, ro, err := krbd.RequestOptions([]string{"noudev", "queue_depth=128,noshare", "read_only", "ms_mode=prefer-crc"})
+	if err != nil || !ro || strings.Join(extra, ",") != "queue_depth=128,ms_mode=prefer-crc" {
+		t.Fatalf("got %v %v %v", extra, ro, err)
+	}
+	for _, bad := range []string{"exclusive", "share", "name=admin", "secret=QUJD", "key=client.admin", "mon_addr=1.2.3.4", "nosuch", "queue_depth=1 2"} {
+		_, _, err := krbd.RequestOptions([]string{bad})
+		if err == nil || !errors.Is(err, krbd.ErrInvalid) {
+			t.Errorf("%q: want an invalid-argument error, got %v", bad, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "QUJD") {
+			t.Errorf("%q: the error shows the value: %v", bad, err)
+		}
+	}
+}

@@ -222,3 +222,30 @@ func buildAddString(spec Spec, o MapOptions, nonce string) (string, error) {
 	}
 	return add, nil
 }
+
+// RequestOptions sorts the map options a caller sent (a CSI plugin's StorageClass mapOptions,
+// as `rbd map --options` carries them) by the agent's rules: noshare is always set anyway and
+// noudev/udev only concern Ceph's rbd tool, so they are dropped; read_only and ro ask for a
+// read-only mapping; name=, key=, secret=, share, exclusive and the other options the agent sets
+// itself are refused (the error names the option, never its value); every other option must
+// be a known kernel option and is returned for MapOptions.Extra.
+func RequestOptions(opts []string) (extra []string, readOnly bool, err error) {
+	for _, o := range opts {
+		for _, one := range strings.Split(o, ",") {
+			one = strings.TrimSpace(one)
+			name, _, _ := strings.Cut(one, "=")
+			switch name {
+			case "", "noshare", "noudev", "udev":
+				continue
+			case "read_only", "ro":
+				readOnly = true
+				continue
+			}
+			if err := ValidateExtraOption(one); err != nil {
+				return nil, false, err
+			}
+			extra = append(extra, one)
+		}
+	}
+	return extra, readOnly, nil
+}

@@ -1,0 +1,479 @@
+// Package shim is rbd-owner's drop-in `rbd`: placed first on the PATH of a CSI plugin (ceph-csi's
+// rbd node plugin runs `rbd` by name for all its krbd work), it sends krbd `map`, `unmap` and
+// `device list` to the agent's CSI socket and runs Ceph's real `rbd` for everything else, with
+// the same arguments, standard streams and exit status. It is built without cgo and without
+// Ceph's libraries, so it runs in any container image.
+//
+// What it prints is what ceph-csi parses from Ceph's own `rbd`: map prints the device on stdout;
+// an unmap of an image that is not mapped fails with "rbd: <spec>: not a mapped image or
+// snapshot" on stderr; `device list --format=json` prints Ceph's JSON array. A refusal is one
+// stderr line naming the owner node and what to do, which ceph-csi shows in the NodeStage
+// error `kubectl describe pod` prints.
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/api"
+	"github.com/rbd-owner/rbd-owner/agent/client"
+	"github.com/rbd-owner/rbd-owner/agent/image"
+)
+
+// Defaults, overridden by the environment (RBD_OWNER_SOCKET, RBD_OWNER_REAL_RBD).
+const (
+	DefaultSocket  = "/run/rbd-owner/csi/csi.sock"
+	DefaultRealRBD = "/usr/bin/rbd"
+	// AccessOption is the map option that selects the access mode ("rbd-owner.access=rwx"):
+	// a StorageClass's mapOptions carry it; it never reaches the kernel.
+	AccessOption = "rbd-owner.access"
+)
+
+// Agent is the part of the agent's API the shim uses (a *client.Client).
+type Agent interface {
+	Map(ctx context.Context, req api.MapRequest) (*api.MapResponse, error)
+	Unmap(ctx context.Context, req api.UnmapRequest) (*api.UnmapResponse, error)
+	Status(ctx context.Context) (*api.Status, error)
+}
+
+// Env is what Run works with.
+type Env struct {
+	Agent   Agent
+	Socket  string // for messages
+	RealRBD string
+	Stdout  io.Writer
+	Stderr  io.Writer
+	// Exec replaces the process with the real rbd (syscall.Exec); it returns only on failure.
+	Exec func(path string, argv []string, env []string) error
+	// Timeout bounds one call to the agent (default 5 minutes: a map may wait for its cluster).
+	Timeout time.Duration
+}
+
+// FromEnvironment builds the Env of the real program.
+func FromEnvironment() Env {
+	sock := os.Getenv("RBD_OWNER_SOCKET")
+	if sock == "" {
+		sock = DefaultSocket
+	}
+	real := os.Getenv("RBD_OWNER_REAL_RBD")
+	if real == "" {
+		real = DefaultRealRBD
+	}
+	return Env{Agent: client.New(sock), Socket: sock, RealRBD: real, Stdout: os.Stdout, Stderr: os.Stderr, Exec: syscall.Exec}
+}
+
+// Exit statuses: Ceph's rbd exits with the errno of its failure; the shim does the same.
+const (
+	exitOK       = 0
+	exitEINVAL   = 22
+	exitEBUSY    = 16
+	exitENOENT   = 2
+	exitEACCES   = 13
+	exitEIO      = 5
+	exitENOTCONN = 107
+	exitETIMEOUT = 110
+	exitSHUTDOWN = 108
+)
+
+// Run runs one `rbd` command line (args without the program name) and returns its exit status.
+func Run(args []string, env Env) int {
+	if env.Timeout == 0 {
+		env.Timeout = 5 * time.Minute
+	}
+	cl, err := parse(args)
+	if err != nil || !cl.krbd() {
+		// not ours (or not understood as ours): Ceph's rbd decides, exactly as asked
+		return passThrough(args, env)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), env.Timeout)
+	defer cancel()
+	switch cl.command() {
+	case "map":
+		return doMap(ctx, cl, env)
+	case "unmap":
+		return doUnmap(ctx, cl, env)
+	case "list":
+		return doList(ctx, cl, env)
+	}
+	return passThrough(args, env)
+}
+
+func passThrough(args []string, env Env) int {
+	if self, err := os.Executable(); err == nil && sameFile(self, env.RealRBD) {
+		fmt.Fprintf(env.Stderr, "rbd: rbd-owner's rbd would run itself as the real rbd (%s); set RBD_OWNER_REAL_RBD to Ceph's rbd\n", env.RealRBD)
+		return exitEINVAL
+	}
+	err := env.Exec(env.RealRBD, append([]string{"rbd"}, args...), os.Environ())
+	fmt.Fprintf(env.Stderr, "rbd: rbd-owner's rbd cannot run Ceph's rbd (%s): %v\n", env.RealRBD, err)
+	return 127
+}
+
+func sameFile(a, b string) bool {
+	fa, err1 := os.Stat(a)
+	fb, err2 := os.Stat(b)
+	return err1 == nil && err2 == nil && os.SameFile(fa, fb)
+}
+
+// cmdline is a parsed rbd command line.
+type cmdline struct {
+	words   []string            // positional words: the command and its arguments
+	values  map[string][]string // options with values, by canonical name
+	flags   map[string]bool     // options without values
+	unknown []string            // options this parser does not know
+}
+
+// valued are the rbd options that take a value, by every spelling, with their canonical name.
+var valued = map[string]string{
+	"--id": "id", "--user": "id", "-n": "name", "--name": "name", "-m": "mon_host", "--mon-host": "mon_host", "--mon_host": "mon_host",
+	"--keyfile": "keyfile", "-k": "keyring", "--keyring": "keyring", "-c": "conf", "--conf": "conf", "--cluster": "cluster",
+	"--format": "format", "-t": "device-type", "--device-type": "device-type", "-o": "options", "--options": "options",
+	"-p": "pool", "--pool": "pool", "--namespace": "namespace", "--image": "image", "--snap": "snap",
+	"--log-file": "log-file", "--log_file": "log-file", "--admin-socket": "admin-socket", "--exclusive-timeout": "x",
+}
+
+// flagged are the options without a value that krbd commands accept.
+var flagged = map[string]string{
+	"--read-only": "read-only", "--pretty-format": "pretty-format", "--no-progress": "no-progress",
+	"--exclusive": "exclusive", "--quiesce": "quiesce", "--force": "force",
+}
+
+func parse(args []string) (*cmdline, error) {
+	c := &cmdline{values: map[string][]string{}, flags: map[string]bool{}}
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			c.words = append(c.words, args[i+1:]...)
+			break
+		}
+		if !strings.HasPrefix(a, "-") || a == "-" {
+			c.words = append(c.words, a)
+			continue
+		}
+		name, val, hasVal := strings.Cut(a, "=")
+		if canon, ok := valued[name]; ok {
+			if !hasVal {
+				if i+1 >= len(args) {
+					return nil, fmt.Errorf("option %s needs a value", name)
+				}
+				i++
+				val = args[i]
+			}
+			c.values[canon] = append(c.values[canon], val)
+			continue
+		}
+		if canon, ok := flagged[name]; ok && !hasVal {
+			c.flags[canon] = true
+			continue
+		}
+		c.unknown = append(c.unknown, name)
+	}
+	return c, nil
+}
+
+func (c *cmdline) last(name string) string {
+	v := c.values[name]
+	if len(v) == 0 {
+		return ""
+	}
+	return v[len(v)-1]
+}
+
+// command is "map", "unmap", "list" or "" (anything else), and the index of its argument.
+func (c *cmdline) command() string {
+	w := c.words
+	if len(w) > 0 && w[0] == "device" {
+		w = w[1:]
+		if len(w) > 0 && (w[0] == "list" || w[0] == "ls") {
+			return "list"
+		}
+	} else if len(w) > 0 && w[0] == "showmapped" {
+		return "list"
+	}
+	if len(w) > 0 && (w[0] == "map" || w[0] == "unmap") {
+		return w[0]
+	}
+	return ""
+}
+
+// arg is the command's argument (the image spec or device), "" when none.
+func (c *cmdline) arg() string {
+	w := c.words
+	if len(w) > 0 && w[0] == "device" {
+		w = w[1:]
+	}
+	if len(w) >= 2 {
+		return w[1]
+	}
+	return ""
+}
+
+// krbd says whether the command is one the agent handles: a kernel map, unmap or list (the
+// default device type is krbd).
+func (c *cmdline) krbd() bool {
+	t := c.last("device-type")
+	return (t == "" || t == "krbd") && c.command() != ""
+}
+
+func fail(env Env, code int, format string, a ...any) int {
+	msg := fmt.Sprintf(format, a...)
+	fmt.Fprintln(env.Stderr, strings.Join(strings.Fields(msg), " ")) // one line, always
+	return code
+}
+
+// spec reads the image spec from the argument and --pool/--namespace/--image/--snap, with
+// Ceph's default pool "rbd".
+func (c *cmdline) spec() (image.Ref, error) {
+	r := image.Ref{Pool: c.last("pool"), Namespace: c.last("namespace"), Image: c.last("image"), Snap: c.last("snap")}
+	if a := c.arg(); a != "" {
+		rest := a
+		if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+			r.Snap, rest = rest[at+1:], rest[:at]
+		}
+		parts := strings.Split(rest, "/")
+		switch len(parts) {
+		case 1:
+			r.Image = parts[0]
+		case 2:
+			r.Pool, r.Image = parts[0], parts[1]
+		case 3:
+			r.Pool, r.Namespace, r.Image = parts[0], parts[1], parts[2]
+		default:
+			return image.Ref{}, fmt.Errorf("%q is not an image spec (pool[/namespace]/image[@snap])", a)
+		}
+	}
+	if r.Pool == "" {
+		r.Pool = "rbd"
+	}
+	if r.Image == "" {
+		return image.Ref{}, errors.New("image name was not specified")
+	}
+	return r, nil
+}
+
+// specString writes a spec as Ceph's krbd does (pool/[namespace/]image[@snap]).
+func specString(r image.Ref) string {
+	s := r.Pool + "/"
+	if r.Namespace != "" {
+		s += r.Namespace + "/"
+	}
+	s += r.Image
+	if r.Snap != "" {
+		s += "@" + r.Snap
+	}
+	return s
+}
+
+func doMap(ctx context.Context, c *cmdline, env Env) int {
+	if len(c.unknown) > 0 {
+		return fail(env, exitEINVAL, "rbd: map refused by rbd-owner: option %s is not supported for a krbd map through rbd-owner", c.unknown[0])
+	}
+	for _, f := range []string{"exclusive", "quiesce"} {
+		if c.flags[f] {
+			return fail(env, exitEINVAL, "rbd: map refused by rbd-owner: --%s is not used: it would break snapshots and resizes by other clients", f)
+		}
+	}
+	ref, err := c.spec()
+	if err != nil {
+		return fail(env, exitEINVAL, "rbd: %v", err)
+	}
+	req := api.MapRequest{Pool: ref.Pool, Namespace: ref.Namespace, Image: ref.Image, Snapshot: ref.Snap,
+		Requester: "rbd (rbd-owner drop-in)", ReadOnly: c.flags["read-only"]}
+	for _, m := range c.values["mon_host"] {
+		req.Monitors = append(req.Monitors, strings.Split(m, ",")...)
+	}
+	for _, o := range c.values["options"] {
+		for _, one := range strings.Split(o, ",") {
+			if v, ok := strings.CutPrefix(one, AccessOption+"="); ok {
+				req.Access = v
+				continue
+			}
+			if one != "" {
+				req.Options = append(req.Options, one)
+			}
+		}
+	}
+	if req.ReadOnly && req.Access == "" {
+		req.Access = "rox"
+	}
+	resp, err := env.Agent.Map(ctx, req)
+	if err != nil {
+		code, msg := agentError(err, env)
+		return fail(env, code, "rbd: map failed: rbd-owner refused to map %s: %s", specString(ref), msg)
+	}
+	fmt.Fprintln(env.Stdout, resp.Device)
+	return exitOK
+}
+
+func doUnmap(ctx context.Context, c *cmdline, env Env) int {
+	if len(c.unknown) > 0 {
+		return fail(env, exitEINVAL, "rbd: unmap refused by rbd-owner: option %s is not supported", c.unknown[0])
+	}
+	req := api.UnmapRequest{}
+	for _, o := range c.values["options"] {
+		for _, one := range strings.Split(o, ",") {
+			switch one {
+			case "", "noudev", "udev":
+			case "force":
+				req.Force = true
+			default:
+				return fail(env, exitEINVAL, "rbd: unmap refused by rbd-owner: unmap option %q is not supported (only force)", one)
+			}
+		}
+	}
+	arg := c.arg()
+	if strings.HasPrefix(arg, "/dev/") {
+		req.Device = arg
+		resp, err := env.Agent.Unmap(ctx, req)
+		if err != nil {
+			code, msg := agentError(err, env)
+			return fail(env, code, "rbd: unmap of %s failed: %s", arg, msg)
+		}
+		if !resp.Unmapped {
+			return fail(env, exitEINVAL, "rbd: '%s' is not an rbd device", arg)
+		}
+		return exitOK
+	}
+	ref, err := c.spec()
+	if err != nil {
+		return fail(env, exitEINVAL, "rbd: %v", err)
+	}
+	st, err := env.Agent.Status(ctx)
+	if err != nil {
+		code, msg := agentError(err, env)
+		return fail(env, code, "rbd: unmap of %s failed: %s", specString(ref), msg)
+	}
+	// the devices of this spec, managed or not (one mapped before rbd-owner is unmapped too)
+	var found []api.Device
+	for _, d := range st.Devices {
+		if d.Pool == ref.Pool && d.Namespace == ref.Namespace && d.Image == ref.Image && d.Snapshot == ref.Snap {
+			found = append(found, d)
+		}
+	}
+	switch {
+	case len(found) == 0:
+		// the line ceph-csi takes for "already unmapped"
+		return fail(env, exitEINVAL, "rbd: %s: not a mapped image or snapshot", specString(ref))
+	case len(found) > 1:
+		devs := make([]string, len(found))
+		for i, d := range found {
+			devs[i] = d.Device
+		}
+		return fail(env, exitEINVAL, "rbd: unmap refused by rbd-owner: %s is mapped more than once on this node (%s); unmap one device by its path", specString(ref), strings.Join(devs, ", "))
+	}
+	req.Device = found[0].Device
+	if _, err := env.Agent.Unmap(ctx, req); err != nil {
+		code, msg := agentError(err, env)
+		return fail(env, code, "rbd: unmap of %s failed: %s", specString(ref), msg)
+	}
+	return exitOK
+}
+
+// listEntry is one device in Ceph's `rbd device list --format=json` (krbd.cc's order).
+type listEntry struct {
+	ID        string `json:"id"`
+	Pool      string `json:"pool"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Snap      string `json:"snap"`
+	Device    string `json:"device"`
+}
+
+// doList lists the devices the agent manages: a device mapped outside it is not offered to a
+// CSI plugin as already staged (it would be used without a claim); its map is refused instead.
+func doList(ctx context.Context, c *cmdline, env Env) int {
+	st, err := env.Agent.Status(ctx)
+	if err != nil {
+		code, msg := agentError(err, env)
+		return fail(env, code, "rbd: device list failed: %s", msg)
+	}
+	out := []listEntry{}
+	for _, d := range st.Devices {
+		if !d.Managed {
+			continue
+		}
+		snap := d.Snapshot
+		if snap == "" {
+			snap = "-"
+		}
+		out = append(out, listEntry{ID: strings.TrimPrefix(d.Device, "/dev/rbd"), Pool: d.Pool, Namespace: d.Namespace,
+			Name: d.Image, Snap: snap, Device: d.Device})
+	}
+	sortEntries(out)
+	switch f := c.last("format"); {
+	case f == "json":
+		var b []byte
+		if c.flags["pretty-format"] {
+			b, _ = json.MarshalIndent(out, "", "    ")
+		} else {
+			b, _ = json.Marshal(out)
+		}
+		fmt.Fprintln(env.Stdout, string(b))
+	case f == "" || f == "plain":
+		if len(out) == 0 {
+			return exitOK
+		}
+		tw := tabwriter.NewWriter(env.Stdout, 0, 8, 2, ' ', 0)
+		fmt.Fprintln(tw, "id\tpool\tnamespace\timage\tsnap\tdevice")
+		for _, e := range out {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, e.Pool, e.Namespace, e.Name, e.Snap, e.Device)
+		}
+		tw.Flush()
+	default:
+		return fail(env, exitEINVAL, "rbd: invalid output format: %s (rbd-owner's rbd lists devices as json or plain)", f)
+	}
+	return exitOK
+}
+
+func sortEntries(es []listEntry) {
+	num := func(s string) int { n, _ := strconv.Atoi(s); return n }
+	for i := 1; i < len(es); i++ {
+		for j := i; j > 0 && num(es[j].ID) < num(es[j-1].ID); j-- {
+			es[j], es[j-1] = es[j-1], es[j]
+		}
+	}
+}
+
+// agentError turns an agent error into an exit status (the errno Ceph's rbd would use) and one
+// line for a person: the agent's message (which names the owner and what to do), or how to
+// reach the agent.
+func agentError(err error, env Env) (int, string) {
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		code := exitEIO
+		switch ae.Code {
+		case api.CodeClaimedElsewhere, api.CodeBusy:
+			code = exitEBUSY
+		case api.CodeInvalidArgument:
+			code = exitEINVAL
+		case api.CodeNotFound:
+			code = exitENOENT
+		case api.CodePermissionDenied:
+			code = exitEACCES
+		case api.CodeClusterUnavailable, api.CodeTimeout:
+			code = exitETIMEOUT
+		case api.CodeFenced:
+			code = exitSHUTDOWN
+		}
+		msg := ae.Message
+		if ae.Owner != nil && !strings.Contains(msg, ae.Owner.NodeID) {
+			msg += " (held by node " + ae.Owner.NodeID + ")"
+		}
+		if ae.RetryAfterSeconds > 0 {
+			msg += fmt.Sprintf("; retry after %ds", ae.RetryAfterSeconds)
+		}
+		return code, msg + " [" + ae.Code + "]"
+	}
+	if errors.Is(err, client.ErrUnreachable) {
+		return exitENOTCONN, fmt.Sprintf("the rbd-owner agent does not answer on %s (is rbd-owner installed and running on this node, and its socket directory mounted into this container?): %v", env.Socket, err)
+	}
+	return exitEIO, err.Error()
+}
