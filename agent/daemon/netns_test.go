@@ -41,10 +41,18 @@ func TestMapFromAnotherNetworkNamespaceIsRefused(t *testing.T) {
 	if e := apiError(err); e.Code != api.CodeInvalidArgument || !strings.Contains(e.Message, "network namespace") || !strings.Contains(e.Message, "netNamespaceFilePath") {
 		t.Fatalf("map from another namespace: %+v", e)
 	}
+	// the socket's own namespace (SO_NETNS_COOKIE) decides when the kernel tells it, whatever
+	// the caller's /proc entry says
+	if own := peercred.OwnNetNS(); own != 0 {
+		_, err := n.d.Map(context.Background(), req, &peercred.Cred{PID: os.Getpid(), NetNS: own + 1})
+		if e := apiError(err); e.Code != api.CodeInvalidArgument || !strings.Contains(e.Message, "network namespace") {
+			t.Fatalf("map from a socket in another namespace: %+v", e)
+		}
+	}
 	if devs, _ := n.d.kernel.List(); len(devs) != 0 {
 		t.Fatal("a device was made")
 	}
-	if _, err := n.d.Map(context.Background(), req, &peercred.Cred{PID: os.Getpid()}); err != nil {
+	if _, err := n.d.Map(context.Background(), req, &peercred.Cred{PID: os.Getpid(), NetNS: peercred.OwnNetNS()}); err != nil {
 		t.Fatalf("map from the agent's own namespace: %v", err)
 	}
 }

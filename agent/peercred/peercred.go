@@ -22,6 +22,24 @@ import (
 // Cred is what the kernel says about a peer, as of when it connected.
 type Cred struct {
 	UID, GID, PID int
+	// NetNS is the cookie of the peer's network namespace (0 when the kernel cannot say,
+	// before Linux 5.14): a unix socket's server end lives in the connecting process's
+	// network namespace, so SO_NETNS_COOKIE on it names the caller's.
+	NetNS uint64
+}
+
+// OwnNetNS is the cookie of this process's network namespace (0 when the kernel cannot say).
+func OwnNetNS() uint64 {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0
+	}
+	defer unix.Close(fd)
+	c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if err != nil {
+		return 0
+	}
+	return c
 }
 
 // FromConn reads the peer's credentials from a unix socket connection.
@@ -37,16 +55,20 @@ func FromConn(c net.Conn) (Cred, error) {
 	var (
 		ucred *unix.Ucred
 		gerr  error
+		netns uint64
 	)
 	if err := raw.Control(func(fd uintptr) {
 		ucred, gerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		if c, err := unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_NETNS_COOKIE); err == nil {
+			netns = c
+		}
 	}); err != nil {
 		return Cred{}, fmt.Errorf("peer credentials: %w", err)
 	}
 	if gerr != nil {
 		return Cred{}, fmt.Errorf("peer credentials: SO_PEERCRED: %w", gerr)
 	}
-	return Cred{UID: int(ucred.Uid), GID: int(ucred.Gid), PID: int(ucred.Pid)}, nil
+	return Cred{UID: int(ucred.Uid), GID: int(ucred.Gid), PID: int(ucred.Pid), NetNS: netns}, nil
 }
 
 // Role is what a caller may do. Each API route names the least role it needs.

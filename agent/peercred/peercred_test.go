@@ -5,7 +5,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestFromConnSeesThisProcess(t *testing.T) {
@@ -77,5 +80,75 @@ func TestRole(t *testing.T) {
 	}
 	if r, _ := (Policy{AdminGroup: -1, CSIGroup: 990, ProcRoot: proc}).Role(Cred{UID: 5, GID: 991, PID: 13}); r != RoleNone {
 		t.Errorf("admin group not configured: gid 991 got %v", r)
+	}
+}
+
+// TestNetNSOfAPeerInAnotherNamespace: the server end of a connection made from another network
+// namespace carries that namespace's cookie; one made from ours carries ours.
+func TestNetNSOfAPeerInAnotherNamespace(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to make a network namespace")
+	}
+	own := OwnNetNS()
+	if own == 0 {
+		t.Skip("the kernel has no SO_NETNS_COOKIE")
+	}
+	path := filepath.Join(t.TempDir(), "s.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	peerNS := func(dial func() (net.Conn, error)) uint64 {
+		t.Helper()
+		type res struct {
+			c   Cred
+			err error
+		}
+		got := make(chan res, 1)
+		go func() {
+			c, err := l.Accept()
+			if err != nil {
+				got <- res{err: err}
+				return
+			}
+			defer c.Close()
+			cr, err := FromConn(c)
+			got <- res{cr, err}
+		}()
+		c, err := dial()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		r := <-got
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		return r.c.NetNS
+	}
+	if ns := peerNS(func() (net.Conn, error) { return net.Dial("unix", path) }); ns != own {
+		t.Fatalf("a peer in our namespace: cookie %d, ours %d", ns, own)
+	}
+	other := peerNS(func() (net.Conn, error) {
+		type res struct {
+			c   net.Conn
+			err error
+		}
+		ch := make(chan res, 1)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+			if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+				ch <- res{err: err}
+				return
+			}
+			c, err := net.Dial("unix", path)
+			ch <- res{c, err}
+		}()
+		r := <-ch
+		return r.c, r.err
+	})
+	if other == 0 || other == own {
+		t.Fatalf("a peer in another namespace: cookie %d, ours %d", other, own)
 	}
 }
