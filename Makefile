@@ -11,7 +11,7 @@ CEPH_TAG     = $(shell tests/ceph/build-tag)
 LDFLAGS     := -s -w -X github.com/rbd-owner/rbd-owner/agent/version.Version=$(VERSION)
 ARCH        := amd64
 
-.PHONY: all build test unit e2e lab lab-sh lab-down bench package package-check lint metrics-check deps clean
+.PHONY: all build test unit e2e lab lab-sh lab-down bench package package-check lint metrics-check k8s-check deps clean
 all: build
 
 deps:
@@ -23,9 +23,9 @@ build: deps
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-shim ./agent/cmd/rbd-shim
 
 # Everything: lint, the Go tests with -race against a throwaway Ceph cluster, the alert rules'
-# promtool tests, the package checks, and the two-node end-to-end tests on real kernels (needs
-# root; ~4.5 minutes with warm caches).
-test: deps lint unit metrics-check package-check e2e
+# promtool tests, the kustomize component's render check, the package checks, and the two-node
+# end-to-end tests on real kernels (needs root; ~4.5 minutes with warm caches).
+test: deps lint unit metrics-check k8s-check package-check e2e
 	@echo "make test: all passed"
 
 unit: deps
@@ -58,6 +58,13 @@ bench: deps
 # packaging/prometheus/tests/ (installs Debian's prometheus package for promtool when missing).
 metrics-check:
 	@tests/promtool-check
+
+# The kustomize component for ceph-csi's RBD node plugin (packaging/kubernetes), rendered with
+# `go tool kustomize` over ceph-csi v3.12.2's manifests (tests/kubernetes) and checked by the Go
+# tests there; also the example overlay and the Rook and ceph-csi-operator snippets. A second or
+# so once the tool is built (the first run compiles kustomize, ~15 s).
+k8s-check:
+	@GO="$(GO)" tests/kustomize-check
 
 # CEPH_MIN: the Ceph release (major.minor) of the librados-dev the binary was built against; the
 # packages depend on librados2/librbd1 at least that new (go-ceph is compiled for its API).
