@@ -68,19 +68,22 @@ k8s-check:
 
 # CEPH_MIN: the Ceph release (major.minor) of the librados-dev the binary was built against; the
 # packages depend on librados2/librbd1 at least that new (go-ceph is compiled for its API).
+# Evaluated lazily, after `deps` may have installed librados-dev.
+CEPH_MIN     = $(or $(shell dpkg-query -W -f='$${Version}' librados-dev 2>/dev/null | sed -n 's/^\([0-9]*:\)\{0,1\}\([0-9][0-9]*\.[0-9][0-9]*\).*/\2/p'),16.2)
 package: build
 	@test -f udev/60-rbd-owner.rules || { echo "package: udev/60-rbd-owner.rules is missing" >&2; exit 1; }
 	@mkdir -p dist
 	@rm -f dist/rbd-owner_*.deb dist/rbd-owner-*.rpm
-	@ceph_min=$$(dpkg-query -W -f='$${Version}' librados-dev 2>/dev/null | sed -n 's/^\([0-9]*:\)\{0,1\}\([0-9][0-9]*\.[0-9][0-9]*\).*/\2/p'); \
-	  export VERSION="$(VERSION)" ARCH=$(ARCH) CEPH_MIN="$${ceph_min:-16.2}" && set -x && \
+	@export VERSION="$(VERSION)" ARCH=$(ARCH) CEPH_MIN="$(CEPH_MIN)" && set -x && \
 	  $(GO) tool nfpm package --config nfpm.yaml --packager deb --target "dist/rbd-owner_$(VERSION)_$(ARCH).deb" && \
 	  $(GO) tool nfpm package --config nfpm.yaml --packager rpm --target "dist/rbd-owner-$(VERSION).x86_64.rpm"
 
 # Checks the built packages: contents, conffile, units (systemd-analyze verify), and a real
-# dpkg -i / purge on this machine, which it leaves as it found it. Needs root.
+# dpkg -i / purge on this machine, which it leaves as it found it; the .rpm's contents,
+# dependencies (resolved against stand-ins for the distributions' Ceph libraries) and scriptlets,
+# installed, upgraded and erased in scratch roots (rpm --root). Needs root.
 package-check: package
-	@tests/package-check "dist/rbd-owner_$(VERSION)_$(ARCH).deb" "dist/rbd-owner-$(VERSION).x86_64.rpm"
+	@CEPH_MIN="$(CEPH_MIN)" GO="$(GO)" tests/package-check "dist/rbd-owner_$(VERSION)_$(ARCH).deb" "dist/rbd-owner-$(VERSION).x86_64.rpm"
 
 # gofmt, go vet, and shellcheck over every shell script in tests/, packaging/ and .ci/
 lint: deps
