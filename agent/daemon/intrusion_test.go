@@ -272,6 +272,8 @@ func TestAdoptOrFenceAdoptsAFreeMapping(t *testing.T) {
 	if err != nil || rec.Holder("node-m") == nil || rec.Holder("node-m").ClientAddr != dv.ClientAddr {
 		t.Fatalf("claim after adoption: %+v %v", rec, err)
 	}
+	// the adoption is audited once its state is written: wait for the entry, then look at it
+	waitFor(t, "the adoption audited", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Adopted)) > 0 })
 	if e := al.find(audit.UnmanagedDevice, audit.Adopted); len(e) != 1 || e[0].Epoch != 1 {
 		t.Fatalf("adoption audit: %+v", e)
 	}
