@@ -11,7 +11,7 @@ CEPH_TAG     = $(shell tests/ceph/build-tag)
 LDFLAGS     := -s -w -X github.com/rbd-owner/rbd-owner/agent/version.Version=$(VERSION)
 ARCH        := amd64
 
-.PHONY: all build test unit e2e lab lab-sh lab-down bench package package-check lint metrics-check k8s-check deps clean
+.PHONY: all build test unit e2e chaos lab lab-sh lab-down bench package package-check lint metrics-check k8s-check deps clean
 all: build
 
 deps:
@@ -37,6 +37,15 @@ unit: deps
 e2e: package
 	@tests/deps lab
 	@tests/lab/e2e
+
+# The fault campaign on the lab's real kernels (tests/chaos/run): ROUNDS rounds of randomised
+# faults from SEED (printed; the same SEED replays the same schedule) against two writers, each
+# round checked from the data. `make e2e` ends with a short fixed-seed run in the same lab.
+ROUNDS ?= 3
+SEED ?=
+chaos: package
+	@tests/deps lab
+	@tests/chaos/run $(ROUNDS) $(SEED)
 
 # lab: the narrated demo; `make lab KEEP=1` leaves the lab running (then lab-sh, lab-down).
 KEEP ?= 0

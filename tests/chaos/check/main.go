@@ -75,6 +75,9 @@ func run(dir string, lease, slack float64, out io.Writer) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	if len(samples) == 0 {
+		return 0, fmt.Errorf("no samples in %s/samples.jsonl: the sampler recorded nothing, so who watched the images is unknown", dir)
+	}
 	ff, err := os.Open(filepath.Join(dir, "faults.txt"))
 	if err != nil {
 		return 0, err
