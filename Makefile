@@ -11,7 +11,7 @@ CEPH_TAG     = $(shell tests/ceph/build-tag)
 LDFLAGS     := -s -w -X github.com/rbd-owner/rbd-owner/agent/version.Version=$(VERSION)
 ARCH        := amd64
 
-.PHONY: all build test unit e2e chaos lab lab-sh lab-down bench package package-check lint metrics-check k8s-check deps clean
+.PHONY: all build test unit e2e chaos bench-go lab lab-sh lab-down bench package package-check lint metrics-check k8s-check deps clean
 all: build
 
 deps:
@@ -60,7 +60,14 @@ lab-sh:
 lab-down:
 	@tests/lab/lab down
 
-bench: deps
+# The benchmark table on the lab's real kernels, the agent on the fake kernel and the claim
+# operations on a throwaway cluster (tests/bench/run; docs/benchmarks.md has a dated run).
+# bench-go: only the Go benchmarks (fake kernel, test cluster).
+bench: package
+	@tests/deps lab
+	@tests/bench/run
+
+bench-go: deps
 	@RACE= tests/go-test -run '^$$' -bench . -benchtime 300x ./agent/...
 
 # The shipped Prometheus alert rules: promtool check rules, and promtool test rules over

@@ -2,7 +2,9 @@ package claim
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 )
@@ -79,4 +81,66 @@ func BenchmarkRelease(b *testing.B) {
 		}
 	}
 	lat.report(b)
+}
+
+// BenchmarkClaimOps: acquire, renew and release, each client a node of its own with an image of
+// its own on its own connection, with 1 and 16 clients at once: p50/p99 of each operation and
+// the operations per second of all clients together.
+func BenchmarkClaimOps(b *testing.B) {
+	for _, clients := range []int{1, 16} {
+		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
+			type worker struct {
+				n   node
+				img Image
+			}
+			ws := make([]worker, clients)
+			for i := range ws {
+				ws[i] = worker{newNode(b, fmt.Sprintf("bench-c%d", i), nil), testImage(b, "")}
+			}
+			per := max(1, b.N/clients)
+			var mu sync.Mutex
+			var acq, ren, rel latencies
+			c := context.Background()
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for _, w := range ws {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var a, rn, rl latencies
+					for i := 0; i < per; i++ {
+						var res *Result
+						if err := timed(&a, func() (err error) { res, err = w.n.Acquire(c, Request{Image: w.img}); return }); err != nil {
+							b.Error(err)
+							return
+						}
+						if err := timed(&rn, func() error { _, err := w.n.Renew(c, w.img, res.Holder.Epoch); return err }); err != nil {
+							b.Error(err)
+							return
+						}
+						if err := timed(&rl, func() error { _, err := w.n.Release(c, w.img, res.Holder.Epoch); return err }); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+					mu.Lock()
+					acq, ren, rel = append(acq, a...), append(ren, rn...), append(rel, rl...)
+					mu.Unlock()
+				}()
+			}
+			wg.Wait()
+			took := time.Since(start)
+			b.StopTimer()
+			for name, l := range map[string]latencies{"acquire": acq, "renew": ren, "release": rel} {
+				if len(l) == 0 {
+					continue
+				}
+				slices.Sort(l)
+				b.ReportMetric(float64(l[len(l)/2].Microseconds())/1000, name+"-p50-ms")
+				b.ReportMetric(float64(l[len(l)*99/100].Microseconds())/1000, name+"-p99-ms")
+			}
+			b.ReportMetric(float64(len(acq)+len(ren)+len(rel))/took.Seconds(), "ops/s")
+		})
+	}
 }
