@@ -52,7 +52,9 @@ func TestScaleFigures(t *testing.T) {
 					once.Do(func() { close(ready) })
 				}
 			},
-			Connect: func(context.Context, config.Cluster) (Connection, error) { return Connection{Backend: c.m, Secret: memSecret}, nil }})
+			Connect: func(context.Context, config.Cluster) (Connection, error) {
+				return Connection{Backend: c.m, Secret: memSecret}, nil
+			}})
 		if err != nil {
 			t.Fatal(err)
 		}
