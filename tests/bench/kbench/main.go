@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
@@ -166,8 +167,17 @@ func (k *rawKernel) mapRaw(image string, noshare bool) (string, time.Duration, e
 
 func unmapRaw(id string) (time.Duration, error) {
 	start := time.Now()
-	if err := os.WriteFile("/sys/bus/rbd/remove_single_major", []byte(id), 0); err != nil {
-		return 0, err
+	for {
+		// udev's probe of a new device holds it open for a moment: the kernel says EBUSY, and
+		// Ceph's rbd and the agent retry too
+		err := os.WriteFile("/sys/bus/rbd/remove_single_major", []byte(id), 0)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EBUSY) || time.Since(start) > 10*time.Second {
+			return 0, err
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	for {
 		if _, err := os.Stat(filepath.Join("/sys/bus/rbd/devices", id)); err != nil {
