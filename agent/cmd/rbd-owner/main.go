@@ -350,23 +350,33 @@ func runClaims(ctx context.Context, c *client.Client, args []string, stdout io.W
 	return tw.Flush()
 }
 
-func runUnfence(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
-	fs := flags("unfence")
+// imageCommand parses the arguments of a command that names one image (fence, unfence):
+// --cluster, --json and POOL[/NAMESPACE]/IMAGE.
+func imageCommand(name string, args []string) (req api.ImageRequest, arg string, asJSON bool, err error) {
+	fs := flags(name)
 	cluster := fs.String("cluster", "", "cluster id from the config")
-	asJSON := fs.Bool("json", false, "JSON output")
+	j := fs.Bool("json", false, "JSON output")
 	pos, err := parse(fs, args, 1)
 	if err != nil {
-		return err
+		return req, "", false, err
 	}
 	spec, err := parseSpec(pos[0], false)
 	if err != nil {
-		return err
+		return req, "", false, err
 	}
-	resp, err := c.Unfence(ctx, api.ImageRequest{Cluster: *cluster, Pool: spec.Pool, Namespace: spec.Namespace, Image: spec.Image})
+	return api.ImageRequest{Cluster: *cluster, Pool: spec.Pool, Namespace: spec.Namespace, Image: spec.Image}, pos[0], *j, nil
+}
+
+func runUnfence(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
+	req, _, asJSON, err := imageCommand("unfence", args)
 	if err != nil {
 		return err
 	}
-	if *asJSON {
+	resp, err := c.Unfence(ctx, req)
+	if err != nil {
+		return err
+	}
+	if asJSON {
 		return printJSON(stdout, resp)
 	}
 	for _, in := range resp.Unfenced {
@@ -376,25 +386,18 @@ func runUnfence(ctx context.Context, c *client.Client, args []string, stdout io.
 }
 
 func runFence(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
-	fs := flags("fence")
-	cluster := fs.String("cluster", "", "cluster id from the config")
-	asJSON := fs.Bool("json", false, "JSON output")
-	pos, err := parse(fs, args, 1)
+	req, arg, asJSON, err := imageCommand("fence", args)
 	if err != nil {
 		return err
 	}
-	spec, err := parseSpec(pos[0], false)
+	resp, err := c.Fence(ctx, req)
 	if err != nil {
 		return err
 	}
-	resp, err := c.Fence(ctx, api.ImageRequest{Cluster: *cluster, Pool: spec.Pool, Namespace: spec.Namespace, Image: spec.Image})
-	if err != nil {
-		return err
-	}
-	if *asJSON {
+	if asJSON {
 		return printJSON(stdout, resp)
 	}
-	fmt.Fprintf(stdout, "fenced %s until %s; next: rbd-owner release --force %s\n", strings.Join(resp.FencedAddrs, ", "), resp.Expires.Format(time.RFC3339), pos[0])
+	fmt.Fprintf(stdout, "fenced %s until %s; next: rbd-owner release --force %s\n", strings.Join(resp.FencedAddrs, ", "), resp.Expires.Format(time.RFC3339), arg)
 	return nil
 }
 
