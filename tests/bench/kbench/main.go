@@ -107,6 +107,10 @@ func main() {
 type rawKernel struct{ keyName string }
 
 func newRawKernel() (*rawKernel, error) {
+	// the "ceph" key type exists once libceph is loaded (on a fresh boot nothing has mapped yet)
+	if out, err := exec.Command("modprobe", "rbd").CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("modprobe rbd: %w: %s", err, out)
+	}
 	secret, err := krbd.ReadKeyringFile(*keyring, "client."+*user)
 	if err != nil {
 		return nil, err
