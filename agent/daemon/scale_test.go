@@ -83,8 +83,17 @@ func TestScaleFigures(t *testing.T) {
 	runtime.ReadMemStats(&ms)
 	cancel()
 	<-done
-	_, done, cancel, took := start()
+	d2, done, cancel, took := start()
 	defer func() { cancel(); <-done }()
+	managed := 0
+	for _, dv := range d2.Status().Devices {
+		if dv.Managed && dv.Problem == "" {
+			managed++
+		}
+	}
+	if managed != nImages {
+		t.Errorf("at READY %d of %d devices are managed without a problem", managed, nImages)
+	}
 	emit := func(op string, v float64) {
 		b, _ := json.Marshal(map[string]any{"what": "agent-fake-kernel", "op": op, "value": v})
 		fmt.Println(string(b))

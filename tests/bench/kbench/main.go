@@ -214,10 +214,13 @@ func benchRaw() error {
 
 func run(argv []string) (string, time.Duration, error) {
 	start := time.Now()
-	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output() // stdout alone: the device path (warnings go to stderr)
 	d := time.Since(start)
 	if err != nil {
-		return "", d, fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
+		return "", d, fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return strings.TrimSpace(string(out)), d, nil
 }
