@@ -96,6 +96,12 @@ func decideAcquire(cur *Record, in acquireInput) (acquirePlan, error) {
 			return acquirePlan{}, fmt.Errorf("%w: %s has watchers no claim explains: %s (mapped or opened outside rbd-owner?)", ErrBusy, in.Image, strings.Join(w, ", "))
 		}
 		in.refresh(mine)
+		// a claim asked for again is for a mapping still to be made (the agent asks only when
+		// it has none of this image): an address recorded for an earlier mapping names a client
+		// that is gone, and a takeover would fence that instead of what is mapped next; until
+		// the new mapping is recorded, a takeover fences the whole node (found by the model
+		// checker: docs/safety.md, F2)
+		mine.ClientAddr, mine.Device = "", ""
 		return acquirePlan{Next: cur, Holder: *mine, Again: true}, nil
 	}
 	held := func(reason string) error {

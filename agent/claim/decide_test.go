@@ -200,3 +200,26 @@ func TestUnexplained(t *testing.T) {
 		}
 	}
 }
+
+// TestDecideAcquireAgainForgetsTheOldMapping: a claim asked for again (the node holds the
+// image, e.g. after an unmap whose release timed out) is for a mapping still to be made; the
+// address of the earlier one must not stay in the record, or a takeover would fence that gone
+// client instead of the new one. (The model checker's F2, docs/safety.md.)
+func TestDecideAcquireAgainForgetsTheOldMapping(t *testing.T) {
+	cur := &Record{Format: FormatVersion, Ref: Image{Pool: "rbd", Image: "img"}, ImageID: "id1", Access: RWO, Epoch: 4,
+		Holders: []Holder{{NodeID: "node-a", Epoch: 4, ClientAddr: "10.0.0.1:0/111", Device: "/dev/rbd0", NodeAddr: "10.0.0.1"}}}
+	plan, err := decideAcquire(cur, input("node-a", t0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := plan.Next.Holder("node-a")
+	if !plan.Again || h.Epoch != 4 || h.ClientAddr != "" || h.Device != "" || plan.Holder.ClientAddr != "" {
+		t.Fatalf("again: %+v (plan holder %+v)", h, plan.Holder)
+	}
+	if h.fenceAddr() != "10.0.0.1:0/0" {
+		t.Fatalf("until the new mapping is recorded a takeover fences the whole node, not %q", h.fenceAddr())
+	}
+	if cur.Holders[0].ClientAddr != "10.0.0.1:0/111" {
+		t.Fatal("the decision changed the record it was given")
+	}
+}

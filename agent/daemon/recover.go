@@ -134,7 +134,9 @@ func (d *Daemon) settle(ctx context.Context, m state.Mapping, devs map[int]krbd.
 	var dev *krbd.Device
 	if dv, ok := devs[m.DeviceID]; ok && dv.Spec() == spec && m.ClientAddr != "" && dv.ClientAddr == m.ClientAddr {
 		dev = &dv
-	} else if m.Phase == state.Claimed {
+	} else if m.Phase == state.Claimed || (m.Phase == state.Unmapping && m.ClientAddr == "") {
+		// the device of a map interrupted after the kernel write, or of such a map's unmap that
+		// recorded none (a state written before the device was recorded): by names
 		for _, dv := range devs {
 			if dv.Spec() == spec && (m.FSID == "" || dv.ClusterFSID == m.FSID) && !d.ownedByOther(m.Key, dv) {
 				dv := dv

@@ -470,3 +470,50 @@ func TestUnmapOfAnInterruptedMap(t *testing.T) {
 		t.Fatalf("claim not released: %+v %v", rec, err)
 	}
 }
+
+// A map interrupted after the kernel write (phase "claimed", device not recorded), then an unmap
+// of it interrupted before the kernel unmap, then a restart: the recovery must remove the
+// device and then free the claim, never free the claim of a device it lost track of. (The
+// model checker's F1, docs/safety.md: the unmap persisted "unmapping" without the device it had
+// found by names, and the recovery, finding no device by id, released the claim of a live
+// mapping.)
+func TestUnmapOfAnInterruptedMapInterruptedAgain(t *testing.T) {
+	a := newNode(t, "node-a")
+	img := a.image("")
+	a.fault = func(saga, step string) error {
+		if saga == "map" && step == "record" {
+			return ErrCrash
+		}
+		return nil
+	}
+	if _, err := a.d.Map(bg, mapReq("", img), nil); !errors.Is(err, ErrCrash) {
+		t.Fatal(err)
+	}
+	a.fault = func(saga, step string) error {
+		if saga == "unmap" && step == "unmap" {
+			return ErrCrash
+		}
+		return nil
+	}
+	a.start() // restarted, asked to unmap before it reconciles, and killed again mid-unmap
+	if _, err := a.d.Unmap(bg, unmapReq("", img), nil); !errors.Is(err, ErrCrash) {
+		t.Fatalf("unmap: %v", err)
+	}
+	a.fault = nil
+	a.start()
+	a.run() // recovery settles the interrupted unmap before READY
+	devs, err := a.d.kernel.FindBySpec(krbd.Spec{Pool: cephtest.Pool, Image: img}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := claimStore(t).Inspect(bg, claim.Image{Pool: cephtest.Pool, Image: img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(devs) > 0 && rec.Free() {
+		t.Fatalf("%s is still mapped but its claim was released: a live mapping without a claim", devs[0].DevNode)
+	}
+	if len(devs) != 0 || !rec.Free() {
+		t.Fatalf("the interrupted unmap was not finished: devices %v, claim %+v", devs, rec.Holders)
+	}
+}

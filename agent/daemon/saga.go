@@ -402,6 +402,13 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 			return false, s.fail(err)
 		}
 		prev := m
+		if m.ClientAddr == "" && len(devs) > 0 {
+			// a map interrupted after the kernel write, its device found by names: record it
+			// before anything else, so that a crash from here on leaves a state that still
+			// names the device to remove, never one that forgets it and frees the claim of a
+			// live mapping (found by the model checker: docs/safety.md, F1)
+			m.DeviceID, m.Device, m.ClientAddr = devs[0].ID, devs[0].DevNode, devs[0].ClientAddr
+		}
 		m.Phase = state.Unmapping
 		if err := d.state.Put(m); err != nil {
 			return false, err
