@@ -11,7 +11,7 @@ CEPH_TAG     = $(shell tests/ceph/build-tag)
 LDFLAGS     := -s -w -X github.com/rbd-owner/rbd-owner/agent/version.Version=$(VERSION)
 ARCH        := amd64
 
-.PHONY: all build test unit e2e lab lab-sh lab-down bench package package-check lint deps clean
+.PHONY: all build test unit model e2e lab lab-sh lab-down bench package package-check lint deps clean
 all: build
 
 deps:
@@ -21,13 +21,19 @@ build: deps
 	@mkdir -p bin
 	CGO_ENABLED=1 $(GO) build -tags "$(CEPH_TAG)" -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-owner ./agent/cmd/rbd-owner
 
-# Everything: lint, the Go tests with -race against a throwaway Ceph cluster, the package checks,
-# and the two-node end-to-end tests on real kernels (needs root; ~4.5 minutes with warm caches).
-test: deps lint unit package-check e2e
+# Everything: lint, the model checks, the Go tests with -race against a throwaway Ceph cluster,
+# the package checks, and the two-node end-to-end tests on real kernels (needs root; ~4.5
+# minutes with warm caches, plus ~1.5 for the model).
+test: deps lint model unit package-check e2e
 	@echo "make test: all passed"
 
 unit: deps
 	@tests/go-test
+
+# The claim protocol's Promela models, checked exhaustively with spin (docs/safety.md): a table
+# of states, memory and time; every check must end as expected (~1.5 minutes on 2 cores).
+model: deps
+	@model/check
 
 # The two-node lab on real kernels (tests/lab; qemu TCG guests, Ceph on the host in a private
 # network namespace; needs root). e2e: every scenario as PASS/FAIL assertions, ends with
@@ -68,7 +74,7 @@ package: build
 package-check: package
 	@tests/package-check "dist/rbd-owner_$(VERSION)_$(ARCH).deb" "dist/rbd-owner-$(VERSION).x86_64.rpm"
 
-# gofmt, go vet, and shellcheck over every shell script in tests/, packaging/ and .ci/
+# gofmt, go vet, and shellcheck over every shell script in tests/, packaging/, model/ and .ci/
 lint: deps
 	@out=$$(gofmt -l agent); [ -z "$$out" ] || { echo "gofmt needed:"; echo "$$out"; exit 1; }
 	$(GO) vet -tags "$(CEPH_TAG)" ./...
