@@ -21,9 +21,9 @@
  * Checked: a live holder is never judged expired. It holds when R + D < L (the defaults:
  * renew_interval 20 s + the 10 s bound on a cluster call < lease_duration 60 s; here 2 + 1 < 6).
  *
- * Variant CLOCK_RULE: the rule before clock-free leases, the holder's wall-clock renewal time
- * compared with the claimer's wall clock (renewed_at + lease <= now): with the claimer's clock
- * ahead, a live holder is judged expired.
+ * Variant CLOCK_RULE: the rule before clock-free leases (Holder.Expired), the holder's
+ * wall-clock renewal time compared with the claimer's wall clock (now > renewed_at + lease):
+ * with the claimer's clock ahead, a live holder is judged expired.
  */
 
 #ifndef L
@@ -91,10 +91,10 @@ end:
             printf("claimer: Look: the same mark for %d: expired %d\n", since, expired)
        fi;
 #else
-       /* the old rule: the holder's renewed_at (its wall clock at the write) plus the lease,
-          against this node's wall clock now */
-       expired = (rd_wage + rd_age + skew >= L);
-       printf("claimer: renewed_at + lease <= now? the heartbeat is %d old, the claimer's clock %d ahead: expired %d\n",
+       /* the old rule (Holder.Expired before clock-free leases): this node's wall clock now is
+          after the holder's renewed_at (its wall clock at the write) plus the lease */
+       expired = (rd_wage + rd_age + skew > L);
+       printf("claimer: now > renewed_at + lease? the heartbeat is %d old, the claimer's clock %d ahead: expired %d\n",
               rd_wage + rd_age, skew, expired);
 #endif
        live_holder_judged_expired = (expired && alive);
