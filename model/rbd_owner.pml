@@ -245,14 +245,20 @@ inline blocklist(m, i, tg) {
   op = 0; acc = 0; plan = 0; ev = 0; wat = 0; ep = 0; res = 0; g = 0; t = 0; pend = 0; \
   out = 0; prevph = 0; evicting = 0; bad = 0; RESET_SNAP UNREAD
 #define DONE        RESET; goto idle
-#define CRASH_NOW   crashes++; printf("node %d image %d: CRASH (the agent restarts)\n", n, i); RESET; goto idle
+#define CRASH_NOW \
+  crashes++; printf("node %d image %d: CRASH (the agent restarts)\n", n, i); RESET; goto idle
 /* a crash before the next step */
 #define CRASH       :: atomic { crashes < CRASHES -> CRASH_NOW }
 /* a crash right after a state-file write, inside a step */
 #define MAY_CRASH   if :: crashes < CRASHES -> CRASH_NOW :: true -> skip fi
 /* the state file (state.Store.Put, Delete: one atomic replacement each) */
-#define PUT(P, E, A) ph = P; mep = E; maddr = A; printf("node %d image %d: state file: %e, epoch %d, device #%d\n", n, i, ph, mep, maddr); MAY_CRASH
-#define DELETE       ph = 0; mep = 0; maddr = 0; printf("node %d image %d: state file: mapping forgotten\n", n, i); MAY_CRASH
+#define PUT(P, E, A) \
+  ph = P; mep = E; maddr = A; \
+  printf("node %d image %d: state file: %e, epoch %d, device #%d\n", n, i, ph, mep, maddr); \
+  MAY_CRASH
+#define DELETE \
+  ph = 0; mep = 0; maddr = 0; printf("node %d image %d: state file: mapping forgotten\n", n, i); \
+  MAY_CRASH
 #define DEVOK        (maddr != 0 && kdev[w] == maddr)
 
 #ifdef LIVENESS
@@ -305,10 +311,16 @@ end_idle:
        }
   /* ---- daemon.deviceGone (alreadyMapped, a remove event, or the reconciler): the device of
      a mapped image went away without the agent: release its claim ---- */
-  :: atomic { ph == MAPPED && !DEVOK -> op = OP_SETTLE; ep = mep; printf("node %d image %d: DEVICE GONE, release\n", n, i); goto rel_read_now }
+  :: atomic {
+       ph == MAPPED && !DEVOK -> op = OP_SETTLE; ep = mep;
+       printf("node %d image %d: DEVICE GONE, release\n", n, i); goto rel_read_now
+     }
   /* ---- daemon.Unmap: the unmap saga ---- */
   /* not the agent's mapping (found by name): unmap it, nothing to release */
-  :: atomic { ANY && ph == 0 && kdev[w] != 0 -> op = OP_UNMAP; g = kdev[w]; printf("node %d image %d: UNMAP (not rbd-owner's)\n", n, i); goto kunmap_now }
+  :: atomic {
+       ANY && ph == 0 && kdev[w] != 0 -> op = OP_UNMAP; g = kdev[w];
+       printf("node %d image %d: UNMAP (not rbd-owner's)\n", n, i); goto kunmap_now
+     }
   :: atomic {
          ph == CLAIMING ->
          /* claimingEpoch: the epoch of a hold of this node with no mapping recorded yet */
@@ -356,11 +368,23 @@ unmap_intent:
          fi
        }
   /* the map happened (the device found by name): record it in the claim and keep it */
-  :: atomic { ph == CLAIMED && kdev[w] != 0 -> op = OP_SETTLE; ep = mep; g = kdev[w]; printf("node %d image %d: SETTLE claimed, adopt device #%d\n", n, i, g); goto sm_now }
+  :: atomic {
+       ph == CLAIMED && kdev[w] != 0 -> op = OP_SETTLE; ep = mep; g = kdev[w];
+       printf("node %d image %d: SETTLE claimed, adopt device #%d\n", n, i, g); goto sm_now
+     }
   /* interrupted before the device appeared: release */
-  :: atomic { ph == CLAIMED && kdev[w] == 0 -> op = OP_SETTLE; ep = mep; printf("node %d image %d: SETTLE claimed, no device\n", n, i); goto rel_read_now }
-  :: atomic { ph == UNMAPPING && DEVOK -> op = OP_SETTLE; ep = mep; g = maddr; printf("node %d image %d: SETTLE unmapping, device #%d\n", n, i, g); goto kunmap_now }
-  :: atomic { ph == UNMAPPING && !DEVOK -> op = OP_SETTLE; ep = mep; printf("node %d image %d: SETTLE unmapping, no device found\n", n, i); goto rel_read_now }
+  :: atomic {
+       ph == CLAIMED && kdev[w] == 0 -> op = OP_SETTLE; ep = mep;
+       printf("node %d image %d: SETTLE claimed, no device\n", n, i); goto rel_read_now
+     }
+  :: atomic {
+       ph == UNMAPPING && DEVOK -> op = OP_SETTLE; ep = mep; g = maddr;
+       printf("node %d image %d: SETTLE unmapping, device #%d\n", n, i, g); goto kunmap_now
+     }
+  :: atomic {
+       ph == UNMAPPING && !DEVOK -> op = OP_SETTLE; ep = mep;
+       printf("node %d image %d: SETTLE unmapping, no device found\n", n, i); goto rel_read_now
+     }
   /* ---- daemon.Release (not --force): this node's own claim on an image it does not map
      (refused while a mapping is persisted) ---- */
   :: atomic {
@@ -443,7 +467,8 @@ acq_read:
        :: else
        fi;
        if
-       :: bad -> printf("  acquire: refused\n"); DELETE; DONE   /* held, lost, busy, invalid: undo the intent */
+       :: bad ->                        /* held, lost, busy, invalid: undo the intent */
+            printf("  acquire: refused\n"); DELETE; DONE
        :: else
        fi;
        if
@@ -556,7 +581,8 @@ kmap:
           assert(!i1_i4_violated);
           goto sm
        :: kgen == GENS -> goto rel_read     /* the model's bound on mappings: map fails */
-       :: faults < FAULTS -> faults++; printf("node %d image %d: the kernel map fails\n", n, i); goto rel_read  /* undo: release */
+       :: faults < FAULTS -> faults++;                  /* the kernel refused: undo, release */
+          printf("node %d image %d: the kernel map fails\n", n, i); goto rel_read
        fi
      }
   fi;
@@ -574,8 +600,9 @@ sm_now:
        :: h_held[H(i,n)] && h_ep[H(i,n)] == ep && !h_fen[H(i,n)] ->
             printf("node %d image %d: SetMapping epoch %d -> mapping #%d\n", n, i, ep, g);
             CAS(h_addr[H(i,n)] = g)
-       :: else -> UNREAD; printf("node %d image %d: SetMapping: lost\n", n, i); goto kunmap      /* decideMine: LostError. map: undo (unmap, release,
-                                              forget); settle: remove the device */
+       :: else ->                       /* decideMine: LostError. The map saga undoes (unmap,
+                                           release, forget); the settle removes the device. */
+            UNREAD; printf("node %d image %d: SetMapping: lost\n", n, i); goto kunmap
        fi;
        if
        :: res == 0 -> goto sm              /* answered as a conflict: read again */
