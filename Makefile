@@ -11,7 +11,7 @@ CEPH_TAG     = $(shell tests/ceph/build-tag)
 LDFLAGS     := -s -w -X github.com/rbd-owner/rbd-owner/agent/version.Version=$(VERSION)
 ARCH        := amd64
 
-.PHONY: all build test unit e2e chaos bench-go lab lab-sh lab-down bench package package-check lint metrics-check k8s-check deps clean
+.PHONY: all build test unit model e2e chaos bench-go lab lab-sh lab-down bench package package-check lint metrics-check k8s-check deps clean
 all: build
 
 deps:
@@ -22,14 +22,20 @@ build: deps
 	CGO_ENABLED=1 $(GO) build -tags "$(CEPH_TAG)" -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-owner ./agent/cmd/rbd-owner
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-shim ./agent/cmd/rbd-shim
 
-# Everything: lint, the Go tests with -race against a throwaway Ceph cluster, the alert rules'
-# promtool tests, the kustomize component's render check, the package checks, and the two-node
-# end-to-end tests on real kernels (needs root; ~4.5 minutes with warm caches).
-test: deps lint unit metrics-check k8s-check package-check e2e
+# Everything: lint, the protocol model's checks, the Go tests with -race against a throwaway
+# Ceph cluster, the alert rules' promtool tests, the kustomize component's render check, the
+# package checks, and the two-node end-to-end tests on real kernels ending with a fixed-seed
+# chaos round (needs root).
+test: deps lint model unit metrics-check k8s-check package-check e2e
 	@echo "make test: all passed"
 
 unit: deps
 	@tests/go-test
+
+# The claim protocol's Promela models, checked exhaustively with spin (docs/safety.md): a table
+# of states, memory and time; every check must end as expected (~1.5 minutes on 2 cores).
+model: deps
+	@model/check
 
 # The two-node lab on real kernels (tests/lab; qemu TCG guests, Ceph on the host in a private
 # network namespace; needs root). e2e: every scenario as PASS/FAIL assertions, ends with
@@ -101,7 +107,7 @@ package: build
 package-check: package
 	@CEPH_MIN="$(CEPH_MIN)" GO="$(GO)" tests/package-check "dist/rbd-owner_$(VERSION)_$(ARCH).deb" "dist/rbd-owner-$(VERSION).x86_64.rpm"
 
-# gofmt, go vet, and shellcheck over every shell script in tests/, packaging/ and .ci/
+# gofmt, go vet, and shellcheck over every shell script in tests/, packaging/, model/ and .ci/
 lint: deps
 	@out=$$(gofmt -l agent); [ -z "$$out" ] || { echo "gofmt needed:"; echo "$$out"; exit 1; }
 	$(GO) vet -tags "$(CEPH_TAG)" ./...
