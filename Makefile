@@ -39,7 +39,7 @@ model: deps
 
 # The two-node lab on real kernels (tests/lab; qemu TCG guests, Ceph on the host in a private
 # network namespace; needs root). e2e: every scenario as PASS/FAIL assertions, ends with
-# "N passed, M failed" (about 4-5 minutes on 2 cores, guest image cached).
+# "N passed, M failed" (about 6-7 minutes on 2 cores with the closing chaos round, guest image cached).
 e2e: package
 	@tests/deps lab
 	@tests/lab/e2e
