@@ -448,15 +448,7 @@ func TestUnmapByPathOfASecondMappingKeepsTheClaim(t *testing.T) {
 func TestUnmapOfAnInterruptedMap(t *testing.T) {
 	a := newNode(t, "node-a")
 	img := a.image("")
-	a.fault = func(saga, step string) error {
-		if saga == "map" && step == "record" {
-			return ErrCrash
-		}
-		return nil
-	}
-	if _, err := a.d.Map(bg, mapReq("", img), nil); !errors.Is(err, ErrCrash) {
-		t.Fatal(err)
-	}
+	a.mapCrashingAtRecord(img)
 	a.fault = nil
 	a.start() // restarted, but asked to unmap before it reconciles
 	if ok, err := a.d.Unmap(bg, unmapReq("", img), nil); !ok || err != nil {
@@ -480,15 +472,7 @@ func TestUnmapOfAnInterruptedMap(t *testing.T) {
 func TestUnmapOfAnInterruptedMapInterruptedAgain(t *testing.T) {
 	a := newNode(t, "node-a")
 	img := a.image("")
-	a.fault = func(saga, step string) error {
-		if saga == "map" && step == "record" {
-			return ErrCrash
-		}
-		return nil
-	}
-	if _, err := a.d.Map(bg, mapReq("", img), nil); !errors.Is(err, ErrCrash) {
-		t.Fatal(err)
-	}
+	a.mapCrashingAtRecord(img)
 	a.fault = func(saga, step string) error {
 		if saga == "unmap" && step == "unmap" {
 			return ErrCrash
@@ -515,5 +499,20 @@ func TestUnmapOfAnInterruptedMapInterruptedAgain(t *testing.T) {
 	}
 	if len(devs) != 0 || !rec.Free() {
 		t.Fatalf("the interrupted unmap was not finished: devices %v, claim %+v", devs, rec.Holders)
+	}
+}
+
+// mapCrashingAtRecord maps img and kills the saga after the kernel write, before the mapping is
+// recorded in the claim: state "claimed", the device there but not recorded.
+func (n *node) mapCrashingAtRecord(img string) {
+	n.t.Helper()
+	n.fault = func(saga, step string) error {
+		if saga == "map" && step == "record" {
+			return ErrCrash
+		}
+		return nil
+	}
+	if _, err := n.d.Map(bg, mapReq("", img), nil); !errors.Is(err, ErrCrash) {
+		n.t.Fatal(err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -433,13 +434,10 @@ func doList(ctx context.Context, c *cmdline, env Env) int {
 	return exitOK
 }
 
+// sortEntries orders devices by id, as the kernel numbers them.
 func sortEntries(es []listEntry) {
 	num := func(s string) int { n, _ := strconv.Atoi(s); return n }
-	for i := 1; i < len(es); i++ {
-		for j := i; j > 0 && num(es[j].ID) < num(es[j-1].ID); j-- {
-			es[j], es[j-1] = es[j-1], es[j]
-		}
-	}
+	slices.SortFunc(es, func(a, b listEntry) int { return num(a.ID) - num(b.ID) })
 }
 
 // agentError turns an agent error into an exit status (the errno Ceph's rbd would use) and one

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -61,7 +62,7 @@ func main() {
 		key := r.What + " " + r.Op
 		if r.Value != 0 || strings.HasSuffix(r.Op, "-kb") || strings.HasSuffix(r.Op, "-conns") || strings.HasPrefix(r.Op, "rss") || strings.HasPrefix(r.Op, "ready") || strings.HasPrefix(r.Op, "writes") {
 			values[key] = r.Value
-			if !contains(order, key) {
+			if !slices.Contains(order, key) {
 				order = append(order, key)
 			}
 			continue
@@ -105,13 +106,4 @@ func main() {
 			fmt.Printf("  %-40s %12.1f\n", k, v)
 		}
 	}
-}
-
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

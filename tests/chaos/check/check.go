@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -105,7 +106,7 @@ func CheckImage(name string, data []byte, l *Logs) (checked int, vs []Violation)
 				vs = append(vs, Violation{InvIntact, fmt.Sprintf("%s block %d holds a stamp for %s block %d", name, b, got.Image, got.Block)})
 				continue
 			}
-			if !contains(l.Issued[name][b], *got) {
+			if !slices.Contains(l.Issued[name][b], *got) {
 				vs = append(vs, Violation{InvIntact, fmt.Sprintf("%s block %d holds a write nobody logged issuing: %s", name, b, got)})
 			}
 		}
@@ -127,15 +128,6 @@ func CheckImage(name string, data []byte, l *Logs) (checked int, vs []Violation)
 		}
 	}
 	return checked, vs
-}
-
-func contains(ss []block.Stamp, s block.Stamp) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // Sample is one sampler line: at host time T, an image's watchers (in that order: watchers
