@@ -102,7 +102,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 	if err != nil {
 		return nil, d.refused(req, peer, fmt.Errorf("%w: %w", errInvalid, err))
 	}
-	extra, optRO, err := krbd.RequestOptions(req.Options)
+	asked, err := krbd.RequestOptions(req.Options)
 	if err != nil {
 		return nil, d.refused(req, peer, fmt.Errorf("map %s: %w", req.Ref(), err))
 	}
@@ -120,7 +120,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 	if err != nil {
 		return nil, d.refused(req, peer, err)
 	}
-	readOnly := req.ReadOnly || optRO || access == claim.ROX || t.spec.Snap != ""
+	readOnly := req.ReadOnly || asked.ReadOnly || access == claim.ROX || t.spec.Snap != ""
 	unlock, err := d.locks.lock(ctx, t.key)
 	if err != nil {
 		return nil, err
@@ -206,7 +206,8 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 		return nil, s.fail(err)
 	}
 	opts := d.mapOptions(t.cl, readOnly)
-	opts.Extra = append(opts.Extra, extra...)
+	opts.Extra = append(opts.Extra, asked.Extra...)
+	opts.NoUdev = asked.NoUdev
 	dev, err := d.kernel.Map(ctx, t.spec, opts)
 	if err != nil {
 		if errors.Is(err, krbd.ErrLeftMapped) {

@@ -21,14 +21,25 @@ import (
 
 // Config holds the seams between this package and the kernel. Zero fields get the real thing.
 type Config struct {
-	SysfsRoot  string                                             // default "/sys"
-	DevRoot    string                                             // default "/dev"
-	Writer     ControlWriter                                      // default SysfsWriter
-	Events     EventSource                                        // default &NetlinkSource{} (udev when udevd runs)
-	Keys       KeyStore                                           // default KernelKeyring
-	LoadModule func(ctx context.Context) error                    // default ModprobeRBD; called when /sys/bus/rbd is absent
-	StatDev    func(path string) (major, minor uint32, err error) // default StatDevNode
-	Logger     logrus.FieldLogger                                 // the agent's logger; default: discard
+	SysfsRoot string        // default "/sys"
+	DevRoot   string        // default "/dev"
+	Writer    ControlWriter // default SysfsWriter
+	// Events are the kernel's own uevents, which every wait follows: the device is usable
+	// once the kernel announced it and devtmpfs made its node (default &NetlinkSource{Mode:
+	// ModeKernel}).
+	Events EventSource
+	// Udev delivers udevd's events, sent once its rules ran (links made, the device probed);
+	// a map waits for them too unless MapOptions.NoUdev. Its Subscribe answers ErrNoUdev when
+	// udevd does not run (the map then does not wait). Default: &NetlinkSource{Mode: ModeUdev}
+	// when Events is defaulted too; none (no udevd) when a test gives its own Events.
+	Udev EventSource
+	// UdevTimeout bounds the wait for udevd once the kernel's device is there (default 10 s):
+	// a stuck udevd delays the link, never the map, which then returns with a warning.
+	UdevTimeout time.Duration
+	Keys        KeyStore                                           // default KernelKeyring
+	LoadModule  func(ctx context.Context) error                    // default ModprobeRBD; called when /sys/bus/rbd is absent
+	StatDev     func(path string) (major, minor uint32, err error) // default StatDevNode
+	Logger      logrus.FieldLogger                                 // the agent's logger; default: discard
 	// EBusyRetry bounds how long Unmap retries EBUSY (default 3 s): udev's probe holds a
 	// freshly mapped device open for a moment.
 	EBusyRetry time.Duration
@@ -61,7 +72,13 @@ func New(cfg Config) *Client {
 		cfg.Writer = SysfsWriter{}
 	}
 	if cfg.Events == nil {
-		cfg.Events = &NetlinkSource{}
+		cfg.Events = &NetlinkSource{Mode: ModeKernel}
+		if cfg.Udev == nil {
+			cfg.Udev = &NetlinkSource{Mode: ModeUdev}
+		}
+	}
+	if cfg.UdevTimeout == 0 {
+		cfg.UdevTimeout = 10 * time.Second
 	}
 	if cfg.Keys == nil {
 		cfg.Keys = KernelKeyring{}
@@ -154,7 +171,8 @@ func (c *Client) controlFile(base string) (string, error) {
 }
 
 // Map maps spec and returns the new device once the kernel added it, its block device was
-// announced and /dev/rbdN exists with the major:minor sysfs gives. Every map is a new device
+// announced and /dev/rbdN exists with the major:minor sysfs gives, and then (unless
+// o.NoUdev) once udevd has run its rules for it (see Config.Udev). Every map is a new device
 // (noshare): callers that want idempotence look for an existing one first (FindBySpec).
 func (c *Client) Map(ctx context.Context, spec Spec, o MapOptions) (Device, error) {
 	d, err := c.mapImage(ctx, spec, o)
@@ -196,6 +214,17 @@ func (c *Client) mapImage(ctx context.Context, spec Spec, o MapOptions) (Device,
 		return Device{}, err
 	}
 	defer sub.Close()
+	var udev Subscription
+	if !o.NoUdev && c.cfg.Udev != nil {
+		switch u, err := c.cfg.Udev.Subscribe(ctx); {
+		case errors.Is(err, ErrNoUdev):
+		case err != nil:
+			return Device{}, err
+		default:
+			udev = u
+			defer udev.Close()
+		}
+	}
 	before, err := c.ids()
 	if err != nil {
 		return Device{}, err
@@ -220,6 +249,9 @@ func (c *Client) mapImage(ctx context.Context, spec Spec, o MapOptions) (Device,
 	defer cancel()
 	d, err := c.waitMapped(wctx, sub, spec, add, seen)
 	if err == nil {
+		if udev != nil {
+			c.waitUdev(ctx, udev, d)
+		}
 		return d, nil
 	}
 	// the kernel accepted the write but the device did not come up in time: remove it, found
@@ -363,6 +395,30 @@ func (c *Client) waitMapped(ctx context.Context, sub Subscription, spec Spec, ad
 				diskAdded[id] = true
 			}
 		case <-tick.C:
+		}
+	}
+}
+
+// waitUdev waits, bounded by Config.UdevTimeout, for udevd's add event of d's block device:
+// its rules ran, so its links exist. The device is usable without them, so neither a slow
+// udevd nor lost udev events fail the map: they are logged and the map returns.
+func (c *Client) waitUdev(ctx context.Context, udev Subscription, d Device) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.UdevTimeout)
+	defer cancel()
+	log := c.cfg.Logger.WithFields(logrus.Fields{"device": d.DevNode, "spec": d.Spec().String()})
+	for {
+		select {
+		case <-ctx.Done():
+			log.WithField("waited", c.cfg.UdevTimeout).Warn("udevd has not handled the new device yet; its link follows when it does")
+			return
+		case ev, ok := <-udev.Events():
+			switch id, disk := ev.DiskID(); {
+			case !ok || ev.Overflow:
+				log.Warn("udev events were lost: not waiting for udevd; the device's link follows when it has run its rules")
+				return
+			case disk && id == d.ID && ev.Action == "add":
+				return
+			}
 		}
 	}
 }

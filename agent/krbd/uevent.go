@@ -124,8 +124,11 @@ type Subscription interface {
 const (
 	ModeAuto   = 0 // udev when udevd runs (/run/udev/control exists), else kernel
 	ModeKernel = 1 // kernel uevents (netlink group 1)
-	ModeUdev   = 2 // udevd's events after its rules ran (netlink group 2)
+	ModeUdev   = 2 // udevd's events after its rules ran (netlink group 2); ErrNoUdev without udevd
 )
+
+// ErrNoUdev is Subscribe's answer for udevd's events when udevd does not run.
+var ErrNoUdev = errors.New("udevd is not running")
 
 // NetlinkSource reads uevents from a NETLINK_KOBJECT_UEVENT socket (github.com/pilebones/go-udev).
 type NetlinkSource struct {
@@ -141,20 +144,29 @@ func (s *NetlinkSource) EffectiveMode() int {
 	if s.Mode != ModeAuto {
 		return s.Mode
 	}
-	ctl := s.UdevControl
-	if ctl == "" {
-		ctl = "/run/udev/control"
-	}
-	if _, err := os.Stat(ctl); err == nil {
+	if s.udevRuns() {
 		return ModeUdev
 	}
 	return ModeKernel
 }
 
+func (s *NetlinkSource) udevRuns() bool {
+	ctl := s.UdevControl
+	if ctl == "" {
+		ctl = "/run/udev/control"
+	}
+	_, err := os.Stat(ctl)
+	return err == nil
+}
+
 // Subscribe opens the socket now (so events from this moment on are queued) and starts a
-// reader that ends on Close or when ctx is done.
+// reader that ends on Close or when ctx is done. For udevd's events it answers ErrNoUdev when
+// udevd does not run (nothing would ever come).
 func (s *NetlinkSource) Subscribe(ctx context.Context) (Subscription, error) {
 	mode := s.EffectiveMode()
+	if mode == ModeUdev && !s.udevRuns() {
+		return nil, ErrNoUdev
+	}
 	conn := &netlink.UEventConn{}
 	if err := conn.Connect(netlink.Mode(mode)); err != nil {
 		return nil, fmt.Errorf("uevent socket: %w", err)
