@@ -7,6 +7,8 @@
 //	kbench rbd    -n 30 -image bench1            Ceph's `rbd device map` / `rbd device unmap`
 //	kbench cli    -n 30 -image bench1            `rbd-owner map` / `rbd-owner unmap`
 //	kbench api    -n 30 -image bench1            the agent's API from one long-lived client
+//	    (rbd, cli, api: -noudev maps without waiting for udevd, as `rbd map -o noudev`, what
+//	    ceph-csi runs; the measurement is then named rbd-noudev, cli-noudev, api-noudev)
 //	kbench par    -n 64 -prefix par -via api|rbd  n images mapped at once, then unmapped at once
 //	kbench clients -n 64 -prefix par -share      n raw maps with or without noshare: slab, TCP
 //	                                             connections to the cluster, map latency
@@ -40,6 +42,7 @@ var (
 	via     = flag.String("via", "api", "par: api or rbd")
 	share   = flag.Bool("share", false, "clients: map without noshare (one shared kernel client)")
 	keep    = flag.Bool("keep", false, "par: leave the images mapped (no unmap phase)")
+	noudev  = flag.Bool("noudev", false, "rbd, cli, api, par: map without waiting for udevd (rbd's -o noudev)")
 	only    = flag.String("only", "", "par: run only this phase (map or unmap)")
 	mon     = flag.String("mon", "203.0.113.1:6789", "monitor")
 	user    = flag.String("user", "rbdowner", "cephx user")
@@ -77,19 +80,23 @@ func main() {
 		os.Exit(2)
 	}
 	var err error
+	name, rbdOpts, cliOpts := mode, []string{}, []string{}
+	if *noudev {
+		name, rbdOpts, cliOpts = mode+"-noudev", []string{"--options", "noudev"}, []string{"--no-udev"}
+	}
 	switch mode {
 	case "raw":
 		err = benchRaw()
 	case "rbd":
-		err = benchCmd("rbd", []string{"rbd", "--id", *user, "device", "map", "rbd/" + *img}, func(dev string) []string {
-			return []string{"rbd", "--id", *user, "device", "unmap", dev}
+		err = benchCmd(name, append([]string{"rbd", "--id", *user, "device", "map"}, append(rbdOpts, "rbd/"+*img)...), func(dev string) []string {
+			return append([]string{"rbd", "--id", *user, "device", "unmap"}, append(rbdOpts, dev)...)
 		})
 	case "cli":
-		err = benchCmd("cli", []string{"rbd-owner", "map", "rbd/" + *img}, func(string) []string {
+		err = benchCmd(name, append([]string{"rbd-owner", "map"}, append(cliOpts, "rbd/"+*img)...), func(string) []string {
 			return []string{"rbd-owner", "unmap", "rbd/" + *img}
 		})
 	case "api":
-		err = benchAPI()
+		err = benchAPI(name)
 	case "par":
 		err = benchPar()
 	case "clients":
@@ -240,20 +247,29 @@ func benchCmd(what string, mapArgv []string, unmapArgv func(dev string) []string
 	return nil
 }
 
-func benchAPI() error {
+// mapRequest is the API's map of image, with noudev when -noudev says so.
+func mapRequest(image string) api.MapRequest {
+	r := api.MapRequest{Pool: "rbd", Image: image, Requester: "kbench"}
+	if *noudev {
+		r.Options = []string{"noudev"}
+	}
+	return r
+}
+
+func benchAPI(name string) error {
 	c := client.New(*socket)
 	ctx := context.Background()
 	for i := 0; i < *n; i++ {
 		start := time.Now()
-		if _, err := c.Map(ctx, api.MapRequest{Pool: "rbd", Image: *img, Requester: "kbench"}); err != nil {
+		if _, err := c.Map(ctx, mapRequest(*img)); err != nil {
 			return err
 		}
-		emit(result{What: "api", Op: "map", Ms: ms(time.Since(start))})
+		emit(result{What: name, Op: "map", Ms: ms(time.Since(start))})
 		start = time.Now()
 		if _, err := c.Unmap(ctx, api.UnmapRequest{Pool: "rbd", Image: *img}); err != nil {
 			return err
 		}
-		emit(result{What: "api", Op: "unmap", Ms: ms(time.Since(start))})
+		emit(result{What: name, Op: "unmap", Ms: ms(time.Since(start))})
 	}
 	return nil
 }
@@ -264,6 +280,11 @@ func benchPar() error {
 	c := client.New(*socket)
 	ctx := context.Background()
 	devs := make([]string, *n)
+	label := "par-" + *via
+	var rbdOpts []string
+	if *noudev {
+		label, rbdOpts = label+"-noudev", []string{"--options", "noudev"}
+	}
 	phase := func(op string, f func(i int) error) {
 		var wg sync.WaitGroup
 		start := time.Now()
@@ -273,7 +294,7 @@ func benchPar() error {
 				defer wg.Done()
 				t := time.Now()
 				err := f(i)
-				r := result{What: "par-" + *via, Op: op, Ms: ms(time.Since(t))}
+				r := result{What: label, Op: op, Ms: ms(time.Since(t))}
 				if err != nil {
 					r.Err = err.Error()
 				}
@@ -281,17 +302,17 @@ func benchPar() error {
 			}()
 		}
 		wg.Wait()
-		emit(result{What: "par-" + *via, Op: op + "-all", Ms: ms(time.Since(start))})
+		emit(result{What: label, Op: op + "-all", Ms: ms(time.Since(start))})
 	}
 	image := func(i int) string { return *prefix + strconv.Itoa(i+1) }
 	if *only != "unmap" {
 		phase("map", func(i int) error {
 			if *via == "rbd" {
-				dev, _, err := run([]string{"rbd", "--id", *user, "device", "map", "rbd/" + image(i)})
+				dev, _, err := run(append([]string{"rbd", "--id", *user, "device", "map"}, append(rbdOpts, "rbd/"+image(i))...))
 				devs[i] = dev
 				return err
 			}
-			r, err := c.Map(ctx, api.MapRequest{Pool: "rbd", Image: image(i), Requester: "kbench"})
+			r, err := c.Map(ctx, mapRequest(image(i)))
 			if err == nil {
 				devs[i] = r.Device
 			}

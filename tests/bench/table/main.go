@@ -96,8 +96,14 @@ func main() {
 	}
 	fmt.Println()
 	fmt.Println("ratios of medians (map; unmap)")
-	for _, p := range [][2]string{{"rbd", "raw"}, {"cli", "raw"}, {"api", "raw"}, {"cli", "rbd"}, {"api", "rbd"}} {
-		fmt.Printf("  %-4s / %-4s  map %5.2fx   unmap %5.2fx\n", p[0], p[1], med(p[0]+" map")/med(p[1]+" map"), med(p[0]+" unmap")/med(p[1]+" unmap"))
+	// each against the raw floor, and rbd-owner against Ceph's rbd waiting (or not) for udevd alike
+	for _, p := range [][2]string{{"rbd", "raw"}, {"cli", "raw"}, {"api", "raw"}, {"rbd-noudev", "raw"}, {"cli-noudev", "raw"},
+		{"api-noudev", "raw"}, {"cli", "rbd"}, {"api", "rbd"}, {"cli-noudev", "rbd-noudev"}, {"api-noudev", "rbd-noudev"}} {
+		m, u := med(p[0]+" map")/med(p[1]+" map"), med(p[0]+" unmap")/med(p[1]+" unmap")
+		if math.IsNaN(m) {
+			continue // not measured in this run
+		}
+		fmt.Printf("  %-10s / %-10s  map %5.2fx   unmap %5.2fx\n", p[0], p[1], m, u)
 	}
 	fmt.Println()
 	fmt.Println("single figures")
