@@ -164,6 +164,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 			return nil, s.fail(err)
 		}
 		s.onFail(func(context.Context) error { return d.state.Delete(t.key) })
+		steps.mark("intent")
 		if err := s.step("claim"); err != nil {
 			return nil, s.fail(err)
 		}
@@ -192,6 +193,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 				Message: fmt.Sprintf("took %s over from node %s (epoch %d) after fencing %s until %s", t.spec, f.NodeID, f.Epoch, f.Addr, f.Expires.Format(time.RFC3339))})
 		}
 		m.Epoch, m.Phase = epoch, state.Claimed
+		steps.mark("claim")
 		if err := s.step("persist-claim"); err != nil {
 			return nil, s.fail(err)
 		}
@@ -200,7 +202,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 		}
 	}
 
-	steps.mark("claim")
+	steps.mark("claimed")
 	// map
 	if err := s.step("map"); err != nil {
 		return nil, s.fail(err)

@@ -318,13 +318,12 @@ func (c *Client) writeWithKey(keyName string, payload []byte, file string, data 
 }
 
 // waitMapped waits for the device our write created: a new id (not present before the
-// write) whose attributes match spec, the rbd add and block add events for it, and
-// /dev/rbdN with sysfs's major:minor. Sysfs is re-read on every event and every Poll, so a
-// lost event (Overflow) delays nothing beyond one poll.
+// write) whose config_info is our add string (or, on kernels without it, whose names are
+// spec), and /dev/rbdN with sysfs's major:minor. The kernel has made all of that by the time
+// the write returns (rbd's add is synchronous, devtmpfs makes the node in device_add), so
+// this normally finds it at once; the kernel's events and every Poll re-read sysfs for the
+// rest (a kernel without devtmpfs, whose node udevd makes).
 func (c *Client) waitMapped(ctx context.Context, sub Subscription, spec Spec, add string, seen map[int]string) (Device, error) {
-	rbdAdded := map[int]bool{}
-	diskAdded := map[int]bool{}
-	lost := false
 	tick := time.NewTicker(c.cfg.Poll)
 	defer tick.Stop()
 	var cand *Device
@@ -354,7 +353,7 @@ func (c *Client) waitMapped(ctx context.Context, sub Subscription, spec Spec, ad
 				break
 			}
 		}
-		if cand != nil && (rbdAdded[cand.ID] || lost) && (diskAdded[cand.ID] || lost) {
+		if cand != nil {
 			maj, min, err := c.cfg.StatDev(cand.DevNode)
 			switch {
 			case err == nil && maj == cand.Major && min == cand.Minor:
@@ -369,30 +368,15 @@ func (c *Client) waitMapped(ctx context.Context, sub Subscription, spec Spec, ad
 		case <-ctx.Done():
 			what := "no new rbd device with these names appeared"
 			if cand != nil {
-				what = fmt.Sprintf("rbd%d (rbd add seen: %v, block add seen: %v, events lost: %v)", cand.ID, rbdAdded[cand.ID], diskAdded[cand.ID], lost)
+				what = fmt.Sprintf("rbd%d: its block device node is not there", cand.ID)
 				if lastErr != nil {
 					what += ": " + lastErr.Error()
 				}
 			}
 			return Device{}, fmt.Errorf("%w waiting for the device: %s: %w", ErrTimeout, what, ctx.Err())
-		case ev, ok := <-sub.Events():
+		case _, ok := <-sub.Events(): // something changed: look again
 			if !ok {
-				lost = true // the stream ended: fall back to polling sysfs
-				sub = closedSub{}
-				continue
-			}
-			if ev.Overflow {
-				lost = true
-				continue
-			}
-			if ev.Action != "add" {
-				continue
-			}
-			if id, ok := ev.RBDID(); ok {
-				rbdAdded[id] = true
-			}
-			if id, ok := ev.DiskID(); ok {
-				diskAdded[id] = true
+				sub = closedSub{} // the stream ended: polling goes on
 			}
 		case <-tick.C:
 		}
@@ -518,34 +502,27 @@ func (c *Client) unmap(ctx context.Context, id int, attr, want string, o UnmapOp
 	return true, c.waitRemoved(wctx, sub, id, attr, want)
 }
 
-// waitRemoved waits until /sys/bus/rbd/devices/<id> is gone and the rbd remove event (the
-// last of an unmap) arrived, or events were lost and sysfs says it is gone.
+// waitRemoved waits until /sys/bus/rbd/devices/<id> is gone, or names another mapping (the
+// id freed and reused). The kernel's remove is synchronous, so this normally holds at once;
+// the kernel's events and every Poll re-read sysfs otherwise.
 func (c *Client) waitRemoved(ctx context.Context, sub Subscription, id int, attr, want string) error {
 	dir := filepath.Join(c.devicesDir(), strconv.Itoa(id))
-	removed, lost := false, false
 	tick := time.NewTicker(c.cfg.Poll)
 	defer tick.Stop()
 	for {
 		_, err := os.Stat(dir)
-		gone := errors.Is(err, fs.ErrNotExist)
-		if gone && (removed || lost) {
+		if errors.Is(err, fs.ErrNotExist) {
 			return nil
 		}
-		if !gone && want != "" && removed && c.attr(id, attr) != want {
+		if want != "" && c.attr(id, attr) != want {
 			return nil // removed, and the id already reused by another map
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w waiting for rbd%d to go (sysfs gone: %v, remove event seen: %v): %w", ErrTimeout, id, gone, removed, ctx.Err())
-		case ev, ok := <-sub.Events():
+			return fmt.Errorf("%w waiting for rbd%d to go (still in sysfs): %w", ErrTimeout, id, ctx.Err())
+		case _, ok := <-sub.Events():
 			if !ok {
-				lost, sub = true, closedSub{}
-				continue
-			}
-			if ev.Overflow {
-				lost = true
-			} else if n, ok := ev.RBDID(); ok && n == id && ev.Action == "remove" {
-				removed = true
+				sub = closedSub{}
 			}
 		case <-tick.C:
 		}
