@@ -81,7 +81,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	case "daemon":
-		err = runDaemon(ctx, rest, stderr)
+		err = runDaemon(rest)
 	case "map":
 		err = runMap(ctx, client.New(*socket), rest, stdout)
 	case "unmap":
