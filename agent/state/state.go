@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -82,18 +83,27 @@ type Pool struct {
 	Pool    string `json:"pool"`
 }
 
-// Store is the persisted set of mappings. Safe for concurrent use.
+// Store is the persisted set of mappings. Safe for concurrent use. Readers see what is on
+// disk and never wait for a write: writers (one at a time) write the next set, and only once it
+// is durable does it replace what readers see.
 type Store struct {
 	path  string
-	mu    sync.Mutex
+	wmu   sync.Mutex // held by the one writer (Put, Delete) across its disk write
+	mu    sync.Mutex // guards m, pools and inc; held only for moments
 	m     map[Key]Mapping
 	pools map[Pool]bool
 	inc   string
+	// writing, when set (tests), is called by a writer just before its disk write
+	writing func()
 }
 
 // Incarnation is this state's random name, made when the state was first written: claims
 // record it, so that a node that lost its state is told apart from the one that claimed.
-func (s *Store) Incarnation() string { return s.inc }
+func (s *Store) Incarnation() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inc
+}
 
 // Open loads dir/mappings.json (creating dir when needed).
 func Open(dir string) (*Store, error) {
@@ -132,10 +142,35 @@ func (s *Store) newIncarnation() error {
 	if _, err := rand.Read(b); err != nil {
 		return fmt.Errorf("state: incarnation: %w", err)
 	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return s.commit(func(n *next) { n.inc = hex.EncodeToString(b) })
+}
+
+// next is the set a writer is about to persist.
+type next struct {
+	m     map[Key]Mapping
+	pools map[Pool]bool
+	inc   string
+}
+
+// commit (s.wmu held) persists the current set changed by change, and makes it what readers
+// see once it is durable; on a failed write readers go on seeing the old set.
+func (s *Store) commit(change func(*next)) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.inc = hex.EncodeToString(b)
-	return s.save()
+	n := next{m: maps.Clone(s.m), pools: maps.Clone(s.pools), inc: s.inc}
+	s.mu.Unlock()
+	change(&n)
+	if s.writing != nil {
+		s.writing()
+	}
+	if err := save(s.path, n); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.m, s.pools, s.inc = n.m, n.pools, n.inc
+	s.mu.Unlock()
+	return nil
 }
 
 // Get returns the mapping of k.
@@ -161,27 +196,14 @@ func (s *Store) All() []Mapping {
 // Put stores m and persists the whole set before returning.
 func (s *Store) Put(m Mapping) error {
 	m.UpdatedAt = time.Now().UTC()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	old, had := s.m[m.Key]
-	s.m[m.Key] = m
-	pool := Pool{Cluster: m.Cluster, Pool: m.Pool}
-	newPool := m.Claimed && !s.pools[pool]
-	if newPool {
-		s.pools[pool] = true
-	}
-	if err := s.save(); err != nil {
-		if had {
-			s.m[m.Key] = old
-		} else {
-			delete(s.m, m.Key)
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return s.commit(func(n *next) {
+		n.m[m.Key] = m
+		if m.Claimed {
+			n.pools[Pool{Cluster: m.Cluster, Pool: m.Pool}] = true
 		}
-		if newPool {
-			delete(s.pools, pool)
-		}
-		return err
-	}
-	return nil
+	})
 }
 
 // ClaimPools returns the pools this node holds or has held claims in, sorted.
@@ -200,26 +222,21 @@ func (s *Store) ClaimPools() []Pool {
 
 // Delete drops k and persists.
 func (s *Store) Delete(k Key) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	old, had := s.m[k]
-	if !had {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if _, had := s.Get(k); !had {
 		return nil
 	}
-	delete(s.m, k)
-	if err := s.save(); err != nil {
-		s.m[k] = old
-		return err
-	}
-	return nil
+	return s.commit(func(n *next) { delete(n.m, k) })
 }
 
-func (s *Store) save() error {
-	f := file{Format: 1, Mappings: make([]Mapping, 0, len(s.m)), Incarnation: s.inc}
-	for _, m := range s.m {
+// save writes n to path durably (temp file, fsync, rename, directory fsync).
+func save(path string, n next) error {
+	f := file{Format: 1, Mappings: make([]Mapping, 0, len(n.m)), Incarnation: n.inc}
+	for _, m := range n.m {
 		f.Mappings = append(f.Mappings, m)
 	}
-	for p := range s.pools {
+	for p := range n.pools {
 		f.ClaimPools = append(f.ClaimPools, p)
 	}
 	sort.Slice(f.ClaimPools, func(i, j int) bool {
@@ -230,7 +247,7 @@ func (s *Store) save() error {
 	if err != nil {
 		return err
 	}
-	tmp := s.path + ".tmp"
+	tmp := path + ".tmp"
 	fh, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return fmt.Errorf("state: %w", err)
@@ -246,17 +263,17 @@ func (s *Store) save() error {
 	if err := fh.Close(); err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
-	if err := os.Rename(tmp, s.path); err != nil {
+	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
 	// the rename is durable only once the directory is synced
-	d, err := os.Open(filepath.Dir(s.path))
+	d, err := os.Open(filepath.Dir(path))
 	if err != nil {
-		return fmt.Errorf("state: sync %s: %w", filepath.Dir(s.path), err)
+		return fmt.Errorf("state: sync %s: %w", filepath.Dir(path), err)
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {
-		return fmt.Errorf("state: sync %s: %w", filepath.Dir(s.path), err)
+		return fmt.Errorf("state: sync %s: %w", filepath.Dir(path), err)
 	}
 	return nil
 }

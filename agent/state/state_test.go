@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestPersistsAcrossOpen(t *testing.T) {
@@ -87,5 +88,83 @@ func TestClaimPoolsAreRemembered(t *testing.T) {
 	}
 	if got := again.ClaimPools(); len(got) != 1 || got[0] != (Pool{Cluster: "c", Pool: "rbd"}) {
 		t.Fatalf("claim pools after the mapping is gone and a reopen: %+v", got)
+	}
+}
+
+// TestReadersDoNotWaitForAWrite: while a Put is writing to disk (held here), Get and All
+// answer at once with what is durable, the mapping as it was; once the write is done they
+// see the new one. (A reader that waited on the disk once stalled the agent's main loop behind
+// 64 maps' writes until systemd's watchdog killed it.)
+func TestReadersDoNotWaitForAWrite(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := Key{Cluster: "c", Ref: image.Ref{Pool: "rbd", Image: "a"}}
+	if err := s.Put(Mapping{Key: k, Phase: Claiming}); err != nil {
+		t.Fatal(err)
+	}
+	inWrite, release := make(chan struct{}), make(chan struct{})
+	s.writing = func() { close(inWrite); <-release }
+	done := make(chan error, 1)
+	go func() { done <- s.Put(Mapping{Key: k, Phase: Claimed, Epoch: 7}) }()
+	<-inWrite
+	read := make(chan Mapping, 1)
+	go func() {
+		m, _ := s.Get(k)
+		if all := s.All(); len(all) != 1 || all[0].Phase != m.Phase {
+			t.Errorf("All: %+v", all)
+		}
+		read <- m
+	}()
+	select {
+	case m := <-read:
+		if m.Phase != Claiming || m.Epoch != 0 {
+			t.Errorf("during the write a reader saw %+v, want the durable mapping (claiming)", m)
+		}
+	case <-time.After(time.Minute): // only turns a hang into a failure
+		t.Fatal("a reader waited for the write")
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	s.writing = nil
+	if m, _ := s.Get(k); m.Phase != Claimed || m.Epoch != 7 {
+		t.Fatalf("after the write: %+v", m)
+	}
+}
+
+// TestFailedWriteKeepsTheOldSet: a Put whose write fails leaves readers (and the file) with
+// the set as it was.
+func TestFailedWriteKeepsTheOldSet(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := Key{Cluster: "c", Ref: image.Ref{Pool: "rbd", Image: "a"}}
+	if err := s.Put(Mapping{Key: k, Phase: Mapped, DeviceID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// the temp file's name taken by a directory: the write fails
+	if err := os.Mkdir(filepath.Join(dir, "mappings.json.tmp"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(Mapping{Key: k, Phase: Unmapping, DeviceID: 1}); err == nil {
+		t.Fatal("the write did not fail")
+	}
+	if err := s.Delete(k); err == nil {
+		t.Fatal("the delete's write did not fail")
+	}
+	if m, ok := s.Get(k); !ok || m.Phase != Mapped {
+		t.Fatalf("after failed writes: %+v %v", m, ok)
+	}
+	s2, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := s2.Get(k); !ok || m.Phase != Mapped {
+		t.Fatalf("on disk after failed writes: %+v %v", m, ok)
 	}
 }
