@@ -265,7 +265,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 		resp.Claim = apiClaim(t.key.Cluster, recorded) // the record as this map left it
 	}
 	steps.mark("persist")
-	d.log.WithField("image", t.key.String()).WithFields(steps.fields()).Info("map steps")
+	d.log.WithFields(logrus.Fields{"image": t.key.String(), "requester": req.Requester}).WithFields(steps.fields()).Info("map steps")
 	return resp, nil
 }
 
