@@ -3,9 +3,11 @@ package state
 import (
 	"github.com/rbd-owner/rbd-owner/agent/image"
 
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -166,5 +168,59 @@ func TestFailedWriteKeepsTheOldSet(t *testing.T) {
 	}
 	if m, ok := s2.Get(k); !ok || m.Phase != Mapped {
 		t.Fatalf("on disk after failed writes: %+v %v", m, ok)
+	}
+}
+
+// TestConcurrentPutsShareAWrite: Puts queued while a write is under way are all written by
+// the next write (one, not one each), and each returns only once its mapping is durable.
+func TestConcurrentPutsShareAWrite(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var writes atomic.Int32
+	first, release := make(chan struct{}), make(chan struct{})
+	s.writing = func() {
+		if writes.Add(1) == 1 {
+			close(first)
+			<-release
+		}
+	}
+	key := func(i int) Key { return Key{Cluster: "c", Ref: image.Ref{Pool: "rbd", Image: fmt.Sprintf("img%d", i)}} }
+	errs := make(chan error, 11)
+	go func() { errs <- s.Put(Mapping{Key: key(0), Phase: Claiming}) }()
+	<-first
+	for i := 1; i <= 10; i++ {
+		go func() { errs <- s.Put(Mapping{Key: key(i), Phase: Claiming}) }()
+	}
+	waitQueued := time.Now().Add(time.Minute) // only turns a hang into a failure
+	for {
+		s.qmu.Lock()
+		n := len(s.queue)
+		s.qmu.Unlock()
+		if n == 10 {
+			break
+		}
+		if time.Now().After(waitQueued) {
+			t.Fatalf("%d of 10 Puts queued", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	for range 11 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := writes.Load(); got != 2 {
+		t.Errorf("%d writes for 11 Puts (one under way, 10 queued), want 2", got)
+	}
+	s2, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(s2.All()); n != 11 {
+		t.Errorf("%d mappings on disk, want 11", n)
 	}
 }
