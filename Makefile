@@ -11,7 +11,7 @@ CEPH_TAG     = $(shell tests/ceph/build-tag)
 LDFLAGS     := -s -w -X github.com/rbd-owner/rbd-owner/agent/version.Version=$(VERSION)
 ARCH        := amd64
 
-.PHONY: all build test unit model e2e chaos bench-go lab lab-sh lab-down bench package package-check lint metrics-check k8s-check deps clean
+.PHONY: all build test unit model e2e e2e-trixie-reef matrix chaos bench-go lab lab-sh lab-down bench package package-check lint metrics-check k8s-check deps clean
 all: build
 
 deps:
@@ -26,8 +26,9 @@ build: deps
 # Everything: lint, the protocol model's checks, the Go tests with -race against a throwaway
 # Ceph cluster, the alert rules' promtool tests, the kustomize component's render check, the
 # package checks, and the two-node end-to-end tests on real kernels ending with a fixed-seed
-# chaos round (needs root).
-test: deps lint model unit metrics-check k8s-check package-check e2e
+# chaos round (needs root): the default combination (Debian 12 guests, Pacific cluster) and one
+# cell of the release matrix (Debian 13 guests, Reef cluster).
+test: deps lint model unit metrics-check k8s-check package-check e2e e2e-trixie-reef
 	@echo "make test: all passed"
 
 unit: deps
@@ -41,9 +42,30 @@ model: deps
 # The two-node lab on real kernels (tests/lab; qemu TCG guests, Ceph on the host in a private
 # network namespace; needs root). e2e: every scenario as PASS/FAIL assertions, ends with
 # "N passed, M failed" (about 6-7 minutes on 2 cores with the closing chaos round, guest image cached).
+# The releases, for e2e, lab and chaos (defaults: today's combination):
+#   LAB_GUEST=bookworm|trixie   the guests: Debian 12 (kernel 6.1, Ceph 16.2 client libraries) or
+#                               Debian 13 (kernel 6.12, Ceph 18.2 Reef); both install the same .deb
+#   LAB_CLUSTER=pacific|reef    the cluster: the host's Ceph 16.2, or Debian 13's Ceph 18.2 run in a
+#                               chroot inside the lab namespace (built once into the lab cache)
+LAB_GUEST   ?= bookworm
+LAB_CLUSTER ?= pacific
+export LAB_GUEST LAB_CLUSTER
 e2e: package
 	@tests/deps lab
 	@tests/lab/e2e
+
+# One cell of the matrix in `make test`: Debian 13 guests (kernel 6.12) with a Reef cluster.
+e2e-trixie-reef: package
+	@tests/deps lab
+	@LAB_GUEST=trixie LAB_CLUSTER=reef tests/lab/e2e
+
+# The e2e over {bookworm, trixie guests} x {pacific, reef clusters}, one lab after the other
+# (tests/lab/matrix): one table of passed, failed and wall time per combination (about 30 minutes
+# with the images cached). CELLS="trixie/pacific bookworm/reef" runs only those.
+CELLS ?=
+matrix: package
+	@tests/deps lab
+	@tests/lab/matrix $(CELLS)
 
 # The fault campaign on the lab's real kernels (tests/chaos/run): ROUNDS rounds of randomised
 # faults from SEED (printed; the same SEED replays the same schedule) against two writers, each

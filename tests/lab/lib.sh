@@ -18,6 +18,20 @@
 # State of a running lab: $LAB_DIR/lab.env (NS, PIDs, …); $LAB_DIR/logs/ has consoles, ceph logs,
 # timeline.txt. The newest lab's directory is recorded in $CACHE/current (for `lab sh`, `lab down`).
 # Needs root, qemu-system-x86, debootstrap, Ceph on the host (tests/deps lab), python3.
+#
+# Which releases (defaults: today's one combination):
+#   LAB_GUEST=bookworm|trixie   the guests' Debian: bookworm = kernel 6.1 + Ceph 16.2 Pacific
+#                               client libraries, trixie = kernel 6.12 + Ceph 18.2 Reef; both
+#                               install the same .deb (built on the host). Images are cached per
+#                               release side by side ($CACHE/image-<release>, tests/vm/build-image).
+#   LAB_CLUSTER=pacific|reef    the cluster's Ceph: pacific = the host's own packages (Debian 12),
+#                               reef = Debian trixie's ceph-mon/ceph-osd/ceph-common in a cached
+#                               chroot ($CACHE/root-reef, tests/ceph/build-root). Its daemons and
+#                               the lab's admin CLIs (ceph, rbd, rados below) then run as
+#                               `ip netns exec NS chroot ROOT …`; /proc and the lab's
+#                               directory are mounted into the root while the lab runs (at the same
+#                               paths, so tests/ceph/up and tests/ceph/down work unchanged) and
+#                               unmounted by lab_down.
 
 LAB_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CACHE=${RBD_OWNER_LAB_CACHE:-$HOME/.cache/rbd-owner/lab}
@@ -29,6 +43,12 @@ RENEW=${RENEW:-5s}
 GUEST_MEM=${GUEST_MEM:-512}
 BOOT_TIMEOUT=${BOOT_TIMEOUT:-300}
 CMD_TIMEOUT=${CMD_TIMEOUT:-120}
+LAB_GUEST=${LAB_GUEST:-bookworm}
+LAB_CLUSTER=${LAB_CLUSTER:-pacific}
+case $LAB_GUEST in bookworm|trixie) ;; *) echo "lab: LAB_GUEST=$LAB_GUEST: use bookworm or trixie" >&2; exit 2 ;; esac
+case $LAB_CLUSTER in pacific|reef) ;; *) echo "lab: LAB_CLUSTER=$LAB_CLUSTER: use pacific or reef" >&2; exit 2 ;; esac
+# CEPH_ROOT: the chroot the cluster runs in ("" for the host's own Ceph: LAB_CLUSTER=pacific)
+CEPH_ROOT=
 
 # ---- time and progress ----------------------------------------------------------------------
 now() { date +%s.%N; }
@@ -74,9 +94,12 @@ lab_refuse_if_running() {
 
 # ---- admin CLIs inside the namespace --------------------------------------------------------
 NSX() { ip netns exec "$NS" "$@"; }
-ceph() { NSX ceph -c "$CEPHDIR/ceph.conf" --connect-timeout 15 "$@"; }
-rbd() { NSX rbd -c "$CEPHDIR/ceph.conf" "$@"; }
-rados() { NSX rados -c "$CEPHDIR/ceph.conf" "$@"; }
+# CX CMD...: CMD inside the namespace with the cluster's own release's tools (in its chroot when
+# it has one)
+CX() { if [ -n "$CEPH_ROOT" ]; then NSX chroot "$CEPH_ROOT" "$@"; else NSX "$@"; fi; }
+ceph() { CX ceph -c "$CEPHDIR/ceph.conf" --connect-timeout 15 "$@"; }
+rbd() { CX rbd -c "$CEPHDIR/ceph.conf" "$@"; }
+rados() { CX rados -c "$CEPHDIR/ceph.conf" "$@"; }
 # claim_json IMAGE [POOL[/NS]]: the claim record as the agent wrote it ("" when there is none)
 claim_json() {
   local pool=${2:-rbd} nsarg=()
@@ -169,6 +192,7 @@ lab_deb() { local d newest=""; for d in "$LAB_REPO"/dist/rbd-owner_*_amd64.deb; 
 
 lab_save_env() {
   { echo "NS=$NS"; echo "CEPHDIR=$CEPHDIR"; echo "LAB_DIR=$LAB_DIR"; echo "FSID=${FSID:-}"
+    echo "LAB_GUEST=$LAB_GUEST"; echo "LAB_CLUSTER=$LAB_CLUSTER"; echo "CEPH_ROOT=$CEPH_ROOT"; echo "CEPH_ROOT_MADE=$CEPH_ROOT_MADE"
     for n in "${NODES[@]}"; do echo "QPID_${n#node-}=${QPID[$n]:-}"; done; } > "$LAB_DIR/lab.env"
 }
 # lab_load DIR: adopt a running lab (for `lab sh`, `lab down`)
@@ -176,12 +200,47 @@ lab_load() {
   LAB_DIR=$1; [ -f "$LAB_DIR/lab.env" ] || { echo "no lab in $LAB_DIR" >&2; return 1; }
   # shellcheck disable=SC1091
   . "$LAB_DIR/lab.env"
+  [ -z "$CEPH_ROOT" ] || [[ $CEPH_ROOT == /*/root ]] || { echo "lab: $LAB_DIR/lab.env: CEPH_ROOT='$CEPH_ROOT' is not a root directory" >&2; return 1; }
   declare -gA QPID=()
   local n v; for n in "${NODES[@]}"; do
     v=QPID_${n#node-}
     [ -z "${!v}" ] || is_pid "${!v}" || { echo "lab: $LAB_DIR/lab.env: $v='${!v}' is not a process id" >&2; return 1; }
     QPID[$n]=${!v}
   done
+}
+
+# ---- the cluster's chroot (LAB_CLUSTER=reef) --------------------------------------------------
+# the mount points a lab makes in CEPH_ROOT: /proc, and $LAB_DIR at its own path (the cluster's
+# data, logs and pid files under $CEPHDIR, tests/ceph/up's copy, chaos's exports). /dev is the
+# root's own (debootstrap made its device nodes): the host's /dev is never mounted there, so a
+# careless rm -rf of the cache cannot reach it.
+ceph_root_mounts() { printf '%s\n' "$CEPH_ROOT/proc" "$CEPH_ROOT$LAB_DIR"; }
+is_mounted() { awk -v d="$1" '$2 == d {f=1} END {exit !f}' /proc/mounts; }
+# CEPH_ROOT_MADE: the outermost directory ceph_root_mount made in the root for $LAB_DIR (removed
+# again by ceph_root_umount; nothing that was there before is)
+CEPH_ROOT_MADE=
+ceph_root_mount() {
+  local d=$CEPH_ROOT$LAB_DIR
+  while [ ! -e "$d" ]; do CEPH_ROOT_MADE=$d; d=${d%/*}; done
+  lab_save_env
+  mkdir -p "$CEPH_ROOT$LAB_DIR" || return 1
+  is_mounted "$CEPH_ROOT/proc" || mount -t proc proc "$CEPH_ROOT/proc" || return 1
+  is_mounted "$CEPH_ROOT$LAB_DIR" || mount --bind "$LAB_DIR" "$CEPH_ROOT$LAB_DIR" || return 1
+}
+# ceph_root_umount: every mount ceph_root_mount made, innermost first (lazily when one is still
+# busy: none may stay behind), then the empty directories made for $LAB_DIR inside the root
+ceph_root_umount() {
+  { [ -n "$CEPH_ROOT" ] && [ -d "$CEPH_ROOT" ]; } || return 0
+  local m d
+  while read -r m; do
+    is_mounted "$m" || continue
+    umount "$m" 2>/dev/null || { echo "lab: $m busy, unmounting lazily" >&2; umount -l "$m"; }
+  done < <(ceph_root_mounts | tac)
+  if [[ -n $CEPH_ROOT_MADE && $CEPH_ROOT_MADE == "$CEPH_ROOT"/* ]]; then
+    d=$CEPH_ROOT$LAB_DIR
+    while rmdir "$d" 2>/dev/null && [ "$d" != "$CEPH_ROOT_MADE" ]; do d=${d%/*}; done
+  fi
+  return 0
 }
 
 declare -A QPID=()
@@ -197,11 +256,20 @@ lab_up() {
   local deb; deb=$(lab_deb)
   { [ -n "$deb" ] && [ -s "$deb" ]; } || die "package: no dist/rbd-owner_*_amd64.deb (run make package)"
 
-  step "guest image (cached; rebuilt only when its inputs change)"
-  local img; img=$(nice -n 15 "$LAB_REPO/tests/vm/build-image" 2> >(tee -a "$LAB_DIR/logs/build-image.log" >&2)) \
+  step "guest image: $LAB_GUEST (cached; rebuilt only when its inputs change)"
+  local img; img=$(SUITE=$LAB_GUEST nice -n 15 "$LAB_REPO/tests/vm/build-image" 2> >(tee -a "$LAB_DIR/logs/build-image.log" >&2)) \
     || die "guest image: tests/vm/build-image failed (log: $LAB_DIR/logs/build-image.log)"
   is_image_dir "$img" || die "guest image: tests/vm/build-image printed '${img:0:200}', not an image directory (root.ext4, vmlinuz, initrd.img)"
   step_done
+  if [ "$LAB_CLUSTER" != pacific ]; then
+    step "cluster root: Ceph $LAB_CLUSTER (cached; rebuilt only when its inputs change)"
+    local root; root=$(nice -n 15 "$LAB_REPO/tests/ceph/build-root" "$LAB_CLUSTER" 2> >(tee -a "$LAB_DIR/logs/build-root.log" >&2)) \
+      || die "cluster root: tests/ceph/build-root $LAB_CLUSTER failed (log: $LAB_DIR/logs/build-root.log)"
+    { [[ $root == /*/root ]] && [ -x "$root/usr/bin/ceph-mon" ]; } || die "cluster root: tests/ceph/build-root printed '${root:0:200}', not a root with ceph-mon"
+    CEPH_ROOT=$root; lab_save_env
+    ceph_root_mount || die "cluster root: mounting /proc and $LAB_DIR into $CEPH_ROOT failed"
+    step_done
+  fi
 
   step "network namespace $NS (br0 203.0.113.1/24, taps for ${NODES[*]})"
   local n taps=()
@@ -239,9 +307,11 @@ EOF
   done
   lab_save_env
 
-  local t; t=$(now)
-  NSX env BIND_IP=203.0.113.1 MON_V1_PORT=6789 IMAGE=img1 OSD_STORE=memstore \
-    nice -n 5 "$LAB_REPO/tests/ceph/up" "$CEPHDIR" 3300 6800 > "$LAB_DIR/logs/ceph-up.log" 2>&1 \
+  local t up; t=$(now); up=$LAB_REPO/tests/ceph/up
+  # in the chroot: tests/ceph/up from the lab's directory (mounted there at the same path)
+  [ -z "$CEPH_ROOT" ] || { install -m 0755 "$up" "$LAB_DIR/ceph-up" && up=$LAB_DIR/ceph-up; } || die "copy tests/ceph/up"
+  CX env BIND_IP=203.0.113.1 MON_V1_PORT=6789 IMAGE=img1 OSD_STORE=memstore \
+    nice -n 5 "$up" "$CEPHDIR" 3300 6800 > "$LAB_DIR/logs/ceph-up.log" 2>&1 \
     || { cat "$LAB_DIR/logs/ceph-up.log" >&2; die "ceph up failed"; }
   FSID=$(awk '$1=="fsid"{print $3}' "$CEPHDIR/ceph.conf")
   [[ $FSID =~ ^[0-9a-f-]{36}$ ]] || die "ceph up: no fsid in $CEPHDIR/ceph.conf (got '$FSID')"
@@ -249,7 +319,7 @@ EOF
   rbd snap create rbd/kimg1@s1 >/dev/null 2>&1 || die "rbd snap create kimg1@s1"
   lab_save_env
   for n in "${NODES[@]}"; do install -m 0600 "$CEPHDIR/client.rbdowner.keyring" "$(share "$n")/keyring"; done
-  log "Ceph cluster up in $(elapsed "$t")s: fsid $FSID, mon 203.0.113.1 (v2 3300, v1 6789), images rbd/img1 img2 img3 ns1/img4"
+  log "Ceph cluster ($LAB_CLUSTER: $(ceph --version | awk '{print $3}')) up in $(elapsed "$t")s: fsid $FSID, mon 203.0.113.1 (v2 3300, v1 6789), images rbd/img1 img2 img3 ns1/img4"
 
   for n in "${NODES[@]}"; do
     s=$(share "$n")
@@ -290,7 +360,9 @@ lab_down() {
     kill -0 "$p" 2>/dev/null && tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "qemu-system-x86_64 -name $n " && kill -KILL "$p"
     wait "$p" 2>/dev/null
   done
+  # tests/ceph/down only signals the daemons by their pid files (the same paths inside the chroot)
   [ -f "${CEPHDIR:-/nonexistent}/ceph.conf" ] && "$LAB_REPO/tests/ceph/down" "$CEPHDIR" --purge > "$LAB_DIR/logs/ceph-down.log" 2>&1
+  ceph_root_umount
   if [ -n "${NS:-}" ]; then
     for _ in $(seq 30); do [ -z "$(ip netns pids "$NS" 2>/dev/null)" ] && break; sleep 0.1; done
     "$LAB_REPO/tests/vm/netns-down" "$NS" || echo "lab: WARNING: namespace $NS left behind" >&2
