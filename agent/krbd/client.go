@@ -208,7 +208,8 @@ func (c *Client) mapImage(ctx context.Context, spec Spec, o MapOptions) (Device,
 	}
 	defer unlock()
 
-	// Listen before writing: the kernel emits the events before the write returns.
+	// Listen before writing (the kernel emits its events before the write returns): they wake
+	// the wait for whatever sysfs and /dev did not show at once, and udevd's say it is done.
 	sub, err := c.cfg.Events.Subscribe(ctx)
 	if err != nil {
 		return Device{}, err

@@ -76,6 +76,15 @@ func emit(r result) {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
+// firstLines keeps an error short: its first 3 lines (a crashed rbd prints a whole dump).
+func firstLines(s string) string {
+	lines := strings.SplitN(s, "\n", 4)
+	if len(lines) > 3 {
+		lines = append(lines[:3], "…")
+	}
+	return strings.Join(lines, "\n")
+}
+
 func main() {
 	if len(os.Args) < 2 {
 		fmt.Fprintln(os.Stderr, "usage: kbench raw|rbd|cli|api|par|clients [flags]")
@@ -360,7 +369,7 @@ func benchPar() error {
 				err := f(i)
 				r := result{What: label, Op: op, Ms: ms(time.Since(t))}
 				if err != nil {
-					r.Err = err.Error()
+					r.Err = firstLines(err.Error())
 				}
 				emit(r)
 			}()

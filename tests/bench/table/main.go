@@ -54,6 +54,7 @@ func main() {
 	values := map[string]float64{}
 	var order []string
 	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 16<<20) // a failed rbd's error can be long (a crash dump)
 	for sc.Scan() {
 		var r result
 		if json.Unmarshal(sc.Bytes(), &r) != nil || r.What == "" {
@@ -78,6 +79,10 @@ func main() {
 			continue
 		}
 		s.vals = append(s.vals, r.Ms)
+	}
+	if err := sc.Err(); err != nil {
+		fmt.Fprintln(os.Stderr, "table:", err)
+		os.Exit(1)
 	}
 	med := func(key string) float64 {
 		if s := data[key]; s != nil {
