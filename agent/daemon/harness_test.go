@@ -191,8 +191,9 @@ func (n *node) tick(loop string) {
 }
 
 // reconcileRound returns once a whole reconciliation has run after the call: the reconcile
-// loop reconciles in line, so it takes the second tick only when the round started by the
-// first is over. (The second round may still be running.)
+// loop takes a tick only when the round started by the one before is over, so it takes the
+// second tick only when the round started by the first is over. (The second round may still
+// be running.)
 func (n *node) reconcileRound() {
 	n.t.Helper()
 	n.tick("reconcile")
