@@ -250,16 +250,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 	return nil
 }
 
-// watchConfig is how the device watcher is started.
+// watchConfig is how the device watcher is started: on the kernel client's own event source,
+// the kernel's uevents (not udevd's, which come only after its rules ran), so a mapping made
+// behind the agent's back is judged, and fenced, that much sooner. The agent reads sysfs,
+// never /dev links, to follow devices.
 func (d *Daemon) watchConfig() devwatch.Config {
-	cfg := devwatch.Config{Client: d.kernel, Resync: d.cfg.RenewInterval.D(), Logger: d.log}
-	if _, real := d.kernel.Config().Events.(*krbd.NetlinkSource); real {
-		// the kernel's own uevents, not udevd's (which come only after its rules ran): a
-		// mapping made behind the agent's back is judged, and fenced, that much sooner. The
-		// agent reads sysfs, never /dev links, to follow devices.
-		cfg.Source = &krbd.NetlinkSource{Mode: krbd.ModeKernel}
-	}
-	return cfg
+	return devwatch.Config{Client: d.kernel, Resync: d.cfg.RenewInterval.D(), Logger: d.log}
 }
 
 func (d *Daemon) setProblem(k state.Key, p string) {

@@ -353,11 +353,36 @@ func TestMapByMonitorsWithOptions(t *testing.T) {
 	n := startMemDaemonWith(t, func(o *Options) {
 		o.Config.Clusters[0].Monitors = []string{"203.0.113.1:6789"}
 		o.Config.Clusters[1].Monitors = []string{"203.0.113.2:6789"}
+		kc := o.Kernel.Config()
+		kc.UdevTimeout = time.Hour // a map that waits for the held udevd below would hang
+		o.Kernel = krbd.New(kc)
 	}, c1, c2)
 	t.Cleanup(func() { n.stop(t) })
 	addImage(n, c1, "img")
-	resp, err := n.d.Map(context.Background(), api.MapRequest{Monitors: []string{"v1:203.0.113.1:6789/0"}, Pool: "rbd", Image: "img",
-		Options: []string{"noudev", "queue_depth=128"}}, nil)
+	// noudev (what ceph-csi passes) reaches the kernel client: the map returns while udevd
+	// holds its events
+	n.k.HoldUdev()
+	t.Cleanup(n.k.ReleaseUdev)
+	type result struct {
+		resp *api.MapResponse
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := n.d.Map(context.Background(), api.MapRequest{Monitors: []string{"v1:203.0.113.1:6789/0"}, Pool: "rbd", Image: "img",
+			Options: []string{"noudev", "queue_depth=128"}}, nil)
+		done <- result{resp, err}
+	}()
+	var r result
+	waitFor(t, "the noudev map to return while udevd is held", func() bool {
+		select {
+		case r = <-done:
+			return true
+		default:
+			return false
+		}
+	})
+	resp, err := r.resp, r.err
 	if err != nil {
 		t.Fatal(err)
 	}

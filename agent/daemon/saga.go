@@ -102,7 +102,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 	if err != nil {
 		return nil, d.refused(req, peer, fmt.Errorf("%w: %w", errInvalid, err))
 	}
-	extra, optRO, err := krbd.RequestOptions(req.Options)
+	asked, err := krbd.RequestOptions(req.Options)
 	if err != nil {
 		return nil, d.refused(req, peer, fmt.Errorf("map %s: %w", req.Ref(), err))
 	}
@@ -120,7 +120,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 	if err != nil {
 		return nil, d.refused(req, peer, err)
 	}
-	readOnly := req.ReadOnly || optRO || access == claim.ROX || t.spec.Snap != ""
+	readOnly := req.ReadOnly || asked.ReadOnly || access == claim.ROX || t.spec.Snap != ""
 	unlock, err := d.locks.lock(ctx, t.key)
 	if err != nil {
 		return nil, err
@@ -164,6 +164,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 			return nil, s.fail(err)
 		}
 		s.onFail(func(context.Context) error { return d.state.Delete(t.key) })
+		steps.mark("intent")
 		if err := s.step("claim"); err != nil {
 			return nil, s.fail(err)
 		}
@@ -192,6 +193,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 				Message: fmt.Sprintf("took %s over from node %s (epoch %d) after fencing %s until %s", t.spec, f.NodeID, f.Epoch, f.Addr, f.Expires.Format(time.RFC3339))})
 		}
 		m.Epoch, m.Phase = epoch, state.Claimed
+		steps.mark("claim")
 		if err := s.step("persist-claim"); err != nil {
 			return nil, s.fail(err)
 		}
@@ -200,13 +202,14 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 		}
 	}
 
-	steps.mark("claim")
+	steps.mark("claimed")
 	// map
 	if err := s.step("map"); err != nil {
 		return nil, s.fail(err)
 	}
 	opts := d.mapOptions(t.cl, readOnly)
-	opts.Extra = append(opts.Extra, extra...)
+	opts.Extra = append(opts.Extra, asked.Extra...)
+	opts.NoUdev = asked.NoUdev
 	dev, err := d.kernel.Map(ctx, t.spec, opts)
 	if err != nil {
 		if errors.Is(err, krbd.ErrLeftMapped) {
@@ -262,7 +265,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 		resp.Claim = apiClaim(t.key.Cluster, recorded) // the record as this map left it
 	}
 	steps.mark("persist")
-	d.log.WithField("image", t.key.String()).WithFields(steps.fields()).Info("map steps")
+	d.log.WithFields(logrus.Fields{"image": t.key.String(), "requester": req.Requester}).WithFields(steps.fields()).Info("map steps")
 	return resp, nil
 }
 

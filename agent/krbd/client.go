@@ -21,14 +21,25 @@ import (
 
 // Config holds the seams between this package and the kernel. Zero fields get the real thing.
 type Config struct {
-	SysfsRoot  string                                             // default "/sys"
-	DevRoot    string                                             // default "/dev"
-	Writer     ControlWriter                                      // default SysfsWriter
-	Events     EventSource                                        // default &NetlinkSource{} (udev when udevd runs)
-	Keys       KeyStore                                           // default KernelKeyring
-	LoadModule func(ctx context.Context) error                    // default ModprobeRBD; called when /sys/bus/rbd is absent
-	StatDev    func(path string) (major, minor uint32, err error) // default StatDevNode
-	Logger     logrus.FieldLogger                                 // the agent's logger; default: discard
+	SysfsRoot string        // default "/sys"
+	DevRoot   string        // default "/dev"
+	Writer    ControlWriter // default SysfsWriter
+	// Events are the kernel's own uevents, which every wait follows: the device is usable
+	// once the kernel announced it and devtmpfs made its node (default &NetlinkSource{Mode:
+	// ModeKernel}).
+	Events EventSource
+	// Udev delivers udevd's events, sent once its rules ran (links made, the device probed);
+	// a map waits for them too unless MapOptions.NoUdev. Its Subscribe answers ErrNoUdev when
+	// udevd does not run (the map then does not wait). Default: &NetlinkSource{Mode: ModeUdev}
+	// when Events is defaulted too; none (no udevd) when a test gives its own Events.
+	Udev EventSource
+	// UdevTimeout bounds the wait for udevd once the kernel's device is there (default 10 s):
+	// a stuck udevd delays the link, never the map, which then returns with a warning.
+	UdevTimeout time.Duration
+	Keys        KeyStore                                           // default KernelKeyring
+	LoadModule  func(ctx context.Context) error                    // default ModprobeRBD; called when /sys/bus/rbd is absent
+	StatDev     func(path string) (major, minor uint32, err error) // default StatDevNode
+	Logger      logrus.FieldLogger                                 // the agent's logger; default: discard
 	// EBusyRetry bounds how long Unmap retries EBUSY (default 3 s): udev's probe holds a
 	// freshly mapped device open for a moment.
 	EBusyRetry time.Duration
@@ -61,7 +72,13 @@ func New(cfg Config) *Client {
 		cfg.Writer = SysfsWriter{}
 	}
 	if cfg.Events == nil {
-		cfg.Events = &NetlinkSource{}
+		cfg.Events = &NetlinkSource{Mode: ModeKernel}
+		if cfg.Udev == nil {
+			cfg.Udev = &NetlinkSource{Mode: ModeUdev}
+		}
+	}
+	if cfg.UdevTimeout == 0 {
+		cfg.UdevTimeout = 10 * time.Second
 	}
 	if cfg.Keys == nil {
 		cfg.Keys = KernelKeyring{}
@@ -154,7 +171,8 @@ func (c *Client) controlFile(base string) (string, error) {
 }
 
 // Map maps spec and returns the new device once the kernel added it, its block device was
-// announced and /dev/rbdN exists with the major:minor sysfs gives. Every map is a new device
+// announced and /dev/rbdN exists with the major:minor sysfs gives, and then (unless
+// o.NoUdev) once udevd has run its rules for it (see Config.Udev). Every map is a new device
 // (noshare): callers that want idempotence look for an existing one first (FindBySpec).
 func (c *Client) Map(ctx context.Context, spec Spec, o MapOptions) (Device, error) {
 	d, err := c.mapImage(ctx, spec, o)
@@ -190,12 +208,24 @@ func (c *Client) mapImage(ctx context.Context, spec Spec, o MapOptions) (Device,
 	}
 	defer unlock()
 
-	// Listen before writing: the kernel emits the events before the write returns.
+	// Listen before writing (the kernel emits its events before the write returns): they wake
+	// the wait for whatever sysfs and /dev did not show at once, and udevd's say it is done.
 	sub, err := c.cfg.Events.Subscribe(ctx)
 	if err != nil {
 		return Device{}, err
 	}
 	defer sub.Close()
+	var udev Subscription
+	if !o.NoUdev && c.cfg.Udev != nil {
+		switch u, err := c.cfg.Udev.Subscribe(ctx); {
+		case errors.Is(err, ErrNoUdev):
+		case err != nil:
+			return Device{}, err
+		default:
+			udev = u
+			defer udev.Close()
+		}
+	}
 	before, err := c.ids()
 	if err != nil {
 		return Device{}, err
@@ -220,6 +250,9 @@ func (c *Client) mapImage(ctx context.Context, spec Spec, o MapOptions) (Device,
 	defer cancel()
 	d, err := c.waitMapped(wctx, sub, spec, add, seen)
 	if err == nil {
+		if udev != nil {
+			c.waitUdev(ctx, udev, d)
+		}
 		return d, nil
 	}
 	// the kernel accepted the write but the device did not come up in time: remove it, found
@@ -286,13 +319,12 @@ func (c *Client) writeWithKey(keyName string, payload []byte, file string, data 
 }
 
 // waitMapped waits for the device our write created: a new id (not present before the
-// write) whose attributes match spec, the rbd add and block add events for it, and
-// /dev/rbdN with sysfs's major:minor. Sysfs is re-read on every event and every Poll, so a
-// lost event (Overflow) delays nothing beyond one poll.
+// write) whose config_info is our add string (or, on kernels without it, whose names are
+// spec), and /dev/rbdN with sysfs's major:minor. The kernel has made all of that by the time
+// the write returns (rbd's add is synchronous, devtmpfs makes the node in device_add), so
+// this normally finds it at once; the kernel's events and every Poll re-read sysfs for the
+// rest (a kernel without devtmpfs, whose node udevd makes).
 func (c *Client) waitMapped(ctx context.Context, sub Subscription, spec Spec, add string, seen map[int]string) (Device, error) {
-	rbdAdded := map[int]bool{}
-	diskAdded := map[int]bool{}
-	lost := false
 	tick := time.NewTicker(c.cfg.Poll)
 	defer tick.Stop()
 	var cand *Device
@@ -322,7 +354,7 @@ func (c *Client) waitMapped(ctx context.Context, sub Subscription, spec Spec, ad
 				break
 			}
 		}
-		if cand != nil && (rbdAdded[cand.ID] || lost) && (diskAdded[cand.ID] || lost) {
+		if cand != nil {
 			maj, min, err := c.cfg.StatDev(cand.DevNode)
 			switch {
 			case err == nil && maj == cand.Major && min == cand.Minor:
@@ -337,32 +369,41 @@ func (c *Client) waitMapped(ctx context.Context, sub Subscription, spec Spec, ad
 		case <-ctx.Done():
 			what := "no new rbd device with these names appeared"
 			if cand != nil {
-				what = fmt.Sprintf("rbd%d (rbd add seen: %v, block add seen: %v, events lost: %v)", cand.ID, rbdAdded[cand.ID], diskAdded[cand.ID], lost)
+				what = fmt.Sprintf("rbd%d: its block device node is not there", cand.ID)
 				if lastErr != nil {
 					what += ": " + lastErr.Error()
 				}
 			}
 			return Device{}, fmt.Errorf("%w waiting for the device: %s: %w", ErrTimeout, what, ctx.Err())
-		case ev, ok := <-sub.Events():
+		case _, ok := <-sub.Events(): // something changed: look again
 			if !ok {
-				lost = true // the stream ended: fall back to polling sysfs
-				sub = closedSub{}
-				continue
-			}
-			if ev.Overflow {
-				lost = true
-				continue
-			}
-			if ev.Action != "add" {
-				continue
-			}
-			if id, ok := ev.RBDID(); ok {
-				rbdAdded[id] = true
-			}
-			if id, ok := ev.DiskID(); ok {
-				diskAdded[id] = true
+				sub = closedSub{} // the stream ended: polling goes on
 			}
 		case <-tick.C:
+		}
+	}
+}
+
+// waitUdev waits, bounded by Config.UdevTimeout, for udevd's add event of d's block device:
+// its rules ran, so its links exist. The device is usable without them, so neither a slow
+// udevd nor lost udev events fail the map: they are logged and the map returns.
+func (c *Client) waitUdev(ctx context.Context, udev Subscription, d Device) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.UdevTimeout)
+	defer cancel()
+	log := c.cfg.Logger.WithFields(logrus.Fields{"device": d.DevNode, "spec": d.Spec().String()})
+	for {
+		select {
+		case <-ctx.Done():
+			log.WithField("waited", c.cfg.UdevTimeout).Warn("udevd has not handled the new device yet; its link follows when it does")
+			return
+		case ev, ok := <-udev.Events():
+			switch id, disk := ev.DiskID(); {
+			case !ok || ev.Overflow:
+				log.Warn("udev events were lost: not waiting for udevd; the device's link follows when it has run its rules")
+				return
+			case disk && id == d.ID && ev.Action == "add":
+				return
+			}
 		}
 	}
 }
@@ -462,34 +503,27 @@ func (c *Client) unmap(ctx context.Context, id int, attr, want string, o UnmapOp
 	return true, c.waitRemoved(wctx, sub, id, attr, want)
 }
 
-// waitRemoved waits until /sys/bus/rbd/devices/<id> is gone and the rbd remove event (the
-// last of an unmap) arrived, or events were lost and sysfs says it is gone.
+// waitRemoved waits until /sys/bus/rbd/devices/<id> is gone, or names another mapping (the
+// id freed and reused). The kernel's remove is synchronous, so this normally holds at once;
+// the kernel's events and every Poll re-read sysfs otherwise.
 func (c *Client) waitRemoved(ctx context.Context, sub Subscription, id int, attr, want string) error {
 	dir := filepath.Join(c.devicesDir(), strconv.Itoa(id))
-	removed, lost := false, false
 	tick := time.NewTicker(c.cfg.Poll)
 	defer tick.Stop()
 	for {
 		_, err := os.Stat(dir)
-		gone := errors.Is(err, fs.ErrNotExist)
-		if gone && (removed || lost) {
+		if errors.Is(err, fs.ErrNotExist) {
 			return nil
 		}
-		if !gone && want != "" && removed && c.attr(id, attr) != want {
+		if want != "" && c.attr(id, attr) != want {
 			return nil // removed, and the id already reused by another map
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w waiting for rbd%d to go (sysfs gone: %v, remove event seen: %v): %w", ErrTimeout, id, gone, removed, ctx.Err())
-		case ev, ok := <-sub.Events():
+			return fmt.Errorf("%w waiting for rbd%d to go (still in sysfs): %w", ErrTimeout, id, ctx.Err())
+		case _, ok := <-sub.Events():
 			if !ok {
-				lost, sub = true, closedSub{}
-				continue
-			}
-			if ev.Overflow {
-				lost = true
-			} else if n, ok := ev.RBDID(); ok && n == id && ev.Action == "remove" {
-				removed = true
+				sub = closedSub{}
 			}
 		case <-tick.C:
 		}

@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
+
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/krbd/fakekernel"
 )
@@ -698,12 +701,19 @@ func TestParseConfigInfo(t *testing.T) {
 
 // TestRequestOptions: a caller's map options are filtered by the agent's rules.
 func TestRequestOptions(t *testing.T) {
-	extra, ro, err := krbd.RequestOptions([]string{"noudev", "queue_depth=128,noshare", "read_only", "ms_mode=prefer-crc"})
-	if err != nil || !ro || strings.Join(extra, ",") != "queue_depth=128,ms_mode=prefer-crc" {
-		t.Fatalf("got %v %v %v", extra, ro, err)
+	r, err := krbd.RequestOptions([]string{"noudev", "queue_depth=128,noshare", "read_only", "ms_mode=prefer-crc"})
+	if err != nil || !r.ReadOnly || !r.NoUdev || strings.Join(r.Extra, ",") != "queue_depth=128,ms_mode=prefer-crc" {
+		t.Fatalf("got %+v %v", r, err)
+	}
+	// udev and noudev never reach the kernel; the last one wins, as in Ceph's rbd
+	for opts, want := range map[string]bool{"": false, "udev": false, "noudev": true, "noudev,udev": false, "udev,noudev": true} {
+		r, err := krbd.RequestOptions([]string{opts})
+		if err != nil || r.NoUdev != want || r.ReadOnly || len(r.Extra) != 0 {
+			t.Errorf("%q: got %+v %v, want NoUdev %v and nothing else", opts, r, err, want)
+		}
 	}
 	for _, bad := range []string{"exclusive", "share", "name=admin", "secret=QUJD", "key=client.admin", "mon_addr=1.2.3.4", "nosuch", "queue_depth=1 2"} {
-		_, _, err := krbd.RequestOptions([]string{bad})
+		_, err := krbd.RequestOptions([]string{bad})
 		if err == nil || !errors.Is(err, krbd.ErrInvalid) {
 			t.Errorf("%q: want an invalid-argument error, got %v", bad, err)
 		}
@@ -711,4 +721,86 @@ func TestRequestOptions(t *testing.T) {
 			t.Errorf("%q: the error shows the value: %v", bad, err)
 		}
 	}
+}
+
+// TestMapWaitsForUdev: a map returns once udevd has handled the new device (its link exists),
+// not merely once the kernel made it; with NoUdev (rbd's -o noudev, what ceph-csi passes) it
+// returns at the kernel's device; a udevd that never answers delays the map by UdevTimeout,
+// then the map returns the device with a warning instead of failing.
+func TestMapWaitsForUdev(t *testing.T) {
+	k, _ := newFake(t, fakekernel.Options{})
+	log, hook := logtest.NewNullLogger()
+	client := func(udevTimeout time.Duration) *krbd.Client {
+		cfg := k.Config()
+		cfg.Poll, cfg.Logger, cfg.UdevTimeout = 20*time.Millisecond, log, udevTimeout
+		return krbd.New(cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	spec := mustSpec(t, "rbd/img1")
+	unmapAll := func() {
+		t.Helper()
+		k.ReleaseUdev()
+		if _, err := client(time.Minute).UnmapSpec(ctx, spec, "", krbd.UnmapOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// held udevd: the map has made its device but has not returned; it does once udevd answers
+	k.HoldUdev()
+	type result struct {
+		d   krbd.Device
+		err error
+	}
+	done := make(chan result, 1)
+	go func() { d, err := client(time.Minute).Map(ctx, spec, opts()); done <- result{d, err} }()
+	for {
+		if devs, err := client(time.Minute).FindBySpec(spec, ""); err == nil && len(devs) == 1 {
+			if _, _, err := k.StatDev(devs[0].DevNode); err == nil {
+				break // the kernel's part is done: device, block device and node
+			}
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("the map returned before udevd handled the device: %+v %v", r.d, r.err)
+		case <-ctx.Done():
+			t.Fatal("the device never appeared")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("the map returned before udevd handled the device: %+v %v", r.d, r.err)
+	default:
+	}
+	k.ReleaseUdev()
+	if r := <-done; r.err != nil || r.d.DevNode == "" {
+		t.Fatalf("map after udevd answered: %+v %v", r.d, r.err)
+	}
+	unmapAll()
+
+	// NoUdev: returns at the kernel's device while udevd holds its events
+	k.HoldUdev()
+	o := opts()
+	o.NoUdev = true
+	if d, err := client(time.Minute).Map(ctx, spec, o); err != nil || d.DevNode == "" {
+		t.Fatalf("map with NoUdev while udevd is held: %+v %v", d, err)
+	}
+	unmapAll()
+
+	// a udevd that never answers: the map still returns its device, and says so
+	hook.Reset()
+	k.HoldUdev()
+	d, err := client(50*time.Millisecond).Map(ctx, spec, opts())
+	if err != nil || d.DevNode == "" {
+		t.Fatalf("map with a silent udevd: %+v %v", d, err)
+	}
+	warned := false
+	for _, e := range hook.AllEntries() {
+		warned = warned || (e.Level == logrus.WarnLevel && strings.Contains(e.Message, "udevd has not handled"))
+	}
+	if !warned {
+		t.Errorf("no warning that udevd did not answer; log: %v", hook.AllEntries())
+	}
+	unmapAll()
 }

@@ -41,6 +41,9 @@ type MapOptions struct {
 	// Timeout bounds the wait for the device's events after the kernel accepted the write
 	// (default 30 s). The write itself is bounded by MountTimeout.
 	Timeout time.Duration
+	// NoUdev returns as soon as the kernel's block device exists, without waiting for udevd
+	// to run its rules (as `rbd map -o noudev`): the stable link follows a moment later.
+	NoUdev bool
 }
 
 // extraAllowed lists the kernel (rbd + libceph) options Extra may carry; value says whether
@@ -223,29 +226,41 @@ func buildAddString(spec Spec, o MapOptions, nonce string) (string, error) {
 	return add, nil
 }
 
+// Requested is what a caller's map options ask for (RequestOptions).
+type Requested struct {
+	Extra    []string // kernel options for MapOptions.Extra
+	ReadOnly bool     // read_only or ro: a read-only mapping
+	NoUdev   bool     // noudev: do not wait for udevd (MapOptions.NoUdev); udev undoes it
+}
+
 // RequestOptions sorts the map options a caller sent (a CSI plugin's StorageClass mapOptions,
-// as `rbd map --options` carries them) by the agent's rules: noshare is always set anyway and
-// noudev/udev only concern Ceph's rbd tool, so they are dropped; read_only and ro ask for a
-// read-only mapping; name=, key=, secret=, share, exclusive and the other options the agent sets
-// itself are refused (the error names the option, never its value); every other option must
-// be a known kernel option and is returned for MapOptions.Extra.
-func RequestOptions(opts []string) (extra []string, readOnly bool, err error) {
+// as `rbd map --options` carries them) by the agent's rules: noshare is always set anyway;
+// noudev and udev mean what they mean to Ceph's rbd tool (whether the map waits for udevd;
+// the last one wins) and never reach the kernel; read_only and ro ask for a read-only mapping;
+// name=, key=, secret=, share, exclusive and the other options the agent sets itself are
+// refused (the error names the option, never its value); every other option must be a known
+// kernel option and is returned in Extra.
+func RequestOptions(opts []string) (Requested, error) {
+	var r Requested
 	for _, o := range opts {
 		for _, one := range strings.Split(o, ",") {
 			one = strings.TrimSpace(one)
 			name, _, _ := strings.Cut(one, "=")
 			switch name {
-			case "", "noshare", "noudev", "udev":
+			case "", "noshare":
+				continue
+			case "noudev", "udev":
+				r.NoUdev = name == "noudev"
 				continue
 			case "read_only", "ro":
-				readOnly = true
+				r.ReadOnly = true
 				continue
 			}
 			if err := ValidateExtraOption(one); err != nil {
-				return nil, false, err
+				return Requested{}, err
 			}
-			extra = append(extra, one)
+			r.Extra = append(r.Extra, one)
 		}
 	}
-	return extra, readOnly, nil
+	return r, nil
 }

@@ -55,17 +55,13 @@ func TestRealKernel(t *testing.T) {
 		MountTimeout: 20 * time.Second, Timeout: 60 * time.Second}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	// RBD_OWNER_KRBD_EVENTS=kernel|udev forces the uevent source (default: udev when udevd runs)
-	src := &krbd.NetlinkSource{}
-	switch os.Getenv("RBD_OWNER_KRBD_EVENTS") {
-	case "kernel":
-		src.Mode = krbd.ModeKernel
-	case "udev":
-		src.Mode = krbd.ModeUdev
-	}
-	c := krbd.New(krbd.Config{Events: src})
-	mode := map[int]string{krbd.ModeKernel: "kernel", krbd.ModeUdev: "udev"}[src.EffectiveMode()]
-	t.Logf("uevent source: %s events; /sys/bus/rbd present before: %v", mode, exists("/sys/bus/rbd"))
+	// RBD_OWNER_KRBD_UDEV=wait (default) or no: whether maps wait for udevd to have run its
+	// rules (MapOptions.NoUdev, rbd's -o noudev); every wait follows the kernel's own uevents
+	noUdev := os.Getenv("RBD_OWNER_KRBD_UDEV") == "no"
+	o.NoUdev = noUdev
+	_, udevErr := os.Stat("/run/udev/control")
+	c := krbd.New(krbd.Config{})
+	t.Logf("maps wait for udevd: %v (udevd runs: %v); /sys/bus/rbd present before: %v", !noUdev, udevErr == nil, exists("/sys/bus/rbd"))
 
 	w, err := devwatch.Start(ctx, devwatch.Config{Client: c})
 	if err != nil {
@@ -117,6 +113,21 @@ func TestRealKernel(t *testing.T) {
 		if !bytes.Contains(cfg, []byte("noshare")) || !bytes.Contains(cfg, []byte("key=rbd-owner."+user+".")) {
 			t.Errorf("config_info lacks noshare/key=: %s", cfg)
 		}
+		// the stable link
+		link := filepath.Join("/dev/rbd-owner", fsid, sp.Pool)
+		if sp.Namespace != "" {
+			link = filepath.Join(link, sp.Namespace)
+		}
+		link = filepath.Join(link, sp.Image)
+		if sp.Snap != "" {
+			link += "@" + sp.Snap
+		}
+		if !noUdev && udevErr == nil {
+			// a map that waited for udevd returns with its link made
+			if _, err := os.Lstat(link); err != nil {
+				t.Errorf("map %s waited for udevd but its link is not there yet: %v", sp, err)
+			}
+		}
 		exec.Command("udevadm", "settle", "--timeout=10").Run()
 		for _, args := range [][]string{{"info", "--query=all", "--name=" + d.DevNode}, {"info", "-a", "--name=" + d.DevNode}} {
 			out, err := exec.CommandContext(ctx, "udevadm", args...).CombinedOutput()
@@ -126,15 +137,6 @@ func TestRealKernel(t *testing.T) {
 			if bytes.Contains(out, []byte(secret)) || bytes.Contains(out, []byte("secret=")) {
 				t.Errorf("udevadm %v shows the secret", args)
 			}
-		}
-		// the stable link
-		link := filepath.Join("/dev/rbd-owner", fsid, sp.Pool)
-		if sp.Namespace != "" {
-			link = filepath.Join(link, sp.Namespace)
-		}
-		link = filepath.Join(link, sp.Image)
-		if sp.Snap != "" {
-			link += "@" + sp.Snap
 		}
 		if tgt, err := filepath.EvalSymlinks(link); err != nil || (i != 0 && tgt != d.DevNode) {
 			t.Errorf("link %s -> %q, %v; want %s", link, tgt, err, d.DevNode)
@@ -201,7 +203,7 @@ func TestRealKernel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c2 := krbd.New(krbd.Config{Events: src, EBusyRetry: 300 * time.Millisecond})
+	c2 := krbd.New(krbd.Config{EBusyRetry: 300 * time.Millisecond})
 	if _, err := c2.Unmap(ctx, d.ID, krbd.UnmapOptions{}); !errors.Is(err, krbd.ErrBusy) {
 		t.Errorf("unmap of an open device: %v", err)
 	} else {

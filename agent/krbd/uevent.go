@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/pilebones/go-udev/netlink"
 	"golang.org/x/sys/unix"
@@ -124,8 +123,11 @@ type Subscription interface {
 const (
 	ModeAuto   = 0 // udev when udevd runs (/run/udev/control exists), else kernel
 	ModeKernel = 1 // kernel uevents (netlink group 1)
-	ModeUdev   = 2 // udevd's events after its rules ran (netlink group 2)
+	ModeUdev   = 2 // udevd's events after its rules ran (netlink group 2); ErrNoUdev without udevd
 )
+
+// ErrNoUdev is Subscribe's answer for udevd's events when udevd does not run.
+var ErrNoUdev = errors.New("udevd is not running")
 
 // NetlinkSource reads uevents from a NETLINK_KOBJECT_UEVENT socket (github.com/pilebones/go-udev).
 type NetlinkSource struct {
@@ -141,81 +143,118 @@ func (s *NetlinkSource) EffectiveMode() int {
 	if s.Mode != ModeAuto {
 		return s.Mode
 	}
-	ctl := s.UdevControl
-	if ctl == "" {
-		ctl = "/run/udev/control"
-	}
-	if _, err := os.Stat(ctl); err == nil {
+	if s.udevRuns() {
 		return ModeUdev
 	}
 	return ModeKernel
 }
 
+func (s *NetlinkSource) udevRuns() bool {
+	ctl := s.UdevControl
+	if ctl == "" {
+		ctl = "/run/udev/control"
+	}
+	_, err := os.Stat(ctl)
+	return err == nil
+}
+
 // Subscribe opens the socket now (so events from this moment on are queued) and starts a
-// reader that ends on Close or when ctx is done.
+// reader that ends on Close or when ctx is done. For udevd's events it answers ErrNoUdev when
+// udevd does not run (nothing would ever come).
 func (s *NetlinkSource) Subscribe(ctx context.Context) (Subscription, error) {
 	mode := s.EffectiveMode()
+	if mode == ModeUdev && !s.udevRuns() {
+		return nil, ErrNoUdev
+	}
 	conn := &netlink.UEventConn{}
 	if err := conn.Connect(netlink.Mode(mode)); err != nil {
 		return nil, fmt.Errorf("uevent socket: %w", err)
 	}
-	// A bigger buffer (best effort: FORCE needs CAP_NET_ADMIN) and a receive timeout so that
-	// the reader notices Close within 100 ms.
+	// A bigger buffer (best effort: FORCE needs CAP_NET_ADMIN).
 	if err := unix.SetsockoptInt(conn.Fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20); err != nil {
 		// without either the default buffer stays: more overflows, each of which the watcher
 		// answers with a resync from sysfs, so nothing is lost but time
 		_ = unix.SetsockoptInt(conn.Fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
 	}
-	tv := unix.NsecToTimeval((100 * time.Millisecond).Nanoseconds())
-	if err := unix.SetsockoptTimeval(conn.Fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+	// The reader waits in poll(2) on the socket and on an eventfd that Close (or ctx) signals:
+	// Close returns as soon as the reader has stopped, not after a receive timeout (a 100 ms
+	// timeout once cost every map and unmap up to 100 ms on its way out).
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("uevent socket timeout: %w", err)
+		return nil, fmt.Errorf("uevent socket: eventfd: %w", err)
 	}
 	n := s.Buffer
 	if n <= 0 {
 		n = 256
 	}
-	sub := &netlinkSub{conn: conn, ch: make(chan Uevent, n), done: make(chan struct{}), exited: make(chan struct{})}
-	go sub.run(ctx)
+	sub := &netlinkSub{conn: conn, wake: wake, ch: make(chan Uevent, n), exited: make(chan struct{})}
+	stop := context.AfterFunc(ctx, sub.signal)
+	go func() { defer stop(); sub.run() }()
 	return sub, nil
 }
 
 type netlinkSub struct {
 	conn   *netlink.UEventConn
+	wake   int // eventfd: readable once the reader is to stop
 	ch     chan Uevent
-	done   chan struct{}
 	exited chan struct{}
 	once   sync.Once
 }
 
 func (s *netlinkSub) Events() <-chan Uevent { return s.ch }
 
+// signal tells the reader to stop (idempotent; the eventfd stays readable).
+func (s *netlinkSub) signal() {
+	s.once.Do(func() {
+		one := [8]byte{1}
+		_, _ = unix.Write(s.wake, one[:]) // cannot fail short of a closed fd: the reader owns it
+	})
+}
+
 func (s *netlinkSub) Close() error {
-	s.once.Do(func() { close(s.done) })
+	s.signal()
 	<-s.exited
 	return nil
 }
 
-func (s *netlinkSub) run(ctx context.Context) {
-	defer close(s.exited)
-	defer close(s.ch)
-	defer s.conn.Close()
+func (s *netlinkSub) run() {
+	defer func() {
+		s.once.Do(func() {}) // from here on signal writes nothing, so the eventfd can go
+		unix.Close(s.wake)
+		s.conn.Close()
+		close(s.ch)
+		close(s.exited)
+	}()
 	lost := false
 	buf := make([]byte, 64<<10)
+	fds := []unix.PollFd{{Fd: int32(s.conn.Fd), Events: unix.POLLIN}, {Fd: int32(s.wake), Events: unix.POLLIN}}
 	for {
-		select {
-		case <-s.done:
-			return
-		case <-ctx.Done():
-			return
-		default:
+		if lost { // a loss not reported yet: say so now, not only with the next rbd event
+			lost = !s.offer(Uevent{Overflow: true})
 		}
-		n, _, err := unix.Recvfrom(s.conn.Fd, buf, 0)
+		// a bound on the wait only so that a pending loss report is retried
+		timeout := -1
+		if lost {
+			timeout = 100
+		}
+		fds[0].Revents, fds[1].Revents = 0, 0
+		if _, err := unix.Poll(fds, timeout); err != nil && !errors.Is(err, unix.EINTR) {
+			select { // an unexpected poll error: report loss and stop; the owner resubscribes
+			case s.ch <- Uevent{Overflow: true}:
+			default:
+			}
+			return
+		}
+		if fds[1].Revents != 0 {
+			return // Close, or the subscription's context ended
+		}
+		if fds[0].Revents == 0 {
+			continue
+		}
+		n, _, err := unix.Recvfrom(s.conn.Fd, buf, unix.MSG_DONTWAIT)
 		switch {
 		case errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR):
-			if lost { // a loss not reported yet: say so now, not only with the next rbd event
-				lost = !s.offer(Uevent{Overflow: true})
-			}
 			continue
 		case errors.Is(err, unix.ENOBUFS):
 			// the socket overflowed: say so at once (nothing else may come to carry it)

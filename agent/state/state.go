@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -82,18 +83,36 @@ type Pool struct {
 	Pool    string `json:"pool"`
 }
 
-// Store is the persisted set of mappings. Safe for concurrent use.
+// Store is the persisted set of mappings. Safe for concurrent use. Readers see what is on
+// disk and never wait for a write. Writers queue their change and return once a write that
+// holds it is durable: one writer at a time writes every change queued by then (a group
+// commit: 64 maps at once cost a few writes, not 192 one after another), and only once that
+// write is durable does the new set become what readers see.
 type Store struct {
-	path  string
-	mu    sync.Mutex
-	m     map[Key]Mapping
-	pools map[Pool]bool
-	inc   string
+	path    string
+	wmu     sync.Mutex // held by the writer whose write is under way
+	qmu     sync.Mutex // guards queue
+	queue   []*change  // changes waiting for a write
+	mu      sync.Mutex // guards m, pools and inc; held only for moments
+	m       map[Key]Mapping
+	pools   map[Pool]bool
+	inc     string
+	writing func() // when set (tests), called by a writer just before its disk write
+}
+
+// change is one writer's change, and where it learns its write's result.
+type change struct {
+	apply func(*next)
+	done  chan error // buffered: the result of the write that held it
 }
 
 // Incarnation is this state's random name, made when the state was first written: claims
 // record it, so that a node that lost its state is told apart from the one that claimed.
-func (s *Store) Incarnation() string { return s.inc }
+func (s *Store) Incarnation() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inc
+}
 
 // Open loads dir/mappings.json (creating dir when needed).
 func Open(dir string) (*Store, error) {
@@ -132,10 +151,53 @@ func (s *Store) newIncarnation() error {
 	if _, err := rand.Read(b); err != nil {
 		return fmt.Errorf("state: incarnation: %w", err)
 	}
+	return s.commit(func(n *next) { n.inc = hex.EncodeToString(b) })
+}
+
+// next is the set a write is about to persist.
+type next struct {
+	m     map[Key]Mapping
+	pools map[Pool]bool
+	inc   string
+}
+
+// commit queues a change and returns once a write holding it is durable (or failed: then
+// readers and the file keep the set as it was before that write).
+func (s *Store) commit(apply func(*next)) error {
+	c := &change{apply: apply, done: make(chan error, 1)}
+	s.qmu.Lock()
+	s.queue = append(s.queue, c)
+	s.qmu.Unlock()
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	select {
+	case err := <-c.done: // the writer before us wrote it
+		return err
+	default:
+	}
+	s.qmu.Lock()
+	batch := s.queue
+	s.queue = nil
+	s.qmu.Unlock()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.inc = hex.EncodeToString(b)
-	return s.save()
+	n := next{m: maps.Clone(s.m), pools: maps.Clone(s.pools), inc: s.inc}
+	s.mu.Unlock()
+	for _, b := range batch {
+		b.apply(&n)
+	}
+	if s.writing != nil {
+		s.writing()
+	}
+	err := save(s.path, n)
+	if err == nil {
+		s.mu.Lock()
+		s.m, s.pools, s.inc = n.m, n.pools, n.inc
+		s.mu.Unlock()
+	}
+	for _, b := range batch {
+		b.done <- err
+	}
+	return <-c.done
 }
 
 // Get returns the mapping of k.
@@ -161,27 +223,12 @@ func (s *Store) All() []Mapping {
 // Put stores m and persists the whole set before returning.
 func (s *Store) Put(m Mapping) error {
 	m.UpdatedAt = time.Now().UTC()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	old, had := s.m[m.Key]
-	s.m[m.Key] = m
-	pool := Pool{Cluster: m.Cluster, Pool: m.Pool}
-	newPool := m.Claimed && !s.pools[pool]
-	if newPool {
-		s.pools[pool] = true
-	}
-	if err := s.save(); err != nil {
-		if had {
-			s.m[m.Key] = old
-		} else {
-			delete(s.m, m.Key)
+	return s.commit(func(n *next) {
+		n.m[m.Key] = m
+		if m.Claimed {
+			n.pools[Pool{Cluster: m.Cluster, Pool: m.Pool}] = true
 		}
-		if newPool {
-			delete(s.pools, pool)
-		}
-		return err
-	}
-	return nil
+	})
 }
 
 // ClaimPools returns the pools this node holds or has held claims in, sorted.
@@ -200,26 +247,16 @@ func (s *Store) ClaimPools() []Pool {
 
 // Delete drops k and persists.
 func (s *Store) Delete(k Key) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	old, had := s.m[k]
-	if !had {
-		return nil
-	}
-	delete(s.m, k)
-	if err := s.save(); err != nil {
-		s.m[k] = old
-		return err
-	}
-	return nil
+	return s.commit(func(n *next) { delete(n.m, k) })
 }
 
-func (s *Store) save() error {
-	f := file{Format: 1, Mappings: make([]Mapping, 0, len(s.m)), Incarnation: s.inc}
-	for _, m := range s.m {
+// save writes n to path durably (temp file, fsync, rename, directory fsync).
+func save(path string, n next) error {
+	f := file{Format: 1, Mappings: make([]Mapping, 0, len(n.m)), Incarnation: n.inc}
+	for _, m := range n.m {
 		f.Mappings = append(f.Mappings, m)
 	}
-	for p := range s.pools {
+	for p := range n.pools {
 		f.ClaimPools = append(f.ClaimPools, p)
 	}
 	sort.Slice(f.ClaimPools, func(i, j int) bool {
@@ -230,7 +267,7 @@ func (s *Store) save() error {
 	if err != nil {
 		return err
 	}
-	tmp := s.path + ".tmp"
+	tmp := path + ".tmp"
 	fh, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return fmt.Errorf("state: %w", err)
@@ -246,17 +283,17 @@ func (s *Store) save() error {
 	if err := fh.Close(); err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
-	if err := os.Rename(tmp, s.path); err != nil {
+	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
 	// the rename is durable only once the directory is synced
-	d, err := os.Open(filepath.Dir(s.path))
+	d, err := os.Open(filepath.Dir(path))
 	if err != nil {
-		return fmt.Errorf("state: sync %s: %w", filepath.Dir(s.path), err)
+		return fmt.Errorf("state: sync %s: %w", filepath.Dir(path), err)
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {
-		return fmt.Errorf("state: sync %s: %w", filepath.Dir(s.path), err)
+		return fmt.Errorf("state: sync %s: %w", filepath.Dir(path), err)
 	}
 	return nil
 }

@@ -1,42 +1,36 @@
 package main
 
 import (
-	"context"
-	"io"
+	"fmt"
 	"os"
-
-	"github.com/coreos/go-systemd/v22/journal"
-	"github.com/sirupsen/logrus"
-
-	"github.com/rbd-owner/rbd-owner/agent/audit"
-	"github.com/rbd-owner/rbd-owner/agent/config"
-	"github.com/rbd-owner/rbd-owner/agent/daemon"
+	"path/filepath"
+	"syscall"
 )
 
-func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
-	fs := flags("daemon")
-	path := fs.String("config", config.DefaultPath, "config file")
-	if _, err := parse(fs, args, 0); err != nil {
-		return err
+// agentPath is where the packages install the agent program.
+var agentPath = "/usr/lib/rbd-owner/rbd-owner-agent"
+
+// runDaemon replaces this process with the agent (agent/cmd/rbd-owner-agent): rbd-owner-agent
+// beside this binary (as `make build` leaves them in bin/), else the packaged one. The agent is the one
+// program that links the Ceph libraries; loading them costs a process ~0.5 s on a slow machine,
+// which the CLI (a static binary) no longer pays on every call. exec keeps the process id, so
+// systemd's notify and watchdog (NotifyAccess=main) and socket activation (LISTEN_PID) see the
+// same process as before.
+func runDaemon(args []string) error {
+	path := agentPath
+	if self, err := os.Executable(); err == nil {
+		if near := filepath.Join(filepath.Dir(self), "rbd-owner-agent"); isExecutable(near) {
+			path = near
+		}
 	}
-	log := logrus.New()
-	log.SetOutput(stderr)
-	underJournal, err := journal.StderrIsJournalStream()
-	if err != nil {
-		// not knowing only changes the log format: say so and go on with timestamps
-		log.WithError(err).Warn("cannot tell whether stderr is the journal")
+	if !isExecutable(path) {
+		return fmt.Errorf("the agent program %s is missing (reinstall the package)", path)
 	}
-	if underJournal {
-		// systemd adds the time and the unit; keep the lines short
-		log.SetFormatter(&logrus.TextFormatter{DisableTimestamp: true})
-	}
-	cfg, err := config.Load(*path, "")
-	if err != nil {
-		return err
-	}
-	d, err := daemon.New(daemon.Options{Config: cfg, Log: log, Audit: audit.New(log, underJournal || os.Getenv("INVOCATION_ID") != "")})
-	if err != nil {
-		return err
-	}
-	return d.Run(ctx)
+	err := syscall.Exec(path, append([]string{"rbd-owner-agent", "daemon"}, args...), os.Environ())
+	return fmt.Errorf("start the agent %s: %w", path, err)
+}
+
+func isExecutable(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
 }

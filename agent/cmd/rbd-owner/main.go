@@ -35,7 +35,7 @@ const usage = `usage: rbd-owner [--socket PATH] <command> [flags]
 
 commands:
   daemon  [--config PATH]                                   run the node agent
-  map     [--cluster ID] [--access rwo|rox|rwx] [--read-only] [--volume-id ID] [--takeover] POOL[/NAMESPACE]/IMAGE[@SNAP]
+  map     [--cluster ID] [--access rwo|rox|rwx] [--read-only] [--volume-id ID] [--takeover] [--no-udev] POOL[/NAMESPACE]/IMAGE[@SNAP]
   unmap   [--cluster ID] [--force] (POOL[/NAMESPACE]/IMAGE[@SNAP] | /dev/rbdN)
   status  [--json]                                          this node's devices and claims
   claims  [--cluster ID] [--pool POOL] [--json] [--remove-orphans]   the claims of a pool, cluster-wide
@@ -81,7 +81,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	case "daemon":
-		err = runDaemon(ctx, rest, stderr)
+		err = runDaemon(rest)
 	case "map":
 		err = runMap(ctx, client.New(*socket), rest, stdout)
 	case "unmap":
@@ -198,6 +198,7 @@ func runMap(ctx context.Context, c *client.Client, args []string, stdout io.Writ
 	ro := fs.Bool("read-only", false, "map read-only")
 	vol := fs.String("volume-id", "", "volume id for the audit trail")
 	takeover := fs.Bool("takeover", false, "take over from a node whose lease has expired (fences it)")
+	noUdev := fs.Bool("no-udev", false, "return once the kernel's device exists, without waiting for udev (its link follows)")
 	asJSON := fs.Bool("json", false, "print the whole answer as JSON")
 	pos, err := parse(fs, args, 1)
 	if err != nil {
@@ -207,8 +208,12 @@ func runMap(ctx context.Context, c *client.Client, args []string, stdout io.Writ
 	if err != nil {
 		return err
 	}
-	resp, err := c.Map(ctx, api.MapRequest{Cluster: *cluster, Pool: spec.Pool, Namespace: spec.Namespace, Image: spec.Image,
-		Snapshot: spec.Snap, Access: *access, ReadOnly: *ro, VolumeID: *vol, Requester: "rbd-owner-cli", Takeover: *takeover})
+	req := api.MapRequest{Cluster: *cluster, Pool: spec.Pool, Namespace: spec.Namespace, Image: spec.Image,
+		Snapshot: spec.Snap, Access: *access, ReadOnly: *ro, VolumeID: *vol, Requester: "rbd-owner-cli", Takeover: *takeover}
+	if *noUdev {
+		req.Options = []string{"noudev"}
+	}
+	resp, err := c.Map(ctx, req)
 	if err != nil {
 		return err
 	}

@@ -66,9 +66,13 @@ type Kernel struct {
 	sharedBy map[string]int // client key -> clientSeq
 	clientOf map[int]string // device id -> client key ("" for a client of its own)
 	subs     map[*sub]bool
-	dropNext int
-	writes   []string
-	loads    int
+	// the fake udevd: it sends its copy of each rbd event (FromUdev) to the udev subscribers,
+	// at once, or when ReleaseUdev is called while HoldUdev holds it
+	udevHeld  bool
+	udevQueue []krbd.Uevent
+	dropNext  int
+	writes    []string
+	loads     int
 }
 
 // New creates a fake kernel under dir (dir/sys, dir/dev).
@@ -213,8 +217,34 @@ func (k *Kernel) Writes() []string {
 
 // Config returns a krbd.Config wired to this fake.
 func (k *Kernel) Config() krbd.Config {
-	return krbd.Config{SysfsRoot: k.Sysfs, DevRoot: k.Dev, Writer: k, Events: k, Keys: k,
+	return krbd.Config{SysfsRoot: k.Sysfs, DevRoot: k.Dev, Writer: k, Events: k, Udev: k.Udevd(), Keys: k,
 		LoadModule: k.LoadModule, StatDev: k.StatDev}
+}
+
+// Udevd returns the fake udevd's event source: a copy of every rbd event the kernel emits,
+// marked FromUdev, as udevd sends it once its rules ran.
+func (k *Kernel) Udevd() krbd.EventSource { return udevSource{k} }
+
+type udevSource struct{ k *Kernel }
+
+func (u udevSource) Subscribe(ctx context.Context) (krbd.Subscription, error) {
+	return u.k.subscribe(ctx, true)
+}
+
+// HoldUdev makes the fake udevd keep its events (as a busy udevd running slow rules does)
+// until ReleaseUdev.
+func (k *Kernel) HoldUdev() { k.mu.Lock(); k.udevHeld = true; k.mu.Unlock() }
+
+// ReleaseUdev sends what the fake udevd held, in order, and stops holding.
+func (k *Kernel) ReleaseUdev() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.udevHeld = false
+	q := k.udevQueue
+	k.udevQueue = nil
+	for _, ev := range q {
+		k.deliver(ev, true)
+	}
 }
 
 // StatDev reads the fake device node (a regular file holding "major:minor").
@@ -427,9 +457,13 @@ func (k *Kernel) remove(s string) error {
 	return nil
 }
 
-// Subscribe implements krbd.EventSource.
+// Subscribe implements krbd.EventSource: the kernel's own events.
 func (k *Kernel) Subscribe(ctx context.Context) (krbd.Subscription, error) {
-	s := &sub{k: k, ch: make(chan krbd.Uevent, 64), done: make(chan struct{})}
+	return k.subscribe(ctx, false)
+}
+
+func (k *Kernel) subscribe(ctx context.Context, udev bool) (krbd.Subscription, error) {
+	s := &sub{k: k, udev: udev, ch: make(chan krbd.Uevent, 64), done: make(chan struct{})}
 	k.mu.Lock()
 	k.subs[s] = true
 	k.mu.Unlock()
@@ -453,6 +487,9 @@ func (k *Kernel) emit(ev krbd.Uevent) {
 	if k.dropNext > 0 {
 		k.dropNext--
 		for s := range k.subs {
+			if s.udev {
+				continue // the kernel's socket overflowed, not udevd's
+			}
 			// like ENOBUFS: the next receive reports the loss at once
 			select {
 			case s.ch <- krbd.Uevent{Overflow: true}:
@@ -466,7 +503,24 @@ func (k *Kernel) emit(ev krbd.Uevent) {
 	if !ev.IsRBD() {
 		return // the real source filters non-rbd events (bdi) too
 	}
+	k.deliver(ev, false)
+	ev.FromUdev = true
+	if ev.DevName != "" {
+		ev.DevName = "/dev/" + ev.DevName
+	}
+	if k.udevHeld {
+		k.udevQueue = append(k.udevQueue, ev)
+	} else {
+		k.deliver(ev, true)
+	}
+}
+
+// deliver sends ev to the kernel's (udev false) or udevd's subscribers (k.mu held).
+func (k *Kernel) deliver(ev krbd.Uevent, udev bool) {
 	for s := range k.subs {
+		if s.udev != udev {
+			continue
+		}
 		if s.lost {
 			select {
 			case s.ch <- krbd.Uevent{Overflow: true}:
@@ -485,6 +539,7 @@ func (k *Kernel) emit(ev krbd.Uevent) {
 
 type sub struct {
 	k    *Kernel
+	udev bool // a subscriber of the fake udevd
 	ch   chan krbd.Uevent
 	done chan struct{}
 	once sync.Once

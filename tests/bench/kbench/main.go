@@ -7,6 +7,13 @@
 //	kbench rbd    -n 30 -image bench1            Ceph's `rbd device map` / `rbd device unmap`
 //	kbench cli    -n 30 -image bench1            `rbd-owner map` / `rbd-owner unmap`
 //	kbench api    -n 30 -image bench1            the agent's API from one long-lived client
+//	    (rbd, cli, api: -noudev maps without waiting for udevd, as `rbd map -o noudev`, what
+//	    ceph-csi runs; the measurement is then named rbd-noudev, cli-noudev, api-noudev)
+//	kbench seq    -n 30 -image bench1 -modes raw,rbd,rbd-noudev,cli,cli-noudev,api,api-noudev
+//	                                             the same measurements interleaved: run i maps and
+//	                                             unmaps once in each mode before run i+1, so a
+//	                                             machine whose load changes meanwhile slows every
+//	                                             mode alike (what tests/bench/run uses)
 //	kbench par    -n 64 -prefix par -via api|rbd  n images mapped at once, then unmapped at once
 //	kbench clients -n 64 -prefix par -share      n raw maps with or without noshare: slab, TCP
 //	                                             connections to the cluster, map latency
@@ -40,6 +47,8 @@ var (
 	via     = flag.String("via", "api", "par: api or rbd")
 	share   = flag.Bool("share", false, "clients: map without noshare (one shared kernel client)")
 	keep    = flag.Bool("keep", false, "par: leave the images mapped (no unmap phase)")
+	noudev  = flag.Bool("noudev", false, "rbd, cli, api, par: map without waiting for udevd (rbd's -o noudev)")
+	modes   = flag.String("modes", "raw,rbd,rbd-noudev,cli,cli-noudev,api,api-noudev", "seq: the modes, interleaved")
 	only    = flag.String("only", "", "par: run only this phase (map or unmap)")
 	mon     = flag.String("mon", "203.0.113.1:6789", "monitor")
 	user    = flag.String("user", "rbdowner", "cephx user")
@@ -67,6 +76,15 @@ func emit(r result) {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
+// firstLines keeps an error short: its first 3 lines (a crashed rbd prints a whole dump).
+func firstLines(s string) string {
+	lines := strings.SplitN(s, "\n", 4)
+	if len(lines) > 3 {
+		lines = append(lines[:3], "…")
+	}
+	return strings.Join(lines, "\n")
+}
+
 func main() {
 	if len(os.Args) < 2 {
 		fmt.Fprintln(os.Stderr, "usage: kbench raw|rbd|cli|api|par|clients [flags]")
@@ -78,18 +96,14 @@ func main() {
 	}
 	var err error
 	switch mode {
-	case "raw":
-		err = benchRaw()
-	case "rbd":
-		err = benchCmd("rbd", []string{"rbd", "--id", *user, "device", "map", "rbd/" + *img}, func(dev string) []string {
-			return []string{"rbd", "--id", *user, "device", "unmap", dev}
-		})
-	case "cli":
-		err = benchCmd("cli", []string{"rbd-owner", "map", "rbd/" + *img}, func(string) []string {
-			return []string{"rbd-owner", "unmap", "rbd/" + *img}
-		})
-	case "api":
-		err = benchAPI()
+	case "raw", "rbd", "cli", "api":
+		name := mode
+		if *noudev {
+			name += "-noudev"
+		}
+		err = repeat(*n, name)
+	case "seq":
+		err = benchSeq()
 	case "par":
 		err = benchPar()
 	case "clients":
@@ -101,6 +115,112 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kbench:", err)
 		os.Exit(1)
 	}
+}
+
+// one maps and unmaps bench's image once in the measurement name (raw, rbd, rbd-noudev, cli,
+// cli-noudev, api, api-noudev) and emits both times.
+type one func() error
+
+func measurements() (map[string]one, error) {
+	raw, err := newRawKernel()
+	if err != nil {
+		return nil, err
+	}
+	c := client.New(*socket)
+	spec := "rbd/" + *img
+	cmd := func(name string, mapArgv []string, unmapArgv func(dev string) []string) one {
+		return func() error {
+			dev, d, err := run(mapArgv)
+			if err != nil {
+				return err
+			}
+			emit(result{What: name, Op: "map", Ms: ms(d)})
+			if _, d, err = run(unmapArgv(dev)); err != nil {
+				return err
+			}
+			emit(result{What: name, Op: "unmap", Ms: ms(d)})
+			return nil
+		}
+	}
+	rbdMap := func(opts ...string) []string {
+		return append(append([]string{"rbd", "--id", *user, "device", "map"}, opts...), spec)
+	}
+	rbdUnmap := func(opts ...string) func(string) []string {
+		return func(dev string) []string {
+			return append(append([]string{"rbd", "--id", *user, "device", "unmap"}, opts...), dev)
+		}
+	}
+	cliUnmap := func(string) []string { return []string{"rbd-owner", "unmap", spec} }
+	viaAPI := func(name string, noudev bool) one {
+		return func() error {
+			req := api.MapRequest{Pool: "rbd", Image: *img, Requester: "kbench " + name}
+			if noudev {
+				req.Options = []string{"noudev"}
+			}
+			start := time.Now()
+			if _, err := c.Map(context.Background(), req); err != nil {
+				return err
+			}
+			emit(result{What: name, Op: "map", Ms: ms(time.Since(start))})
+			start = time.Now()
+			if _, err := c.Unmap(context.Background(), api.UnmapRequest{Pool: "rbd", Image: *img}); err != nil {
+				return err
+			}
+			emit(result{What: name, Op: "unmap", Ms: ms(time.Since(start))})
+			return nil
+		}
+	}
+	return map[string]one{
+		"raw":        func() error { return raw.once(*img) },
+		"rbd":        cmd("rbd", rbdMap(), rbdUnmap()),
+		"rbd-noudev": cmd("rbd-noudev", rbdMap("--options", "noudev"), rbdUnmap("--options", "noudev")),
+		"cli":        cmd("cli", []string{"rbd-owner", "map", spec}, cliUnmap),
+		"cli-noudev": cmd("cli-noudev", []string{"rbd-owner", "map", "--no-udev", spec}, cliUnmap),
+		"api":        viaAPI("api", false),
+		"api-noudev": viaAPI("api-noudev", true),
+	}, nil
+}
+
+// repeat runs measurement name n times.
+func repeat(n int, name string) error {
+	runtime.LockOSThread() // raw: the process keyring is what the kernel searches; one thread anyway
+	all, err := measurements()
+	if err != nil {
+		return err
+	}
+	f, ok := all[name]
+	if !ok {
+		return fmt.Errorf("no measurement %q", name)
+	}
+	for i := 0; i < n; i++ {
+		if err := f(); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// benchSeq runs -modes interleaved, n rounds.
+func benchSeq() error {
+	runtime.LockOSThread()
+	all, err := measurements()
+	if err != nil {
+		return err
+	}
+	names := strings.Split(*modes, ",")
+	for _, m := range names {
+		if all[m] == nil {
+			return fmt.Errorf("no measurement %q", m)
+		}
+	}
+	for i := 0; i < *n; i++ {
+		for _, m := range names {
+			if err := all[m](); err != nil {
+				return fmt.Errorf("%s, round %d: %w", m, i+1, err)
+			}
+		}
+	}
+	return nil
 }
 
 // rawKernel maps with one prepared add string per image, the key added to the keyring once.
@@ -191,24 +311,17 @@ func unmapRaw(id string) (time.Duration, error) {
 	}
 }
 
-func benchRaw() error {
-	runtime.LockOSThread() // the process keyring is what the kernel searches; one thread anyway
-	k, err := newRawKernel()
+// once maps image raw (noshare) and unmaps it, and emits both times.
+func (k *rawKernel) once(image string) error {
+	id, d, err := k.mapRaw(image, true)
 	if err != nil {
 		return err
 	}
-	for i := 0; i < *n; i++ {
-		id, d, err := k.mapRaw(*img, true)
-		if err != nil {
-			return err
-		}
-		emit(result{What: "raw", Op: "map", Ms: ms(d)})
-		d, err = unmapRaw(id)
-		if err != nil {
-			return err
-		}
-		emit(result{What: "raw", Op: "unmap", Ms: ms(d)})
+	emit(result{What: "raw", Op: "map", Ms: ms(d)})
+	if d, err = unmapRaw(id); err != nil {
+		return err
 	}
+	emit(result{What: "raw", Op: "unmap", Ms: ms(d)})
 	return nil
 }
 
@@ -225,37 +338,13 @@ func run(argv []string) (string, time.Duration, error) {
 	return strings.TrimSpace(string(out)), d, nil
 }
 
-func benchCmd(what string, mapArgv []string, unmapArgv func(dev string) []string) error {
-	for i := 0; i < *n; i++ {
-		dev, d, err := run(mapArgv)
-		if err != nil {
-			return err
-		}
-		emit(result{What: what, Op: "map", Ms: ms(d)})
-		if _, d, err = run(unmapArgv(dev)); err != nil {
-			return err
-		}
-		emit(result{What: what, Op: "unmap", Ms: ms(d)})
+// mapRequest is the API's map of image, with noudev when -noudev says so.
+func mapRequest(image string) api.MapRequest {
+	r := api.MapRequest{Pool: "rbd", Image: image, Requester: "kbench par"}
+	if *noudev {
+		r.Options = []string{"noudev"}
 	}
-	return nil
-}
-
-func benchAPI() error {
-	c := client.New(*socket)
-	ctx := context.Background()
-	for i := 0; i < *n; i++ {
-		start := time.Now()
-		if _, err := c.Map(ctx, api.MapRequest{Pool: "rbd", Image: *img, Requester: "kbench"}); err != nil {
-			return err
-		}
-		emit(result{What: "api", Op: "map", Ms: ms(time.Since(start))})
-		start = time.Now()
-		if _, err := c.Unmap(ctx, api.UnmapRequest{Pool: "rbd", Image: *img}); err != nil {
-			return err
-		}
-		emit(result{What: "api", Op: "unmap", Ms: ms(time.Since(start))})
-	}
-	return nil
+	return r
 }
 
 // benchPar maps n images at once (through the API from one client, or n `rbd device map`),
@@ -264,6 +353,11 @@ func benchPar() error {
 	c := client.New(*socket)
 	ctx := context.Background()
 	devs := make([]string, *n)
+	label := "par-" + *via
+	var rbdOpts []string
+	if *noudev {
+		label, rbdOpts = label+"-noudev", []string{"--options", "noudev"}
+	}
 	phase := func(op string, f func(i int) error) {
 		var wg sync.WaitGroup
 		start := time.Now()
@@ -273,25 +367,25 @@ func benchPar() error {
 				defer wg.Done()
 				t := time.Now()
 				err := f(i)
-				r := result{What: "par-" + *via, Op: op, Ms: ms(time.Since(t))}
+				r := result{What: label, Op: op, Ms: ms(time.Since(t))}
 				if err != nil {
-					r.Err = err.Error()
+					r.Err = firstLines(err.Error())
 				}
 				emit(r)
 			}()
 		}
 		wg.Wait()
-		emit(result{What: "par-" + *via, Op: op + "-all", Ms: ms(time.Since(start))})
+		emit(result{What: label, Op: op + "-all", Ms: ms(time.Since(start))})
 	}
 	image := func(i int) string { return *prefix + strconv.Itoa(i+1) }
 	if *only != "unmap" {
 		phase("map", func(i int) error {
 			if *via == "rbd" {
-				dev, _, err := run([]string{"rbd", "--id", *user, "device", "map", "rbd/" + image(i)})
+				dev, _, err := run(append([]string{"rbd", "--id", *user, "device", "map"}, append(rbdOpts, "rbd/"+image(i))...))
 				devs[i] = dev
 				return err
 			}
-			r, err := c.Map(ctx, api.MapRequest{Pool: "rbd", Image: image(i), Requester: "kbench"})
+			r, err := c.Map(ctx, mapRequest(image(i)))
 			if err == nil {
 				devs[i] = r.Device
 			}

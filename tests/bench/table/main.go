@@ -54,6 +54,7 @@ func main() {
 	values := map[string]float64{}
 	var order []string
 	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 16<<20) // a failed rbd's error can be long (a crash dump)
 	for sc.Scan() {
 		var r result
 		if json.Unmarshal(sc.Bytes(), &r) != nil || r.What == "" {
@@ -79,6 +80,10 @@ func main() {
 		}
 		s.vals = append(s.vals, r.Ms)
 	}
+	if err := sc.Err(); err != nil {
+		fmt.Fprintln(os.Stderr, "table:", err)
+		os.Exit(1)
+	}
 	med := func(key string) float64 {
 		if s := data[key]; s != nil {
 			return quantile(s.vals, 0.5)
@@ -96,8 +101,14 @@ func main() {
 	}
 	fmt.Println()
 	fmt.Println("ratios of medians (map; unmap)")
-	for _, p := range [][2]string{{"rbd", "raw"}, {"cli", "raw"}, {"api", "raw"}, {"cli", "rbd"}, {"api", "rbd"}} {
-		fmt.Printf("  %-4s / %-4s  map %5.2fx   unmap %5.2fx\n", p[0], p[1], med(p[0]+" map")/med(p[1]+" map"), med(p[0]+" unmap")/med(p[1]+" unmap"))
+	// each against the raw floor, and rbd-owner against Ceph's rbd waiting (or not) for udevd alike
+	for _, p := range [][2]string{{"rbd", "raw"}, {"cli", "raw"}, {"api", "raw"}, {"rbd-noudev", "raw"}, {"cli-noudev", "raw"},
+		{"api-noudev", "raw"}, {"cli", "rbd"}, {"api", "rbd"}, {"cli-noudev", "rbd-noudev"}, {"api-noudev", "rbd-noudev"}} {
+		m, u := med(p[0]+" map")/med(p[1]+" map"), med(p[0]+" unmap")/med(p[1]+" unmap")
+		if math.IsNaN(m) {
+			continue // not measured in this run
+		}
+		fmt.Printf("  %-10s / %-10s  map %5.2fx   unmap %5.2fx\n", p[0], p[1], m, u)
 	}
 	fmt.Println()
 	fmt.Println("single figures")

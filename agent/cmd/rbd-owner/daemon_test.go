@@ -1,0 +1,73 @@
+package main
+
+import (
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestMain lets a test run this binary as the CLI itself (RBD_OWNER_TEST_MAIN=1).
+func TestMain(m *testing.M) {
+	if os.Getenv("RBD_OWNER_TEST_MAIN") == "1" {
+		agentPath = "/nonexistent/rbd-owner-agent" // whatever this machine has installed
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// TestDaemonExecsTheAgent: `rbd-owner daemon ARGS` becomes the agent program beside it, in
+// the same process (systemd's MainPID, LISTEN_PID and NOTIFY_SOCKET stay right), with the
+// arguments and the environment passed on; without an agent program it says which is missing.
+func TestDaemonExecsTheAgent(t *testing.T) {
+	dir := t.TempDir()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cliPath := filepath.Join(dir, "rbd-owner")
+	copyFile(t, self, cliPath)
+	cmd := exec.Command(cliPath, "daemon", "--config", "/etc/x.yaml")
+	cmd.Env = append(os.Environ(), "RBD_OWNER_TEST_MAIN=1", "LISTEN_FDS=1")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "rbd-owner-agent is missing") {
+		t.Fatalf("without an agent program: %v: %s", err, out)
+	}
+
+	agent := "#!/bin/sh\necho \"pid=$$ args=$* listen_fds=$LISTEN_FDS\"\n"
+	if err := os.WriteFile(filepath.Join(dir, "rbd-owner-agent"), []byte(agent), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd = exec.Command(cliPath, "daemon", "--config", "/etc/x.yaml")
+	cmd.Env = append(os.Environ(), "RBD_OWNER_TEST_MAIN=1", "LISTEN_FDS=1")
+	out, err = cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "pid=" + strconv.Itoa(cmd.Process.Pid) + " args=daemon --config /etc/x.yaml listen_fds=1"
+	if strings.TrimSpace(string(out)) != want {
+		t.Fatalf("the agent ran as %q, want %q", strings.TrimSpace(string(out)), want)
+	}
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	in, err := os.Open(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
