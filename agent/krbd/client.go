@@ -330,23 +330,31 @@ func (c *Client) waitMapped(ctx context.Context, sub Subscription, spec Spec, ad
 	var cand *Device
 	var lastErr error
 	for {
-		// find our device among ids not seen before the write
+		// find our device: the one whose config_info is exactly our add string (its key name
+		// is unique to this map), so each device costs one small read, not a whole device
+		// (with 256 maps at once, reading every new device whole for each map made the
+		// agent's search quadratic and starved its loops); kernels without config_info fall
+		// back to the names of the ids that were not there before the write
 		if cand == nil {
 			ids, err := c.ids()
 			if err != nil {
 				return Device{}, err
 			}
 			for _, id := range ids {
-				if cid, old := seen[id]; old && cid == c.attr(id, "client_id") {
-					continue // there before the write
+				ci := c.attr(id, "config_info")
+				if ci != add && ci != "" {
+					continue // someone else's device
+				}
+				if ci == "" {
+					if cid, old := seen[id]; old && cid == c.attr(id, "client_id") {
+						continue // there before the write
+					}
 				}
 				d, err := c.ReadDevice(id)
 				if err != nil {
 					continue // going away, or still being set up: look again later
 				}
-				// ours: config_info is exactly our add string (its key name is unique to this
-				// map); kernels without config_info fall back to the names
-				if ci := c.attr(id, "config_info"); ci != add && (ci != "" || d.Spec() != spec) {
+				if ci == "" && d.Spec() != spec {
 					seen[id] = d.ClientID // someone else's device
 					continue
 				}
