@@ -418,7 +418,7 @@ func (d *Daemon) Fence(ctx context.Context, req api.ImageRequest, peer *peercred
 		}
 		d.audit.Record(audit.Entry{Event: audit.Fence, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace, Image: t.spec.Image,
 			Epoch: f.Epoch, OwnerNode: f.NodeID, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer), Warning: true,
-			Message: fmt.Sprintf("fenced node %s's mapping of %s: blocklisted %s until %s", f.NodeID, t.spec, f.Addr, f.Expires.Format(time.RFC3339))})
+			Message: fmt.Sprintf("fenced %s, holder of %s, until %s", f.Described(), t.spec, f.Expires.Format(time.RFC3339))})
 	}
 	return out, nil
 }

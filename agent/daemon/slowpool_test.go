@@ -92,5 +92,3 @@ func slowPool(t *testing.T, honour bool) {
 		t.Fatalf("a heartbeat gap of %s in the healthy pool: more than renew + heartbeat deadline = %s", worst, bound)
 	}
 }
-
-func (d *Daemon) heartbeatTimeout() time.Duration { return min(d.cfg.RenewInterval.D(), 10*time.Second) }

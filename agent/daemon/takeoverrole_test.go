@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -139,5 +140,106 @@ func takeoverByRole(t *testing.T, policy string) {
 				}
 			}
 		}
+	}
+}
+
+// TestWholeNodeFenceIsNamedAsSuch: a takeover of a hold that recorded no mapping address
+// fences the holder's whole address (ip:0/0); the audit entry says so, and what it cuts.
+func TestWholeNodeFenceIsNamedAsSuch(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000033")
+	mono := &monoClock{}
+	var mu sync.Mutex
+	var entries []audit.Entry
+	n := startMemDaemonWith(t, func(o *Options) {
+		o.Config.NodeID = "node-b"
+		o.Mono = mono.Now
+		o.Audit = audit.NewWithSink(quietLog(), func(e audit.Entry) { mu.Lock(); entries = append(entries, e); mu.Unlock() })
+	}, c)
+	defer n.stop(t)
+	a, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }},
+		Lease: 30 * time.Second, FenceExpiry: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := claim.Image{Pool: "rbd", Image: "half"}
+	c.m.AddImage(img, "id-half")
+	n.k.AddImage("rbd", "", "half", 16<<20)
+	if _, err := a.Acquire(context.Background(), claim.Request{Image: img}); err != nil { // and node-a stops before its map
+		t.Fatal(err)
+	}
+	req := api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "half", Takeover: true}
+	for _, step := range []time.Duration{0, 20 * time.Second, 11 * time.Second} {
+		mono.Advance(step)
+		if _, err = n.d.Map(context.Background(), req, nil); err == nil {
+			break
+		}
+	}
+	if err != nil || !c.m.Blocklisted("10.0.0.1:0/0") {
+		t.Fatalf("takeover of a hold with no mapping address: %v, whole node fenced %v", err, c.m.Blocklisted("10.0.0.1:0/0"))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, e := range entries {
+		if e.Event == audit.Takeover {
+			if !strings.Contains(e.Message, "WHOLE address 10.0.0.1:0/0") || !strings.Contains(e.Message, "its agent too") {
+				t.Fatalf("takeover entry does not name the whole-node fence: %s", e.Message)
+			}
+			return
+		}
+	}
+	t.Fatal("no takeover entry")
+}
+
+// TestAgentKeepsWatchingBetweenSparseRetries: a caller that may take over (here by the policy)
+// retries less often than once a lease, as kubelet does once its backoff has grown. The claim
+// store drops an observation not refreshed for a lease, so the agent keeps watching the image
+// itself between retries: the retry after a lease and more of silence takes the image over at
+// once, from the agent's own looks.
+func TestAgentKeepsWatchingBetweenSparseRetries(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000034")
+	var reads atomic.Int64 // of w's claim and of node-a's heartbeat beside it: looks
+	c.m.SetHook(func(_ context.Context, call string, img claim.Image) error {
+		if call == "read" && img.Image == "w" {
+			reads.Add(1)
+		}
+		return nil
+	})
+	mono := &monoClock{}
+	n := startMemDaemonWith(t, func(o *Options) {
+		o.Config.NodeID = "node-b"
+		o.Config.TakeoverPolicy = config.TakeoverAfterLeaseExpiry
+		o.Mono = mono.Now
+	}, c)
+	defer n.stop(t)
+	a, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }},
+		Lease: 30 * time.Second, FenceExpiry: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := claim.Image{Pool: "rbd", Image: "w"}
+	c.m.AddImage(img, "id-w")
+	n.k.AddImage("rbd", "", "w", 16<<20)
+	r, err := a.Acquire(context.Background(), claim.Request{Image: img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.SetMapping(context.Background(), img, r.Holder.Epoch, "10.0.0.1:0/9", "/dev/rbd0"); err != nil {
+		t.Fatal(err)
+	}
+	req := api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "w"}
+	if _, err := n.d.Map(context.Background(), req, nil); err == nil {
+		t.Fatal("the first look took the image")
+	}
+	looks := reads.Load
+	for range 4 { // 40 s of the caller's silence, the agent looking on its own
+		mono.Advance(10 * time.Second)
+		l0 := looks()
+		waitFor(t, "the agent's own look at node-a's heartbeat", func() bool { return looks() > l0 })
+	}
+	if _, err := n.d.Map(context.Background(), req, nil); err != nil {
+		t.Fatalf("a retry after 40 s of silence from the caller, with the agent watching: %v", err)
+	}
+	if !c.m.Blocklisted("10.0.0.1:0/9") {
+		t.Fatal("taken without fencing node-a's mapping")
 	}
 }
