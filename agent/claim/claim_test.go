@@ -102,10 +102,13 @@ func TestClaimedElsewhereNamesTheOwner(t *testing.T) {
 	if !errors.As(err, &held) || held.Owner().NodeID != "nodeA" || held.Epoch != 1 {
 		t.Fatalf("error does not carry the owner: %#v", err)
 	}
-	for _, want := range []string{"node nodeA", "host-nodeA", "epoch 1", "a takeover is possible in"} {
+	for _, want := range []string{"node nodeA", "host-nodeA", "epoch 1", "lease live as far as this node has seen"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("message %q lacks %q", err, want)
 		}
+	}
+	if strings.Contains(err.Error(), "a takeover is possible") || held.RetryAfter() != 0 {
+		t.Errorf("a request that may not take over is told when it could: %q", err)
 	}
 	// asking for a takeover while the lease is live is refused too, and fences nothing
 	_, err = b.Acquire(ctx(t), Request{Image: img, Takeover: true})
