@@ -179,7 +179,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 		res, err = store.Acquire(ctx, claim.Request{Image: t.img, Access: access, ReadOnly: readOnly,
 			Takeover: req.Takeover || d.cfg.TakeoverPolicy == config.TakeoverAfterLeaseExpiry, TakeFenced: true})
 		var held *claim.HeldError
-		if errors.As(err, &held) && held.Takeover {
+		if errors.As(err, &held) {
 			d.watches.add(t.key, time.Now().Add(watchFor(d.cfg.LeaseDuration.D())))
 		} else {
 			d.watches.drop(t.key)

@@ -10,13 +10,14 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
-// takeoverWatches are the images a map was refused for while it could take them over once
-// their holders' leases expire (takeover asked by an admin, or takeover_policy
-// after-lease-expiry). The claim store trusts an observation of a holder only while it is
-// looked at again at least once a lease; a caller that retries less often (kubelet backs off to
-// two minutes) would then start a new watch at every retry and never take over. So the agent
-// keeps watching such an image itself, one read of the claim and of each holder's heartbeat per
-// renew interval, for watchFor after the last refusal: real looks, taken often enough.
+// takeoverWatches are the images a map was refused for because another node holds them. The
+// claim store trusts an observation of a holder only while it is looked at again at least once
+// a lease; a caller that retries less often (kubelet backs off to two minutes, a person reads
+// the refusal and then asks again with takeover) would start a new watch at every retry and
+// wait a whole lease each time. So the agent keeps watching such an image itself, one read of
+// the claim and of each holder's heartbeat per renew interval, for watchFor after the last
+// refusal: real looks, taken often enough, that a later takeover (by an admin, or by the policy)
+// can rely on.
 type takeoverWatches struct {
 	mu    sync.Mutex
 	until map[state.Key]time.Time
