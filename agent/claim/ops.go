@@ -48,17 +48,11 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("acquire %s: %w", req.Image, err)
 	}
-	// this node's liveness where it is about to hold a claim, before the claim is visible: an
-	// observer that sees the new hold sees a heartbeat written for it, never one left from a
-	// time this node held nothing in the pool (and watched by nobody since). No heartbeat, no
-	// claim.
-	if err := s.Heartbeat(ctx, req.Image.Pool, req.Image.Namespace); err != nil {
-		return nil, fmt.Errorf("acquire %s: no claim made, since this node's liveness could not be recorded first: %w", req.Image, err)
-	}
 	in := acquireInput{Self: s.cfg.Node.ID, FSID: s.fsid, Image: req.Image, Access: access, ReadOnly: req.ReadOnly,
 		Takeover: req.Takeover, TakeFenced: req.TakeFenced, Info: info, Me: s.me(), Fenced: map[string]bool{}}
 	var res Result
 	fences := map[string]Fence{} // holders this call has blocklisted (see acquireInput.Fenced)
+	beat := false                // this call has written this node's heartbeat in the pool
 	rec, err := s.update(ctx, req.Image, func(cur *Record, ver uint64) (*Record, error) {
 		in.Now = s.cfg.Now().UTC()
 		res = Result{}
@@ -85,6 +79,16 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 			res.Fenced = append(res.Fenced, f)
 		}
 		res.Holder, res.Again = plan.Holder, plan.Again
+		// this node's liveness in the pool, just before the claim becomes visible: an observer
+		// that sees the new hold sees a heartbeat written for it, never one left from a time this
+		// node held nothing there (and nobody watched). No heartbeat, no claim. A refusal writes
+		// nothing; a lost race keeps the heartbeat just written.
+		if !beat {
+			if err := s.Heartbeat(ctx, req.Image.Pool, req.Image.Namespace); err != nil {
+				return nil, fmt.Errorf("no claim made, since this node's liveness could not be recorded first: %w", err)
+			}
+			beat = true
+		}
 		return plan.Next, nil
 	})
 	if err != nil {
