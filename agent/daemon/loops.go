@@ -215,15 +215,20 @@ func (d *Daemon) renewRound(ctx context.Context, cl *cluster) {
 		return
 	}
 	d.watchRound(ctx, cl, store)
-	sem := make(chan struct{}, renewConcurrency)
+	eachBounded(renewConcurrency, ms, func(m state.Mapping) { d.checkClaim(ctx, cl, store, m) })
+}
+
+// eachBounded runs f on every item, at most n at once, and returns once all are done.
+func eachBounded[T any](n int, items []T, f func(T)) {
+	sem := make(chan struct{}, n)
 	var wg sync.WaitGroup
-	for _, m := range ms {
+	for _, it := range items {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			d.checkClaim(ctx, cl, store, m)
+			f(it)
 		}()
 	}
 	wg.Wait()

@@ -37,17 +37,8 @@ func TestTakeoverNeedsTheAdminRoleOrThePolicy(t *testing.T) {
 
 func takeoverByRole(t *testing.T, policy string) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000032")
-	mono := &monoClock{}
-	var mu sync.Mutex
-	var entries []audit.Entry
-	n := startMemDaemonWith(t, func(o *Options) {
-		o.Config.NodeID = "node-b"
-		o.Config.TakeoverPolicy = policy
-		o.Mono = mono.Now
-		o.Audit = audit.NewWithSink(quietLog(), func(e audit.Entry) { mu.Lock(); entries = append(entries, e); mu.Unlock() })
-	}, c)
+	n, mono, audited := nodeB(t, c, policy)
 	defer n.stop(t)
-	audited := func() []audit.Entry { mu.Lock(); defer mu.Unlock(); return append([]audit.Entry(nil), entries...) }
 	// node-a: another agent on the same cluster, stopped after mapping (its heartbeat stays)
 	a, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Hostname: "host-a", Incarnation: "i-a",
 		Addr: func() string { return "10.0.0.1" }}, Lease: 30 * time.Second, FenceExpiry: time.Hour})
@@ -147,14 +138,7 @@ func takeoverByRole(t *testing.T, policy string) {
 // fences the holder's whole address (ip:0/0); the audit entry says so, and what it cuts.
 func TestWholeNodeFenceIsNamedAsSuch(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000033")
-	mono := &monoClock{}
-	var mu sync.Mutex
-	var entries []audit.Entry
-	n := startMemDaemonWith(t, func(o *Options) {
-		o.Config.NodeID = "node-b"
-		o.Mono = mono.Now
-		o.Audit = audit.NewWithSink(quietLog(), func(e audit.Entry) { mu.Lock(); entries = append(entries, e); mu.Unlock() })
-	}, c)
+	n, mono, audited := nodeB(t, c, config.TakeoverManual)
 	defer n.stop(t)
 	a, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }},
 		Lease: 30 * time.Second, FenceExpiry: time.Hour})
@@ -177,9 +161,7 @@ func TestWholeNodeFenceIsNamedAsSuch(t *testing.T) {
 	if err != nil || !c.m.Blocklisted("10.0.0.1:0/0") {
 		t.Fatalf("takeover of a hold with no mapping address: %v, whole node fenced %v", err, c.m.Blocklisted("10.0.0.1:0/0"))
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for _, e := range entries {
+	for _, e := range audited() {
 		if e.Event == audit.Takeover {
 			if !strings.Contains(e.Message, "WHOLE address 10.0.0.1:0/0") || !strings.Contains(e.Message, "its agent too") {
 				t.Fatalf("takeover entry does not name the whole-node fence: %s", e.Message)
@@ -204,12 +186,7 @@ func TestAgentKeepsWatchingBetweenSparseRetries(t *testing.T) {
 		}
 		return nil
 	})
-	mono := &monoClock{}
-	n := startMemDaemonWith(t, func(o *Options) {
-		o.Config.NodeID = "node-b"
-		o.Config.TakeoverPolicy = config.TakeoverAfterLeaseExpiry
-		o.Mono = mono.Now
-	}, c)
+	n, mono, _ := nodeB(t, c, config.TakeoverAfterLeaseExpiry)
 	defer n.stop(t)
 	a, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }},
 		Lease: 30 * time.Second, FenceExpiry: time.Hour})
@@ -242,4 +219,20 @@ func TestAgentKeepsWatchingBetweenSparseRetries(t *testing.T) {
 	if !c.m.Blocklisted("10.0.0.1:0/9") {
 		t.Fatal("taken without fencing node-a's mapping")
 	}
+}
+
+// nodeB is a running daemon "node-b" on c under policy, with its own monotonic clock and its
+// audit entries collected.
+func nodeB(t *testing.T, c *memCluster, policy string) (*memDaemon, *monoClock, func() []audit.Entry) {
+	t.Helper()
+	mono := &monoClock{}
+	var mu sync.Mutex
+	var entries []audit.Entry
+	n := startMemDaemonWith(t, func(o *Options) {
+		o.Config.NodeID = "node-b"
+		o.Config.TakeoverPolicy = policy
+		o.Mono = mono.Now
+		o.Audit = audit.NewWithSink(quietLog(), func(e audit.Entry) { mu.Lock(); entries = append(entries, e); mu.Unlock() })
+	}, c)
+	return n, mono, func() []audit.Entry { mu.Lock(); defer mu.Unlock(); return append([]audit.Entry(nil), entries...) }
 }

@@ -62,25 +62,15 @@ func (w *takeoverWatches) due(clusterID string, now time.Time) []state.Key {
 // watchRound refreshes the watches of cl's images, concurrent within renewConcurrency, each
 // bounded by the heartbeat deadline. An image no other node holds any more is forgotten.
 func (d *Daemon) watchRound(ctx context.Context, cl *cluster, store *claim.Store) {
-	keys := d.watches.due(cl.cfg.ID, time.Now())
-	sem := make(chan struct{}, renewConcurrency)
-	var wg sync.WaitGroup
-	for _, k := range keys {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			wctx, cancel := context.WithTimeout(ctx, d.heartbeatTimeout())
-			leases, err := store.Watch(wctx, k.Ref.Head())
-			cancel()
-			switch {
-			case err != nil:
-				d.log.WithError(err).WithField("image", k.String()).Debug("takeover watch: not refreshed")
-			case len(leases) == 0:
-				d.watches.drop(k) // free, or this node's: nothing to wait for
-			}
-		}()
-	}
-	wg.Wait()
+	eachBounded(renewConcurrency, d.watches.due(cl.cfg.ID, time.Now()), func(k state.Key) {
+		wctx, cancel := context.WithTimeout(ctx, d.heartbeatTimeout())
+		leases, err := store.Watch(wctx, k.Ref.Head())
+		cancel()
+		switch {
+		case err != nil:
+			d.log.WithError(err).WithField("image", k.String()).Debug("takeover watch: not refreshed")
+		case len(leases) == 0:
+			d.watches.drop(k) // free, or this node's: nothing to wait for
+		}
+	})
 }
