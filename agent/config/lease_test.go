@@ -66,3 +66,22 @@ func TestLeaseMustCoverTheBound(t *testing.T) {
 		}
 	}
 }
+
+// TestHeartbeatTimeout: renew_interval, at most 10s; the bound is built from it.
+func TestHeartbeatTimeout(t *testing.T) {
+	for _, tc := range []struct{ renew, want, bound time.Duration }{
+		{2 * time.Second, 2 * time.Second, 24 * time.Second},
+		{5 * time.Second, 5 * time.Second, 30 * time.Second},
+		{10 * time.Second, 10 * time.Second, 40 * time.Second},
+		{20 * time.Second, 10 * time.Second, 50 * time.Second},
+		{time.Hour, 10 * time.Second, time.Hour + 30*time.Second},
+	} {
+		c := &Config{RenewInterval: Duration(tc.renew)}
+		if got := c.HeartbeatTimeout(); got != tc.want {
+			t.Errorf("renew_interval %s: heartbeat timeout %s, want %s", tc.renew, got, tc.want)
+		}
+		if got := c.LeaseBound(); got != tc.bound {
+			t.Errorf("renew_interval %s: bound %s, want %s", tc.renew, got, tc.bound)
+		}
+	}
+}
