@@ -29,7 +29,7 @@ func TestCheckConfig(t *testing.T) {
 		code         int
 		stdout, errs string
 	}{
-		{[]string{"check-config", "--config", good}, exitOK, good + ": the agent accepts it (node node-a, clusters lab; lease_duration 60s exceeds the lease bound 50s for renew_interval 20s)", ""},
+		{[]string{"check-config", "--config", good}, exitOK, good + ": the agent accepts it (node node-a, clusters lab; lease_duration 1m0s exceeds the lease bound 50s for renew_interval 20s)", ""},
 		{[]string{"check-config", "--config=" + good}, exitOK, "the agent accepts it", ""},
 		{[]string{"check-config", "--config", short}, exitFailed, "",
 			"rbd-owner check-config: config " + short + ": lease_duration: 5s is too short for renew_interval 2s: a lease must exceed renew_interval (2s) + the heartbeat's deadline (2s) + its write's answer (10s) + a read's answer (10s) = 24s; raise lease_duration above 24s"},
