@@ -141,8 +141,6 @@ func (h *heartbeats) beat(ctx context.Context, p place) {
 	h.d.heartbeat(hctx, h.cl, store, p.pool, p.namespace, keys)
 }
 
-// heartbeatTimeout bounds one heartbeat write: min(renew interval, 10 s). With the renew
-// interval it makes the longest gap between a live node's heartbeats (R in model/lease.pml).
-func (d *Daemon) heartbeatTimeout() time.Duration {
-	return min(d.cfg.RenewInterval.D(), 10*time.Second)
-}
+// heartbeatTimeout bounds one heartbeat call: the config's HeartbeatTimeout, which the lease
+// bound the config checks is made of (R in model/lease.pml).
+func (d *Daemon) heartbeatTimeout() time.Duration { return d.cfg.HeartbeatTimeout() }
