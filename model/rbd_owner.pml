@@ -18,8 +18,9 @@
  * file). A crash is offered before every step and after every state-file write inside one.
  *
  * Checked: invariants 1 and 4 where a mapping appears (an assertion) and in every state (the
- * never claim), 2 and 3 by assertions where the claim changes; with LIVENESS, the liveness
- * property at the end. Variants (-D), each of which must fail:
+ * never claim), 2 and 3 by assertions where the claim changes; with ROLES, 5 where a takeover
+ * blocklists and where it drops a holder; with LIVENESS, the liveness property at the end.
+ * Variants (-D), each of which must fail:
  *   READ_THEN_WRITE   a claim of a record read "free" is a plain write, compared with nothing
  *   WRITE_THEN_FENCE  a takeover writes the claim first and blocklists the old holder after
  *   RELEASE_FIRST     the unmap saga releases the claim before the device is gone
@@ -31,6 +32,14 @@
  *   RWO_ONLY          maps ask for rwo only (else rwo, rox and rwx)
  *   KEEP_FENCED       add the renewal round's keepFenced, asserting it finds its mapping
  *                     blocklisted already
+ *   ROLES             a map request comes from a caller with the CSI or the admin role and may
+ *                     ask for takeover; each node has a takeover_policy, manual or
+ *                     after-lease-expiry; invariant 5 (below) is checked. The takeover rule as
+ *                     fixed (docs/safety.md, F4): a request's takeover needs the admin role (a
+ *                     CSI-role request asking for it is refused); otherwise a map takes over
+ *                     only where the node's policy is after-lease-expiry or an admin fenced
+ *                     every holder. With TAKEOVER_FROM_REQUEST (variant h, the code before F4):
+ *                     the request's takeover is honoured whatever the caller's role.
  * Bounds: NODES, IMAGES, GENS, EMAX, CRASHES, FAULTS, ADMIN, HANDUNMAP, FOREIGN (below).
  */
 
@@ -116,6 +125,16 @@ byte maxgrant[IMAGES];          /* the highest epoch granted so far, per image *
 bool i2_epoch_reused;
 bool i3_claim_dropped_under_live_mapping;
 bool i1_i4_violated;
+#ifdef ROLES
+/* takeover_policy per node: after-lease-expiry (1) or manual (0), set in init */
+bool pol_after[NODES];
+bool bl_new;                    /* the blocklist call just made added an entry */
+/* invariant 5: on a node whose takeover_policy is manual, an Acquire drops another node's
+   hold only for an admin-role request asking for takeover, or when an admin fenced that hold;
+   and it adds a blocklist entry only for an admin-role request asking for takeover (taking
+   over holds an admin fenced only blocklists again what the admin's fence blocklisted) */
+bool i5_takeover_not_allowed;
+#endif
 
 #define BLOCKED(n,i,g)  (blk_ip[n] || ((blk[W(n,i)] >> ((g)-1)) & 1))
 #define LIVE(n,i)       (kdev[W(n,i)] != 0 && !BLOCKED(n,i,kdev[W(n,i)]))
@@ -173,10 +192,15 @@ inline grant(i, n, acc) {
 }
 
 /* blocklist target tg (a generation or IPW) of node m's mapping of image i */
+#ifdef ROLES
+#define BL_NEW(e) bl_new = !(e)
+#else
+#define BL_NEW(e) skip
+#endif
 inline blocklist(m, i, tg) {
   if
-  :: tg == IPW -> blk_ip[m] = 1; printf("  blocklist: node %d, whole node (ip:0/0)\n", m)
-  :: else -> blk[W(m,i)] = blk[W(m,i)] | (1 << (tg-1));
+  :: tg == IPW -> BL_NEW(blk_ip[m]); blk_ip[m] = 1; printf("  blocklist: node %d, whole node (ip:0/0)\n", m)
+  :: else -> BL_NEW((blk[W(m,i)] >> (tg-1)) & 1); blk[W(m,i)] = blk[W(m,i)] | (1 << (tg-1));
      printf("  blocklist: node %d's mapping #%d of image %d\n", m, tg, i)
   fi
 }
@@ -198,8 +222,8 @@ inline blocklist(m, i, tg) {
   UNREAD
 
 /* one blocklist call for the first pending target in ev (2 bits per node); a failed call (lost,
-   or applied and timed out) leaves res = R_AMB */
-#define FENCE_ONE \
+   or applied and timed out) leaves res = R_AMB; CHECK runs after the call */
+#define FENCE_ONE(CHECK) \
   t = 0; \
   do \
   :: ((ev >> (2*t)) & 3) == 0 -> t++ \
@@ -212,7 +236,34 @@ inline blocklist(m, i, tg) {
   :: faults < FAULTS -> faults++; blocklist(t, i, g); res = R_AMB; printf("  (the reply times out)\n") \
   :: faults < FAULTS -> faults++; res = R_AMB; printf("  (the blocklist call is lost)\n") \
   fi; \
-  g = 0; t = 0
+  CHECK; BL_RESET g = 0; t = 0
+
+#ifdef ROLES
+#define BL_RESET bl_new = 0;
+/* invariant 5 at a takeover's blocklist call, and where it drops holder t */
+#define I5_FENCE \
+  i5_takeover_not_allowed = (!pol_after[n] && !(adm && tk) && bl_new); \
+  assert(!i5_takeover_not_allowed)
+#define I5_DROP(t) \
+  i5_takeover_not_allowed = (!pol_after[n] && !(adm && tk) && !h_fen[H(i,t)]); \
+  assert(!i5_takeover_not_allowed)
+#if NODES == 3
+#define ALL_FENCED(i) ((!h_held[H(i,0)] || h_fen[H(i,0)]) && (!h_held[H(i,1)] || h_fen[H(i,1)]) && (!h_held[H(i,2)] || h_fen[H(i,2)]))
+#else
+#define ALL_FENCED(i) ((!h_held[H(i,0)] || h_fen[H(i,0)]) && (!h_held[H(i,1)] || h_fen[H(i,1)]))
+#endif
+/* may this map take the image over (once the holders' leases expired, which is free here)? */
+#ifdef TAKEOVER_FROM_REQUEST
+#define TAKEOVER_ALLOWED (tk || pol_after[n])
+#else
+#define TAKEOVER_ALLOWED ((adm && tk) || pol_after[n] || ALL_FENCED(i))
+#endif
+#else
+#define BL_RESET
+#define I5_FENCE skip
+#define I5_DROP(t) skip
+#define TAKEOVER_ALLOWED 1
+#endif
 
 /* Acquire's write: a renewal of this node's hold (the lease fields only), or a new hold at
    epoch+1 after dropping the evicted holders */
@@ -226,7 +277,7 @@ inline blocklist(m, i, tg) {
   :: plan == P_NEW -> \
      if \
      :: evicting -> \
-          for (t : 0 .. NODES-1) { if :: h_held[H(i,t)] -> drop_holder(i, t, 0) :: else fi } \
+          for (t : 0 .. NODES-1) { if :: h_held[H(i,t)] -> I5_DROP(t); drop_holder(i, t, 0) :: else fi } \
      :: else \
      fi; \
      grant(i, n, acc) \
@@ -241,9 +292,14 @@ inline blocklist(m, i, tg) {
 #else
 #define RESET_SNAP
 #endif
+#ifdef ROLES
+#define RESET_ROLE adm = 0; tk = 0;
+#else
+#define RESET_ROLE
+#endif
 #define RESET \
   op = 0; acc = 0; plan = 0; ev = 0; wat = 0; ep = 0; res = 0; g = 0; t = 0; pend = 0; \
-  out = 0; prevph = 0; evicting = 0; bad = 0; RESET_SNAP UNREAD
+  out = 0; prevph = 0; evicting = 0; bad = 0; RESET_SNAP RESET_ROLE UNREAD
 #define DONE        RESET; goto idle
 #define CRASH_NOW \
   crashes++; printf("node %d image %d: CRASH (the agent restarts)\n", n, i); RESET; goto idle
@@ -280,6 +336,9 @@ proctype Worker(byte n; byte i) {
 #ifdef READ_THEN_WRITE
   byte snap;
 #endif
+#ifdef ROLES
+  bool adm, tk;                 /* the map's caller has the admin role; it asks for takeover */
+#endif
 
 idle:
 end_idle:
@@ -296,7 +355,22 @@ end_idle:
          :: ANY -> acc = RWX
 #endif
          fi;
+#ifdef ROLES
+         /* daemon/server.go: the socket grants the caller's role; the request may ask for
+            takeover */
+         if :: adm = 0 :: adm = 1 fi;
+         if :: tk = 0 :: tk = 1 fi;
+         printf("node %d image %d: MAP as %e, caller %d (1: admin), takeover %d, policy %d (1: after-lease-expiry)\n",
+                n, i, acc, adm, tk, pol_after[n]);
+#ifndef TAKEOVER_FROM_REQUEST
+         if
+         :: !adm && tk -> printf("  refused (403): takeover needs the admin role\n"); DONE
+         :: else
+         fi;
+#endif
+#else
          printf("node %d image %d: MAP as %e\n", n, i, acc);
+#endif
          PUT(CLAIMING, 0, 0);
          wat = 0;                       /* inspectImage: the live watchers of the header */
          for (t : 0 .. NODES-1) {
@@ -423,7 +497,8 @@ acq_read:
                  if
                  :: bad = 1        /* held: no takeover asked, or a lease live as this node sees it */
 #ifndef LIVENESS
-                 :: evicting = 1;  /* takeover: every holder's lease expired as this node saw it */
+                 :: TAKEOVER_ALLOWED ->
+                    evicting = 1;  /* takeover: every holder's lease expired as this node saw it */
                     for (t : 0 .. NODES-1) {
                       if
                       :: h_held[H(i,t)] -> ev = ev | (FENCE_TARGET(i,t) << (2*t))
@@ -468,13 +543,13 @@ acq_read:
        fi;
        if
        :: bad ->                        /* held, lost, busy, invalid: undo the intent */
-            printf("  acquire: refused\n"); DELETE; DONE
+            printf("node %d image %d: acquire: refused\n", n, i); DELETE; DONE
        :: else
        fi;
        if
-       :: plan == P_AGAIN -> printf("  acquire: this node holds it already (epoch %d): renew\n", h_ep[H(i,n)])
-       :: plan == P_NEW && evicting -> printf("  acquire: TAKEOVER (every holder's lease judged expired)\n")
-       :: else -> printf("  acquire: free or shared: claim\n")
+       :: plan == P_AGAIN -> printf("node %d image %d: acquire: this node holds it already (epoch %d): renew\n", n, i, h_ep[H(i,n)])
+       :: plan == P_NEW && evicting -> printf("node %d image %d: acquire: TAKEOVER (every holder's lease judged expired)\n", n, i)
+       :: else -> printf("node %d image %d: acquire: free or shared: claim\n", n, i)
        fi;
 #ifdef READ_THEN_WRITE
        snap = r_epoch[i];
@@ -502,7 +577,7 @@ acq_fence:
   if
   CRASH
   :: atomic {
-       FENCE_ONE;
+       FENCE_ONE(I5_FENCE);
        if
        :: res == R_AMB -> DONE          /* a timeout, may have applied: "claiming" stays */
        :: res != R_AMB && ev != 0 -> goto acq_fence
@@ -557,7 +632,7 @@ acq_fence_after:
   if
   CRASH
   :: atomic {
-       FENCE_ONE;
+       FENCE_ONE(I5_FENCE);
        if
        :: res == R_AMB -> DONE
        :: res != R_AMB && ev != 0 -> goto acq_fence_after
@@ -712,7 +787,7 @@ fence_one:
        if
        :: goto adone                       /* the call stops here (the client went away) */
        :: atomic {
-         FENCE_ONE;
+         FENCE_ONE(skip);
          if
          :: res == R_AMB -> goto adone
          :: res != R_AMB && ev != 0 -> goto fence_one
@@ -779,6 +854,18 @@ adone:
 init {
   byte n, i;
   atomic {
+#ifdef ROLES
+    /* POLICY_AFTER: a mask of the nodes whose takeover_policy is after-lease-expiry (the rest
+       manual); without it each node's policy is chosen at the start */
+    for (n : 0 .. NODES-1) {
+#ifdef POLICY_AFTER
+      pol_after[n] = (POLICY_AFTER >> n) & 1;
+#else
+      if :: pol_after[n] = 0 :: pol_after[n] = 1 fi;
+#endif
+      printf("node %d: takeover_policy %d (1: after-lease-expiry, 0: manual)\n", n, pol_after[n])
+    };
+#endif
     for (n : 0 .. NODES-1) {
       for (i : 0 .. IMAGES-1) { run Worker(n, i) }
     };

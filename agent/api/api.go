@@ -50,7 +50,8 @@ type MapRequest struct {
 	// "csi-rbdplugin").
 	VolumeID  string `json:"volume_id,omitempty"`
 	Requester string `json:"requester,omitempty"`
-	// Takeover allows taking the image from a node whose lease has expired (fencing it).
+	// Takeover allows taking the image from a node whose lease has expired (fencing it). It
+	// needs the admin role: a CSI-role request that sets it is refused (permission_denied).
 	Takeover bool `json:"takeover,omitempty"`
 	// Monitors, when Cluster is empty, name the cluster by one of its monitors' addresses
 	// (a CSI plugin's `rbd -m`); exactly one configured cluster must have one of them.

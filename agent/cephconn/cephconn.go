@@ -13,6 +13,7 @@ import (
 
 	"github.com/ceph/go-ceph/rados"
 
+	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 )
 
@@ -32,8 +33,9 @@ type Options struct {
 	Timeout time.Duration
 }
 
-// DefaultTimeout bounds cluster calls when Options.Timeout is zero.
-const DefaultTimeout = 10 * time.Second
+// DefaultTimeout bounds cluster calls when Options.Timeout is zero. It is the config's
+// ClusterCallTimeout: the shortest lease the config accepts is derived from it.
+const DefaultTimeout = config.ClusterCallTimeout
 
 // Connect opens and connects a RADOS handle. The caller owns it and must Shutdown it.
 func Connect(o Options) (*rados.Conn, error) {

@@ -17,8 +17,10 @@ type acquireInput struct {
 	Access   Access // parsed: rwo, rox or rwx
 	ReadOnly bool
 	Takeover bool
-	Info     imageInfo // the image's id and the watchers of its header other than this client
-	Now      time.Time // this node's wall clock: only written into records, never compared
+	// TakeFenced: holders an admin fenced may be taken over (see Request.TakeFenced)
+	TakeFenced bool
+	Info       imageInfo // the image's id and the watchers of its header other than this client
+	Now        time.Time // this node's wall clock: only written into records, never compared
 	// Leases is what this node's observer knows of each other holder's lease (by node id),
 	// judged on this node's monotonic clock alone. A holder without one counts as live.
 	Leases map[string]LeaseView
@@ -105,22 +107,33 @@ func decideAcquire(cur *Record, in acquireInput) (acquirePlan, error) {
 		return acquirePlan{Next: cur, Holder: *mine, Again: true}, nil
 	}
 	held := func(reason string) error {
-		return &HeldError{Image: in.Image, Access: cur.Access, Epoch: cur.Epoch, Holders: cur.Holders, Leases: in.Leases, Reason: reason}
+		return &HeldError{Image: in.Image, Access: cur.Access, Epoch: cur.Epoch, Holders: cur.Holders, Leases: in.Leases, Reason: reason, Takeover: in.Takeover}
 	}
 	var evict []Holder
 	if !cur.Free() && !(cur.Access == in.Access && in.Access != RWO) {
-		if !in.Takeover {
+		if !in.Takeover && !(in.TakeFenced && allFenced(cur.Holders)) {
+			if in.TakeFenced {
+				return acquirePlan{}, held("an admin may fence it (`rbd-owner fence`), after which a map takes it over; or map with takeover (the admin role, or takeover_policy after-lease-expiry) once its lease has expired")
+			}
 			return acquirePlan{}, held("map with takeover only once its lease has expired, or have an admin run `rbd-owner fence` and `rbd-owner release --force`")
 		}
 		for _, h := range cur.Holders {
-			if in.Fenced[fenceKey(h)] {
-				continue
+			if in.Fenced[fenceKey(h)] || h.Fenced {
+				continue // blocklisted already, by this call or by an admin (fenced again below)
 			}
-			if lv, ok := in.Leases[h.NodeID]; !ok || !lv.Expired {
+			lv, ok := in.Leases[h.NodeID]
+			if !ok || !lv.Expired {
 				return acquirePlan{}, held(fmt.Sprintf("takeover refused: node %s's lease is live as far as this node has seen; retry after %s", h.NodeID, ceilSeconds(lv.RetryAfter)))
 			}
 			if h.fenceAddr() == "" {
 				return acquirePlan{}, held(fmt.Sprintf("takeover refused: node %s recorded no address to fence", h.NodeID))
+			}
+			if h.ClientAddr == "" && lv.Moved {
+				// no mapping address yet: the fence would be the holder's whole address, every
+				// client of that host on this cluster, its agent's too; never that of a node
+				// seen alive within a lease, whatever this one hold's lease says
+				return acquirePlan{}, held(fmt.Sprintf("takeover refused: node %s recorded no mapping address, so its fence would be its whole address %s, and its heartbeat changed %s ago on this node's clock: it is alive; retry once its mapping is recorded or it stops",
+					h.NodeID, h.fenceAddr(), ceilSeconds(lv.MovedAgo)))
 			}
 		}
 		evict = append(evict, cur.Holders...)
@@ -150,6 +163,16 @@ func decideAcquire(cur *Record, in acquireInput) (acquirePlan, error) {
 	cur.Holders = append(cur.Holders, h)
 	cur.Access = in.Access
 	return acquirePlan{Next: cur, Evict: evict, Holder: h}, nil
+}
+
+// allFenced says whether every holder was fenced by an admin.
+func allFenced(hs []Holder) bool {
+	for _, h := range hs {
+		if !h.Fenced {
+			return false
+		}
+	}
+	return len(hs) > 0
 }
 
 // decideMine finds node's live holder entry at epoch in cur, or explains why there is none

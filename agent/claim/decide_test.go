@@ -29,6 +29,8 @@ func TestDecideAcquire(t *testing.T) {
 	}
 	live := holder("node-a", 4, t0, "10.0.0.1:0/1")
 	expired := holder("node-a", 4, t0.Add(-16*time.Second), "10.0.0.1:0/1")
+	wholeNode := holder("node-a", 4, t0, "") // no mapping address recorded: fenced as 10.0.0.1:0/0
+	wholeNode.NodeAddr = "10.0.0.1"
 	// leases as this node's observer saw them; the holders' timestamps play no part
 	seenExpired := func(i acquireInput) acquireInput {
 		i.Leases = map[string]LeaseView{"node-a": {Expired: true, Unchanged: 16 * time.Second}}
@@ -92,6 +94,20 @@ func TestDecideAcquire(t *testing.T) {
 				i.Info.Watchers = []string{expired.ClientAddr}
 				return i
 			}), epoch: 5, evict: 1, holdersN: 1},
+		{name: "a fenced hold, live-seen, with TakeFenced: evicted (an admin fenced it)", cur: func() *Record { h := live; h.Fenced = true; return heldBy(h) }(),
+			in: func(i acquireInput) acquireInput { i = seenLive(i); i.TakeFenced = true; return i }, epoch: 5, evict: 1, holdersN: 1},
+		{name: "an unfenced hold, lease expired, with TakeFenced only: refused (the request is no takeover)", cur: heldBy(expired),
+			in: func(i acquireInput) acquireInput { i = seenExpired(i); i.TakeFenced = true; return i }, wantErr: ErrClaimedElsewhere},
+		{name: "a fenced hold without TakeFenced or takeover: refused", cur: func() *Record { h := live; h.Fenced = true; return heldBy(h) }(),
+			in: seenLive, wantErr: ErrClaimedElsewhere},
+		{name: "no mapping address, lease expired, the node seen moving elsewhere: refused (no whole-node fence of a live node)",
+			cur: heldBy(wholeNode),
+			in: takeover(func(i acquireInput) acquireInput {
+				i.Leases = map[string]LeaseView{"node-a": {Expired: true, Unchanged: 16 * time.Second, Moved: true, MovedAgo: 3 * time.Second}}
+				return i
+			}), wantErr: ErrClaimedElsewhere},
+		{name: "no mapping address, lease expired, the node silent everywhere: evicted (fenced whole)", cur: heldBy(wholeNode),
+			in: takeover(seenExpired), epoch: 5, evict: 1, holdersN: 1},
 		{name: "image recreated under the same name: old holders dropped, epoch goes on", cur: heldBy(live),
 			in: func(i acquireInput) acquireInput { i.Info.ID = "id2"; return i }, epoch: 5, holdersN: 1},
 	} {

@@ -38,12 +38,18 @@ type HeldError struct {
 	Leases map[string]LeaseView
 	// Reason adds why a takeover was not done, when one was asked for.
 	Reason string
+	// Takeover is set when the request could take the image over once the leases expire (it
+	// asked for a takeover, or its policy allows one): only then is a retry time given.
+	Takeover bool
 }
 
 // RetryAfter is when a takeover could be tried again: once every live holder's watch has run
 // a whole lease without a renewal (0 when no holder is being watched).
 func (e *HeldError) RetryAfter() time.Duration {
 	var d time.Duration
+	if !e.Takeover {
+		return 0
+	}
 	for _, h := range e.Holders {
 		if v, ok := e.Leases[h.NodeID]; ok && !v.Expired {
 			d = max(d, v.RetryAfter)
@@ -76,6 +82,8 @@ func (e *HeldError) Error() string {
 		case !ok:
 		case v.Expired:
 			fmt.Fprintf(&b, " (lease expired: its heartbeat has not changed for %s on this node's clock)", v.Unchanged.Round(time.Second))
+		case !e.Takeover:
+			b.WriteString(" (lease live as far as this node has seen)")
 		default:
 			fmt.Fprintf(&b, " (live: watching node %s's lease; a takeover is possible in %s unless it renews)", h.NodeID, ceilSeconds(v.RetryAfter))
 		}

@@ -101,3 +101,19 @@ func fakeClientAddr(n int) string {
 }
 
 func writeFile(path string, b []byte) error { return os.WriteFile(path, b, 0o600) }
+
+// silence lets d pass on a claimer's clock while it keeps watching img's holders, as an agent
+// waiting to take it over does: a look at least every lease/3 (an observation not refreshed for
+// a lease is dropped).
+func silence(t testing.TB, s *Store, img Image, advance func(time.Duration), d time.Duration) {
+	t.Helper()
+	step := s.cfg.Lease / 3
+	for d > 0 {
+		st := min(step, d)
+		advance(st)
+		d -= st
+		if _, err := s.Watch(context.Background(), img); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -59,62 +60,125 @@ func legacyMark(ver uint64, h Holder) Mark {
 
 // LeaseView is what an observer knows of one holder's lease.
 type LeaseView struct {
-	// Expired: the holder's liveness has not changed for a whole lease on this node's clock.
+	// Expired: the holder's liveness has not changed for a whole lease on this node's clock,
+	// watched on this very hold and looked at again at least once a lease.
 	Expired bool
-	// Unchanged is for how long this node has seen the same mark.
+	// Unchanged is for how long this node has seen the same mark on this hold.
 	Unchanged time.Duration
 	// RetryAfter is how long until Expired, unless the holder renews (0 when expired).
 	RetryAfter time.Duration
-	// FirstLook is true when this look started the watch (the mark was new to this node).
+	// FirstLook is true when this look started the watch: the mark or the hold was new to this
+	// node, or its last look was more than a lease ago.
 	FirstLook bool
-	// Changed is true when the mark differs from the one this node saw before: the holder
-	// renewed since the last look.
+	// Changed is true when the holder's heartbeat in this place differs from the one this node
+	// saw at its last look there, less than a lease ago: the holder renewed since.
 	Changed bool
+	// Moved is true when this node has seen the holder's heartbeat change, in any pool and
+	// namespace it watches, within the last lease on its own clock (MovedAgo ago): the node
+	// is alive, whatever this one hold's lease says.
+	Moved    bool
+	MovedAgo time.Duration
 }
 
-// observation is one holder's mark and when this node first saw it (monotonic).
-type observation struct {
-	mark  Mark
-	since time.Duration
+// Sighting is one look at a holder: which of its holds, and the mark of its heartbeat where
+// that hold is.
+type Sighting struct {
+	Place string // the heartbeat's pool and namespace
+	Image string // the image the hold is on
+	Node  string // the holder
+	// Hold names the hold looked at (its epoch, acquired time and incarnation): a watch holds
+	// only for the hold it was started on.
+	Hold string
+	Mark Mark
 }
 
-// Observer remembers, per holder, the mark it last saw and since when (on a monotonic clock
-// of this process). It is the whole lease rule; it never looks at another node's clock.
+// holdOf names a holder's hold for a Sighting.
+func holdOf(h Holder) string {
+	return fmt.Sprintf("%d/%s/%s", h.Epoch, h.AcquiredAt.UTC().Format(time.RFC3339Nano), h.Incarnation)
+}
+
+// watch is what this node saw of one hold: the mark, since when (monotonic), and when it last
+// looked.
+type watch struct {
+	hold               string
+	mark               Mark
+	since, last, lease time.Duration
+}
+
+// beat is what this node saw of one node's heartbeat in one place, whatever the hold: the mark
+// at its last look, when that was, and when it last saw the mark change.
+type beat struct {
+	mark                 Mark
+	last, changed, lease time.Duration
+	moved                bool // changed is set
+}
+
+// Observer remembers what this node saw of other nodes' leases, on a monotonic clock of this
+// process; it is the whole lease rule and never looks at another node's clock. It trusts an
+// observation only for the hold it was made against, and only while it is looked at again at
+// least once a lease: a watch of a hold that ended, or one left alone for longer than a lease
+// (a holder idle in a pool for an hour has an unchanged heartbeat there, which says nothing
+// of its next hold), starts over. What it no longer trusts it drops.
 type Observer struct {
-	mu   sync.Mutex
-	seen map[string]observation // key: holder identity (pool, namespace, node)
+	mu      sync.Mutex
+	watches map[string]watch // key: place, image, node
+	beats   map[string]beat  // key: place, node
 }
 
 // NewObserver returns an observer with nothing seen.
-func NewObserver() *Observer { return &Observer{seen: map[string]observation{}} }
+func NewObserver() *Observer {
+	return &Observer{watches: map[string]watch{}, beats: map[string]beat{}}
+}
 
-// Look records a look at a holder's mark at monotonic time now and returns the lease as this
-// node sees it: expired only once the same mark has been seen for lease. A changed mark
-// restarts the watch. The first look never finds a lease expired (lease > 0).
-func (o *Observer) Look(key string, mark Mark, now, lease time.Duration) LeaseView {
+// Look records a look at a holder at monotonic time now and returns its lease as this node
+// sees it: expired only once the same mark has been seen on the same hold for lease, with no
+// gap of more than a lease between looks. The first look never finds a lease expired
+// (lease > 0).
+func (o *Observer) Look(s Sighting, now, lease time.Duration) LeaseView {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	ob, ok := o.seen[key]
-	first := !ok || ob.mark != mark
-	if first {
-		ob = observation{mark: mark, since: now}
-		o.seen[key] = ob
+	o.prune(now)
+	wk, bk := s.Place+"\x00"+s.Image+"\x00"+s.Node, s.Place+"\x00"+s.Node
+	var v LeaseView
+	b, ok := o.beats[bk]
+	if ok && b.mark != s.Mark {
+		b.changed, b.moved, v.Changed = now, true, true
 	}
-	unchanged := now - ob.since
-	v := LeaseView{Unchanged: unchanged, FirstLook: first, Changed: first && ok}
-	if !first && unchanged >= lease {
+	b.mark, b.last, b.lease = s.Mark, now, lease
+	o.beats[bk] = b
+	w, ok := o.watches[wk]
+	if !ok || w.hold != s.Hold || w.mark != s.Mark {
+		w = watch{hold: s.Hold, mark: s.Mark, since: now}
+		v.FirstLook = true
+	}
+	w.last, w.lease = now, lease
+	o.watches[wk] = w
+	v.Unchanged = now - w.since
+	if !v.FirstLook && v.Unchanged >= lease {
 		v.Expired = true
 	} else {
-		v.RetryAfter = lease - unchanged
+		v.RetryAfter = lease - v.Unchanged
+	}
+	for k, b := range o.beats {
+		if b.moved && now-b.changed < lease && strings.HasSuffix(k, "\x00"+s.Node) && (!v.Moved || now-b.changed < v.MovedAgo) {
+			v.Moved, v.MovedAgo = true, now-b.changed
+		}
 	}
 	return v
 }
 
-// Forget drops what was seen of a holder (once it no longer holds anything watched).
-func (o *Observer) Forget(key string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	delete(o.seen, key)
+// prune drops what was last looked at more than a lease ago: it is no longer trusted.
+func (o *Observer) prune(now time.Duration) {
+	for k, w := range o.watches {
+		if now-w.last > w.lease {
+			delete(o.watches, k)
+		}
+	}
+	for k, b := range o.beats {
+		if now-b.last > b.lease {
+			delete(o.beats, k)
+		}
+	}
 }
 
 func encodeHeartbeat(hb *Heartbeat) ([]byte, error) {
@@ -168,7 +232,7 @@ func (s *Store) leases(ctx context.Context, img Image, cur *Record, recordVer ui
 		}
 		// never wait less than this node's own lease: a holder that says less is not trusted
 		lease = max(lease, s.cfg.Lease)
-		v := s.obs.Look(img.Pool+"/"+img.Namespace+"/"+h.NodeID, mark, s.cfg.Mono(), lease)
+		v := s.obs.Look(Sighting{Place: poolNS(img), Image: img.Image, Node: h.NodeID, Hold: holdOf(h), Mark: mark}, s.cfg.Mono(), lease)
 		if v.Changed && hb != nil && s.cfg.OnSkew != nil {
 			if skew := hb.RenewedAt.Sub(s.cfg.Now()); skew > time.Second || -skew > lease/3 {
 				s.cfg.OnSkew(h.NodeID, skew)
@@ -177,6 +241,25 @@ func (s *Store) leases(ctx context.Context, img Image, cur *Record, recordVer ui
 		out[h.NodeID] = v
 	}
 	return out, nil
+}
+
+// Watch looks at the leases of the image's holders, as a takeover would, and writes nothing: a
+// node waiting to take an image over keeps its watch of the holders' leases refreshed this way
+// (an observation not refreshed for a lease is dropped). It returns each other holder's lease
+// as this node sees it (none when the image is free or this node's alone).
+func (s *Store) Watch(ctx context.Context, img Image) (map[string]LeaseView, error) {
+	if err := validateImage(img); err != nil {
+		return nil, fmt.Errorf("watch %s: %w: %w", img, ErrInvalid, err)
+	}
+	cur, ver, err := s.read(ctx, img)
+	if err != nil {
+		return nil, fmt.Errorf("watch %s: %w", img, err)
+	}
+	leases, err := s.leases(ctx, img, cur, ver)
+	if err != nil {
+		return nil, fmt.Errorf("watch %s: %w", img, err)
+	}
+	return leases, nil
 }
 
 // Heartbeat renews this node's liveness in a pool and namespace: one write, whatever the

@@ -60,9 +60,6 @@ func heldImage(t *testing.T, m *Memory, a *Store) (Image, *Result) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.HeartbeatErr != nil {
-		t.Fatal(r.HeartbeatErr)
-	}
 	if _, err := a.SetMapping(context.Background(), img, r.Holder.Epoch, "10.0.0.1:0/1", "/dev/rbd0"); err != nil {
 		t.Fatal(err)
 	}
@@ -229,19 +226,44 @@ func TestLegacyHolderRenewalsAreLiveness(t *testing.T) {
 // TestObserver: the rule on its own.
 func TestObserver(t *testing.T) {
 	o := NewObserver()
-	if v := o.Look("a", "m1", 0, lease); v.Expired || !v.FirstLook || v.Changed || v.RetryAfter != lease {
+	at := func(node, img, hold string, mark Mark) Sighting {
+		return Sighting{Place: "rbd", Image: img, Node: node, Hold: hold, Mark: mark}
+	}
+	if v := o.Look(at("a", "x", "h1", "m1"), 0, lease); v.Expired || !v.FirstLook || v.Changed || v.Moved || v.RetryAfter != lease {
 		t.Fatalf("first look: %+v", v)
 	}
-	if v := o.Look("a", "m1", lease-1, lease); v.Expired || v.RetryAfter != 1 {
+	if v := o.Look(at("a", "x", "h1", "m1"), lease-1, lease); v.Expired || v.RetryAfter != 1 {
 		t.Fatalf("just before: %+v", v)
 	}
-	if v := o.Look("a", "m2", lease, lease); v.Expired || !v.Changed || v.RetryAfter != lease {
+	if v := o.Look(at("a", "x", "h1", "m2"), lease, lease); v.Expired || !v.Changed || !v.Moved || v.MovedAgo != 0 || v.RetryAfter != lease {
 		t.Fatalf("renewed: %+v", v)
 	}
-	if v := o.Look("a", "m2", 2*lease, lease); !v.Expired || v.Unchanged != lease {
+	if v := o.Look(at("a", "x", "h1", "m2"), 2*lease, lease); !v.Expired || v.Unchanged != lease || v.Moved {
 		t.Fatalf("a lease later: %+v", v)
 	}
-	if v := o.Look("b", "m2", 2*lease, lease); v.Expired {
+	if v := o.Look(at("b", "x", "h1", "m2"), 2*lease, lease); v.Expired {
 		t.Fatalf("another holder shares nothing: %+v", v)
+	}
+	// another hold of the same node, same heartbeat: a watch of its own
+	if v := o.Look(at("a", "x", "h2", "m2"), 2*lease, lease); v.Expired || !v.FirstLook {
+		t.Fatalf("a new hold judged by the old one's watch: %+v", v)
+	}
+	// another image of the same node: its own watch, the same heartbeat
+	if v := o.Look(at("a", "y", "h3", "m2"), 2*lease, lease); v.Expired || !v.FirstLook || v.Changed {
+		t.Fatalf("another image: %+v", v)
+	}
+	// not looked at for more than a lease: the watch starts over
+	if v := o.Look(at("a", "x", "h2", "m2"), 3*lease+1, lease); v.Expired || !v.FirstLook || v.Changed {
+		t.Fatalf("a look after a gap of more than a lease: %+v", v)
+	}
+	// a change seen in another place counts as the node moving
+	o.Look(Sighting{Place: "q", Image: "z", Node: "a", Hold: "h9", Mark: "n1"}, 3*lease+2, lease)
+	o.Look(Sighting{Place: "q", Image: "z", Node: "a", Hold: "h9", Mark: "n2"}, 3*lease+3, lease)
+	if v := o.Look(at("a", "x", "h2", "m2"), 4*lease+1, lease); !v.Expired || !v.Moved || v.MovedAgo != lease-2 {
+		t.Fatalf("a node moving elsewhere: %+v", v)
+	}
+	// what was not looked at for a lease is gone (y/a and x/b), the rest kept
+	if len(o.watches) != 2 || len(o.beats) != 2 {
+		t.Fatalf("want 2 watches (rbd x/a, q z/a) and 2 heartbeats (rbd/a, q/a) kept: %v %v", o.watches, o.beats)
 	}
 }

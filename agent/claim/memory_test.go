@@ -146,7 +146,7 @@ func TestMemoryTakeoverOnlyAfterExpiryAndFencesFirst(t *testing.T) {
 		}
 		return nil
 	})
-	clkB.Advance(16 * time.Second)
+	silence(t, b, img, clkB.Advance, 16*time.Second)
 	rb, err := b.Acquire(ctx, Request{Image: img, Takeover: true})
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,10 @@ type Request struct {
 	// Takeover allows taking the image from holders whose leases have expired, by fencing
 	// them first. A holder with a live lease is never taken over here (see Fence + ForceRelease).
 	Takeover bool
+	// TakeFenced allows taking the image from holders an admin has fenced (`rbd-owner fence`:
+	// blocklisted and marked fenced in the record), without waiting for their leases. It is
+	// what a map may do whoever asks; Takeover is the admin's, or the policy's.
+	TakeFenced bool
 }
 
 // Result is the outcome of Acquire.
@@ -25,9 +29,6 @@ type Result struct {
 	Again bool
 	// Fenced lists the holders that were blocklisted to take the image over.
 	Fenced []Fence
-	// HeartbeatErr is set when this node's heartbeat in the image's pool could not be written
-	// after the claim (the claim stands; the next renewal writes it).
-	HeartbeatErr error
 }
 
 // Acquire gives this node a hold on the image, or says who has it. It is idempotent: asking
@@ -48,9 +49,10 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 		return nil, fmt.Errorf("acquire %s: %w", req.Image, err)
 	}
 	in := acquireInput{Self: s.cfg.Node.ID, FSID: s.fsid, Image: req.Image, Access: access, ReadOnly: req.ReadOnly,
-		Takeover: req.Takeover, Info: info, Me: s.me(), Fenced: map[string]bool{}}
+		Takeover: req.Takeover, TakeFenced: req.TakeFenced, Info: info, Me: s.me(), Fenced: map[string]bool{}}
 	var res Result
 	fences := map[string]Fence{} // holders this call has blocklisted (see acquireInput.Fenced)
+	beat := false                // this call has written this node's heartbeat in the pool
 	rec, err := s.update(ctx, req.Image, func(cur *Record, ver uint64) (*Record, error) {
 		in.Now = s.cfg.Now().UTC()
 		res = Result{}
@@ -77,15 +79,22 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 			res.Fenced = append(res.Fenced, f)
 		}
 		res.Holder, res.Again = plan.Holder, plan.Again
+		// this node's liveness in the pool, just before the claim becomes visible: an observer
+		// that sees the new hold sees a heartbeat written for it, never one left from a time this
+		// node held nothing there (and nobody watched). No heartbeat, no claim. A refusal writes
+		// nothing; a lost race keeps the heartbeat just written.
+		if !beat {
+			if err := s.Heartbeat(ctx, req.Image.Pool, req.Image.Namespace); err != nil {
+				return nil, fmt.Errorf("no claim made, since this node's liveness could not be recorded first: %w", err)
+			}
+			beat = true
+		}
 		return plan.Next, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("acquire %s: %w", req.Image, err)
 	}
 	res.Record = rec
-	// this node's liveness where it now holds a claim, before anyone needs to watch it (the
-	// renewals keep it up from here; a failure here is only reported: it is renewed anyway)
-	res.HeartbeatErr = s.Heartbeat(ctx, req.Image.Pool, req.Image.Namespace)
 	return &res, nil
 }
 

@@ -118,6 +118,19 @@ type Fence struct {
 	By      string    `json:"by"`
 }
 
+// WholeNode says whether the fence blocklisted a host's whole address (ip:0/0: the holder had
+// recorded no mapping address yet): every client of that host on the cluster is cut by it, its
+// agent's own included, not only one mapping.
+func (f Fence) WholeNode() bool { return strings.HasSuffix(f.Addr, ":0/0") }
+
+// Described is the fence as a person reads it: the address, and what it cuts.
+func (f Fence) Described() string {
+	if f.WholeNode() {
+		return fmt.Sprintf("node %s's WHOLE address %s (no mapping address was recorded: every client of that host on this cluster is cut, its other mappings and its agent too)", f.NodeID, f.Addr)
+	}
+	return fmt.Sprintf("node %s's mapping %s", f.NodeID, f.Addr)
+}
+
 // maxFences bounds the fence history kept in a record.
 const maxFences = 8
 

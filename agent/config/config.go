@@ -110,6 +110,60 @@ const (
 	DefaultStateDir  = "/var/lib/rbd-owner"
 )
 
+// The lease rule (agent/claim/liveness.go; proved in model/lease.pml) keeps a holder that
+// renews from ever being judged expired when R + D < L: R is the longest gap between two of
+// its heartbeats landing, D the longest time from a read of a heartbeat at the OSD to the
+// reader's judgement of it, L the lease. The deadlines that make up R and D:
+
+// ClusterCallTimeout is how long one operation sent to a cluster may take: the agent connects
+// with it as rados_osd_op_timeout, rados_mon_op_timeout and client_mount_timeout
+// (cephconn.DefaultTimeout is this constant). A call's context is looked at before an operation
+// is sent, never while librados waits for its answer: an operation once sent is bounded by this
+// alone. It is D: a claimer judges a heartbeat (Observer.Look) as soon as the read that
+// returned it answers, at most this long after the OSD read it.
+const ClusterCallTimeout = 10 * time.Second
+
+// MaxHeartbeatTimeout caps HeartbeatTimeout.
+const MaxHeartbeatTimeout = 10 * time.Second
+
+// HeartbeatTimeout is the deadline of one heartbeat call (Store.Heartbeat, one per pool and
+// namespace every renew_interval): renew_interval, at most MaxHeartbeatTimeout. Its write is
+// sent before the deadline and answered within ClusterCallTimeout after.
+func (c *Config) HeartbeatTimeout() time.Duration {
+	return min(c.RenewInterval.D(), MaxHeartbeatTimeout)
+}
+
+// LeaseBound is what lease_duration must exceed with this renew_interval: R + D, where a
+// heartbeat lands at most renew_interval after the one before started plus its call's deadline
+// plus its write's answer, and is judged at most a read's answer after it was read.
+func (c *Config) LeaseBound() time.Duration {
+	return c.RenewInterval.D() + c.HeartbeatTimeout() + ClusterCallTimeout + ClusterCallTimeout
+}
+
+// checkLease refuses a lease_duration that does not exceed LeaseBound, in one line that spells
+// the bound out and names what to change.
+func (c *Config) checkLease() error {
+	bound := c.LeaseBound()
+	if c.LeaseDuration.D() > bound {
+		return nil
+	}
+	// the renew_interval r that would do: r + min(r, MaxHeartbeatTimeout) + 2 calls < lease
+	next := fmt.Sprintf("raise lease_duration above %s", bound)
+	floor := 2 * ClusterCallTimeout
+	switch rest := c.LeaseDuration.D() - floor; {
+	case rest <= 0:
+		next += fmt.Sprintf(" (no renew_interval makes a lease of %s or less safe)", floor)
+	case rest <= 2*MaxHeartbeatTimeout:
+		next += fmt.Sprintf(" or lower renew_interval below %s", rest/2)
+	default:
+		next += fmt.Sprintf(" or lower renew_interval below %s", rest-MaxHeartbeatTimeout)
+	}
+	return fmt.Errorf("lease_duration: %s is too short for renew_interval %s: a lease must exceed renew_interval (%s) + "+
+		"the heartbeat's deadline (%s) + its write's answer (%s) + a read's answer (%s) = %s; %s",
+		c.LeaseDuration.D(), c.RenewInterval.D(), c.RenewInterval.D(), c.HeartbeatTimeout(), ClusterCallTimeout,
+		ClusterCallTimeout, bound, next)
+}
+
 // Load reads and validates the file at path. machineID is the path of the machine-id file
 // used when node_id is not set ("" means /etc/machine-id).
 func Load(path, machineID string) (*Config, error) {
@@ -234,11 +288,11 @@ func (c *Config) validate() error {
 	if !strings.HasPrefix(c.StateDir, "/") {
 		return fmt.Errorf("state_dir: %q must be an absolute path", c.StateDir)
 	}
-	if c.LeaseDuration.D() < 5*time.Second {
-		return fmt.Errorf("lease_duration: %s is too short (at least 5s)", c.LeaseDuration.D())
-	}
 	if c.RenewInterval.D() <= 0 || c.RenewInterval.D()*2 > c.LeaseDuration.D() {
 		return fmt.Errorf("renew_interval: %s must be positive and at most half of lease_duration (%s)", c.RenewInterval.D(), c.LeaseDuration.D())
+	}
+	if err := c.checkLease(); err != nil {
+		return err
 	}
 	switch c.TakeoverPolicy {
 	case TakeoverManual, TakeoverAfterLeaseExpiry:

@@ -97,6 +97,7 @@ type Daemon struct {
 	unmanaged    map[int]unmanagedDevice // devices mapped behind the agent's back, and their verdicts
 	skews        map[string]skew         // other nodes whose clocks are off, by "cluster/node"
 	beats        map[string]time.Time    // when each loop last beat (see loops.go)
+	watches      takeoverWatches         // images waiting to be taken over (watch.go)
 	renewed      atomic.Int64            // successful heartbeats (tests)
 	heartbeatErr sync.Map                // "cluster/pool/ns" → true while its heartbeat fails
 	beatEvery    time.Duration           // how often an idle loop beats (set by Run)

@@ -36,8 +36,8 @@ func TestEveryKindHasAContractCode(t *testing.T) {
 		}
 	}
 	held := &claim.HeldError{Image: claim.Image{Pool: "rbd", Image: "x"}, Access: claim.RWO,
-		Holders: []claim.Holder{{NodeID: "node-a", Epoch: 3}},
-		Leases:  map[string]claim.LeaseView{"node-a": {Unchanged: 4 * time.Second, RetryAfter: 11*time.Second + 300*time.Millisecond}}}
+		Holders: []claim.Holder{{NodeID: "node-a", Epoch: 3}}, Takeover: true,
+		Leases: map[string]claim.LeaseView{"node-a": {Unchanged: 4 * time.Second, RetryAfter: 11*time.Second + 300*time.Millisecond}}}
 	for _, tc := range []struct {
 		name   string
 		err    error

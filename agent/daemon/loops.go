@@ -22,8 +22,9 @@ import (
 //
 //	main        device events (and restarting the device watcher), status for systemd
 //	reconcile   every renew interval: persisted state against the kernel's devices
-//	renew <id>  one per cluster: every renew interval a round of lease renewals, concurrent
-//	            within renewConcurrency, each bounded by the renew interval
+//	renew <id>  one per cluster: a heartbeat per pool and namespace held, each on its own
+//	            schedule; every renew interval a round of claim checks, concurrent within
+//	            renewConcurrency, each bounded by the renew interval
 
 // renewConcurrency bounds the renewals of one cluster in flight at once.
 const renewConcurrency = 8
@@ -132,15 +133,19 @@ func (d *Daemon) reconcileLoop(ctx context.Context) {
 	}
 }
 
-// renewLoop renews the leases held on one cluster: a round every renew interval, started at
-// once. A round still running at the next tick (a cluster that does not answer) is not
-// joined by another: its renewals are bounded by the renew interval and report themselves.
+// renewLoop keeps the leases held on one cluster: it runs a heartbeat per place this node holds
+// claims in (heartbeats: each on its own schedule, never waiting for anything below), and every
+// renew interval a round of claim checks and of takeover watches, started at once. A round
+// still running at the next tick (a cluster that does not answer) is not joined by another:
+// its calls are bounded and report themselves.
 func (d *Daemon) renewLoop(ctx context.Context, cl *cluster) {
 	name := "renew " + cl.cfg.ID
 	tick, stopTick := d.ticker(name, d.cfg.RenewInterval.D())
 	defer stopTick()
 	beat := time.NewTicker(d.beatEvery)
 	defer beat.Stop()
+	hb := newHeartbeats(d, cl)
+	defer hb.stop()
 	var round sync.WaitGroup
 	defer round.Wait()
 	busy := make(chan struct{}, 1)
@@ -151,11 +156,13 @@ func (d *Daemon) renewLoop(ctx context.Context, cl *cluster) {
 			since = time.Now()
 		default:
 			// the cluster has not answered the last round yet: say so where people look
-			msg := fmt.Sprintf("lease not renewed: cluster %s has not answered the renewals started %s ago", cl.cfg.ID, time.Since(since).Round(time.Second))
-			d.log.WithField("cluster", cl.cfg.ID).Warn("the previous round of lease renewals is still waiting for the cluster; skipping this one")
-			for _, m := range d.state.All() {
-				if m.Cluster == cl.cfg.ID && m.Claimed && (m.Phase == state.Mapped || m.Phase == state.Claimed) {
-					d.setProblem(m.Key, msg)
+			msg := fmt.Sprintf("claim not checked: cluster %s has not answered the checks started %s ago", cl.cfg.ID, time.Since(since).Round(time.Second))
+			d.log.WithField("cluster", cl.cfg.ID).Warn("the previous round of claim checks is still waiting for the cluster; skipping this one")
+			for _, keys := range d.held(cl.cfg.ID) {
+				for _, k := range keys {
+					if d.problem(k) == "" {
+						d.setProblem(k, msg)
+					}
 				}
 			}
 			return
@@ -167,6 +174,7 @@ func (d *Daemon) renewLoop(ctx context.Context, cl *cluster) {
 			d.renewRound(ctx, cl)
 		}()
 	}
+	hb.sync(ctx)
 	start()
 	for {
 		d.beat(name)
@@ -174,27 +182,27 @@ func (d *Daemon) renewLoop(ctx context.Context, cl *cluster) {
 		case <-ctx.Done():
 			return
 		case <-beat.C:
+			hb.sync(ctx)
 		case <-tick:
+			hb.sync(ctx)
 			start()
 		}
 	}
 }
 
-// renewRound keeps this node's leases on cl: one heartbeat write per pool and namespace it
-// holds claims in (the cost is O(pools), not O(claims)), then one read of each claim to learn
-// whether it was taken or fenced (a holder learns that within a renew interval). Both run
-// concurrently within renewConcurrency, each bounded by the renew interval.
+// renewRound refreshes the takeover watches of cl (watchRound), then checks this node's claims
+// on cl: one read of each claim, to learn whether it was taken or fenced (a holder learns that
+// within a renew interval), concurrent within renewConcurrency, each bounded by the renew
+// interval. The heartbeats are not here: each
+// place has its own (heartbeats).
 func (d *Daemon) renewRound(ctx context.Context, cl *cluster) {
 	var ms []state.Mapping
-	places := map[[2]string][]state.Key{}
 	for _, m := range d.state.All() {
 		if m.Cluster == cl.cfg.ID && m.Claimed && (m.Phase == state.Mapped || m.Phase == state.Claimed) {
 			ms = append(ms, m)
-			p := [2]string{m.Pool, m.Namespace}
-			places[p] = append(places[p], m.Key)
 		}
 	}
-	if len(ms) == 0 {
+	if len(ms) == 0 && len(d.watches.due(cl.cfg.ID, time.Now())) == 0 {
 		return
 	}
 	cctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
@@ -202,27 +210,26 @@ func (d *Daemon) renewRound(ctx context.Context, cl *cluster) {
 	cancel()
 	if err != nil {
 		for _, m := range ms {
-			d.setProblem(m.Key, "lease not renewed: "+err.Error())
+			d.setProblem(m.Key, "claim not checked: "+err.Error())
 		}
 		return
 	}
-	sem := make(chan struct{}, renewConcurrency)
+	d.watchRound(ctx, cl, store)
+	eachBounded(renewConcurrency, ms, func(m state.Mapping) { d.checkClaim(ctx, cl, store, m) })
+}
+
+// eachBounded runs f on every item, at most n at once, and returns once all are done.
+func eachBounded[T any](n int, items []T, f func(T)) {
+	sem := make(chan struct{}, n)
 	var wg sync.WaitGroup
-	run := func(f func()) {
+	for _, it := range items {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			f()
+			f(it)
 		}()
-	}
-	for p, keys := range places {
-		run(func() { d.heartbeat(ctx, cl, store, p[0], p[1], keys) })
-	}
-	wg.Wait() // the claims are checked after the heartbeats, whose problems they may clear
-	for _, m := range ms {
-		run(func() { d.checkClaim(ctx, cl, store, m) })
 	}
 	wg.Wait()
 }
@@ -230,7 +237,7 @@ func (d *Daemon) renewRound(ctx context.Context, cl *cluster) {
 // heartbeat renews this node's liveness in one pool and namespace; a failure is a problem of
 // every claim held there (its lease will run out for the others' observers).
 func (d *Daemon) heartbeat(ctx context.Context, cl *cluster, store *claim.Store, pool, ns string, keys []state.Key) {
-	hctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
+	hctx, cancel := context.WithTimeout(ctx, d.heartbeatTimeout())
 	err := store.Heartbeat(hctx, pool, ns)
 	cancel()
 	d.metrics.Liveness(cl.cfg.ID, livenessPlace(pool, ns), err)
@@ -241,7 +248,7 @@ func (d *Daemon) heartbeat(ctx context.Context, cl *cluster, store *claim.Store,
 	}
 	msg := "lease not renewed: " + err.Error()
 	if fault.Is(err, fault.Timeout) || fault.Is(err, fault.Unavailable) {
-		msg = fmt.Sprintf("lease not renewed: cluster %s did not answer within %s: %v", cl.cfg.ID, d.cfg.RenewInterval.D(), err)
+		msg = fmt.Sprintf("lease not renewed: cluster %s did not answer within %s: %v", cl.cfg.ID, d.heartbeatTimeout(), err)
 	}
 	for _, k := range keys {
 		if d.problem(k) != msg {

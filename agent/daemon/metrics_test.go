@@ -142,7 +142,11 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 	if _, err := d.Map(ctx, take, nil); !fault.Is(err, fault.ClaimedElsewhere) {
 		t.Fatalf("first look at a held image: %v", err)
 	}
-	mono.Advance(time.Minute + time.Second) // holdElsewhere's lease
+	mono.Advance(30 * time.Second) // a retry within holdElsewhere's lease (1 min)
+	if _, err := d.Map(ctx, take, nil); !fault.Is(err, fault.ClaimedElsewhere) {
+		t.Fatalf("a look half a lease in: %v", err)
+	}
+	mono.Advance(31 * time.Second) // a whole lease of silence since the first look
 	if _, err := d.Map(ctx, take, nil); err != nil {
 		t.Fatalf("takeover: %v", err)
 	}
@@ -176,11 +180,11 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 		want   float64
 	}{
 		{"rbd_owner_maps_total", lbl{"cluster": "c1", "result": "ok"}, 3}, // a, taken, b
-		{"rbd_owner_maps_total", lbl{"cluster": "c1", "result": "claimed_elsewhere"}, 2},
+		{"rbd_owner_maps_total", lbl{"cluster": "c1", "result": "claimed_elsewhere"}, 3},
 		{"rbd_owner_maps_total", lbl{"cluster": "unknown", "result": "invalid_argument"}, 1},
-		{"rbd_owner_map_duration_seconds", lbl{"cluster": "c1"}, 5},
+		{"rbd_owner_map_duration_seconds", lbl{"cluster": "c1"}, 6},
 		{"rbd_owner_map_duration_seconds", lbl{"cluster": "unknown"}, 1},
-		{"rbd_owner_map_refusals_total", lbl{"cluster": "c1", "reason": "claimed_elsewhere"}, 2},
+		{"rbd_owner_map_refusals_total", lbl{"cluster": "c1", "reason": "claimed_elsewhere"}, 3},
 		{"rbd_owner_map_refusals_total", lbl{"cluster": "unknown", "reason": "invalid_argument"}, 1},
 		{"rbd_owner_takeovers_total", lbl{"cluster": "c1"}, 1},
 		{"rbd_owner_fences_total", lbl{"cluster": "c1", "cause": "takeover"}, 1},

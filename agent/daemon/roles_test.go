@@ -58,6 +58,7 @@ func TestRoutesByRole(t *testing.T) {
 		admin              bool // needs the admin role
 	}{
 		{"POST", api.PathMap, bad, false},
+		{"POST", api.PathMap, `{"pool":"rbd","image":"a,b","takeover":true}`, true}, // a takeover fences another node
 		{"POST", api.PathUnmap, bad, false},
 		{"POST", api.PathRelease, bad, false},
 		{"POST", api.PathRelease, `{"pool":"rbd","image":"a,b","force":true}`, true},

@@ -106,6 +106,14 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 	if err != nil {
 		return nil, d.refused(req, peer, fmt.Errorf("map %s: %w", req.Ref(), err))
 	}
+	if req.Takeover {
+		// a takeover fences another node: the admin's call. A CSI-role map takes over only
+		// where takeover_policy allows it, or a hold an admin has fenced, never because it asks
+		if c, ok := callerFrom(ctx); ok && c.role < peercred.RoleAdmin {
+			what := "POST " + api.PathMap + " with takeover"
+			return nil, d.denied(what, c, needsAdmin(what, c))
+		}
+	}
 	if err := d.sameNetNS(peer); err != nil {
 		return nil, d.refused(req, peer, fmt.Errorf("map %s: %w", req.Ref(), err))
 	}
@@ -169,7 +177,13 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 			return nil, s.fail(err)
 		}
 		res, err = store.Acquire(ctx, claim.Request{Image: t.img, Access: access, ReadOnly: readOnly,
-			Takeover: req.Takeover || d.cfg.TakeoverPolicy == config.TakeoverAfterLeaseExpiry})
+			Takeover: req.Takeover || d.cfg.TakeoverPolicy == config.TakeoverAfterLeaseExpiry, TakeFenced: true})
+		var held *claim.HeldError
+		if errors.As(err, &held) {
+			d.watches.add(t.key, time.Now().Add(watchFor(d.cfg.LeaseDuration.D())))
+		} else {
+			d.watches.drop(t.key)
+		}
 		if err != nil {
 			if fault.MayHaveApplied(err) {
 				// the claim may have been written (e.g. a timeout after the OSD applied it):
@@ -177,9 +191,6 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 				return nil, d.failed(req, peer, s.keep(err))
 			}
 			return nil, d.refused(req, peer, s.fail(err))
-		}
-		if res.HeartbeatErr != nil {
-			d.log.WithError(res.HeartbeatErr).WithField("image", t.key.String()).Warn("claimed, but this node's heartbeat in the pool was not written; the next renewal writes it")
 		}
 		epoch := res.Holder.Epoch
 		s.onFail(func(ctx context.Context) error { _, err := store.Release(ctx, t.img, epoch); return err })
@@ -190,7 +201,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 		for _, f := range res.Fenced {
 			d.audit.Record(audit.Entry{Event: audit.Takeover, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
 				Image: t.spec.Image, Epoch: epoch, OwnerNode: f.NodeID, Warning: true, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
-				Message: fmt.Sprintf("took %s over from node %s (epoch %d) after fencing %s until %s", t.spec, f.NodeID, f.Epoch, f.Addr, f.Expires.Format(time.RFC3339))})
+				Message: fmt.Sprintf("took %s over from node %s (epoch %d) after fencing %s until %s", t.spec, f.NodeID, f.Epoch, f.Described(), f.Expires.Format(time.RFC3339))})
 		}
 		m.Epoch, m.Phase = epoch, state.Claimed
 		steps.mark("claim")

@@ -418,7 +418,7 @@ func (d *Daemon) Fence(ctx context.Context, req api.ImageRequest, peer *peercred
 		}
 		d.audit.Record(audit.Entry{Event: audit.Fence, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace, Image: t.spec.Image,
 			Epoch: f.Epoch, OwnerNode: f.NodeID, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer), Warning: true,
-			Message: fmt.Sprintf("fenced node %s's mapping of %s: blocklisted %s until %s", f.NodeID, t.spec, f.Addr, f.Expires.Format(time.RFC3339))})
+			Message: fmt.Sprintf("fenced %s, holder of %s, until %s", f.Described(), t.spec, f.Expires.Format(time.RFC3339))})
 	}
 	return out, nil
 }
@@ -454,6 +454,15 @@ func (d *Daemon) Release(ctx context.Context, req api.ImageRequest, peer *peercr
 		if h == nil {
 			return false, fmt.Errorf("%w: this node holds no claim on %s; an admin drops another node's with --force after fencing it", errInvalid, t.spec)
 		}
+		// the persisted state is not the kernel: after a lost state directory, or an adoption
+		// whose state write failed, a device may be mapped with no state. Never drop the claim
+		// of a device that may write.
+		if dev, err := d.mappedHere(t, store.FSID(), h.ClientAddr); err != nil || dev != "" {
+			if err != nil {
+				return false, fmt.Errorf("release %s: could not check this node's devices, so the claim is kept: %w", t.spec, err)
+			}
+			return false, fmt.Errorf("%w: %s is mapped on this node as %s though the agent has no record of it; unmap that device first (rbd-owner unmap %s)", errInvalid, t.spec, dev, dev)
+		}
 		return store.Release(ctx, t.img, h.Epoch)
 	}
 	// the record as it was, for the audit trail: who is being released
@@ -473,6 +482,31 @@ func (d *Daemon) Release(ctx context.Context, req api.ImageRequest, peer *peercr
 		}
 	}
 	return ok, nil
+}
+
+// mappedHere names a device of this node that maps the image, or whose client is the claim's
+// recorded one (clientAddr, may be ""); "" when there is none.
+func (d *Daemon) mappedHere(t target, fsid, clientAddr string) (string, error) {
+	devs, err := d.kernel.FindBySpec(t.spec, fsid)
+	if err != nil {
+		return "", err
+	}
+	if len(devs) > 0 {
+		return devs[0].DevNode, nil
+	}
+	if clientAddr == "" {
+		return "", nil
+	}
+	all, err := d.kernel.List()
+	if err != nil {
+		return "", err
+	}
+	for _, dv := range all {
+		if dv.ClientAddr == clientAddr {
+			return dv.DevNode, nil
+		}
+	}
+	return "", nil
 }
 
 // Status is this node's view: clusters, devices (managed or not), claims held, problems.

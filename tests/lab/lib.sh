@@ -38,7 +38,9 @@ CACHE=${RBD_OWNER_LAB_CACHE:-$HOME/.cache/rbd-owner/lab}
 NODES=(node-a node-b)
 declare -A NODE_IP=([node-a]=203.0.113.11 [node-b]=203.0.113.12)
 declare -A NODE_MAC=([node-a]=52:54:00:c0:71:11 [node-b]=52:54:00:c0:71:12)
-LEASE=${LEASE:-15s}
+# the agents' lease and renew interval: the config refuses a lease that does not exceed
+# renew_interval + min(renew_interval, 10s) + 20s (README, Configure: 30s for 5s)
+LEASE=${LEASE:-35s}
 RENEW=${RENEW:-5s}
 GUEST_MEM=${GUEST_MEM:-512}
 BOOT_TIMEOUT=${BOOT_TIMEOUT:-300}

@@ -35,6 +35,7 @@ const usage = `usage: rbd-owner [--socket PATH] <command> [flags]
 
 commands:
   daemon  [--config PATH]                                   run the node agent
+  check-config [--config PATH]                              would the agent start with this config? (exit 0 or 1)
   map     [--cluster ID] [--access rwo|rox|rwx] [--read-only] [--volume-id ID] [--takeover] [--no-udev] POOL[/NAMESPACE]/IMAGE[@SNAP]
   unmap   [--cluster ID] [--force] (POOL[/NAMESPACE]/IMAGE[@SNAP] | /dev/rbdN)
   status  [--json]                                          this node's devices and claims
@@ -82,6 +83,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	case "daemon":
 		err = runDaemon(rest)
+	case "check-config":
+		err = runCheckConfig(rest, stdout)
 	case "map":
 		err = runMap(ctx, client.New(*socket), rest, stdout)
 	case "unmap":

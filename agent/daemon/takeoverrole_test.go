@@ -1,0 +1,238 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/api"
+	"github.com/rbd-owner/rbd-owner/agent/audit"
+	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/peercred"
+)
+
+// TestTakeoverNeedsTheAdminRoleOrThePolicy maps, through the API, an image another node holds,
+// as every role on every socket, with and without "takeover", under both policies, against a
+// holder whose lease this node has seen expire and against one an admin has fenced:
+//   - "takeover" from a CSI-role caller is refused (403, a denied audit entry), whatever the
+//     policy: nothing in a CSI container may fence another node;
+//   - a CSI-role map takes over an expired lease only under after-lease-expiry, and an
+//     admin-fenced hold under either policy;
+//   - an admin's takeover takes over an expired lease under either policy; without it, the
+//     admin's map is a CSI map.
+func TestTakeoverNeedsTheAdminRoleOrThePolicy(t *testing.T) {
+	for _, policy := range []string{config.TakeoverManual, config.TakeoverAfterLeaseExpiry} {
+		t.Run(policy, func(t *testing.T) { takeoverByRole(t, policy) })
+	}
+}
+
+func takeoverByRole(t *testing.T, policy string) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000032")
+	n, mono, audited := nodeB(t, c, policy)
+	defer n.stop(t)
+	// node-a: another agent on the same cluster, stopped after mapping (its heartbeat stays)
+	a, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Hostname: "host-a", Incarnation: "i-a",
+		Addr: func() string { return "10.0.0.1" }}, Lease: 30 * time.Second, FenceExpiry: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := n.d.Handler()
+	mapAs := func(role peercred.Role, socket, image string, takeover bool) (int, *api.Error) {
+		body, _ := json.Marshal(api.MapRequest{Cluster: "c1", Pool: "rbd", Image: image, Takeover: takeover, Requester: "test"})
+		req := httptest.NewRequest(http.MethodPost, "http://rbd-owner"+api.PathMap, bytes.NewReader(body))
+		req = req.WithContext(withCaller(req.Context(), caller{cred: peercred.Cred{UID: 1000, GID: 1000, PID: 4242}, known: true, role: role, socket: socket}))
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		var eb api.ErrorBody
+		_ = json.Unmarshal(rec.Body.Bytes(), &eb)
+		return rec.Code, eb.Error
+	}
+	i := 0
+	for _, who := range []struct {
+		role   peercred.Role
+		socket string
+	}{{peercred.RoleCSI, socketCSI}, {peercred.RoleCSI, socketMain}, {peercred.RoleAdmin, socketMain}} {
+		for _, takeover := range []bool{false, true} {
+			for _, fenced := range []bool{false, true} {
+				i++
+				image := fmt.Sprintf("img%d", i)
+				name := fmt.Sprintf("%s@%s takeover=%v fenced=%v", who.role, who.socket, takeover, fenced)
+				img := claim.Image{Pool: "rbd", Image: image}
+				c.m.AddImage(img, "id-"+image)
+				n.k.AddImage("rbd", "", image, 16<<20)
+				r, err := a.Acquire(context.Background(), claim.Request{Image: img})
+				if err != nil {
+					t.Fatal(err)
+				}
+				addr := fmt.Sprintf("10.0.0.1:0/%d", 100+i)
+				if _, err := a.SetMapping(context.Background(), img, r.Holder.Epoch, addr, "/dev/rbd0"); err != nil {
+					t.Fatal(err)
+				}
+				if fenced {
+					if _, err := a.Fence(context.Background(), img); err != nil {
+						t.Fatal(err)
+					}
+				}
+				denied := who.role < peercred.RoleAdmin && takeover
+				mayExpire := takeover || policy == config.TakeoverAfterLeaseExpiry
+				before := len(audited())
+				// this node watches node-a's lease for a whole lease (two looks), then asks
+				var code int
+				var e *api.Error
+				for _, step := range []time.Duration{0, 20 * time.Second, 11 * time.Second} {
+					mono.Advance(step)
+					code, e = mapAs(who.role, who.socket, image, takeover)
+					if code == http.StatusOK {
+						break
+					}
+				}
+				rec, err := a.Inspect(context.Background(), img)
+				if err != nil {
+					t.Fatal(err)
+				}
+				taken := rec.Holder("node-b") != nil
+				switch {
+				case denied:
+					if code != http.StatusForbidden || e == nil || e.Code != api.CodePermissionDenied || !strings.Contains(e.Message, "admin role") {
+						t.Errorf("%s: %d %+v, want 403 naming the admin role", name, code, e)
+					}
+					var got []audit.Entry
+					for _, en := range audited()[before:] {
+						if en.Event == audit.Denied && strings.Contains(en.Message, "takeover") {
+							got = append(got, en)
+						}
+					}
+					if len(got) == 0 {
+						t.Errorf("%s: no denied audit entry naming the takeover", name)
+					}
+					if taken || (!fenced && c.m.Blocklisted(addr)) {
+						t.Errorf("%s: refused, yet taken %v / fenced %v", name, taken, c.m.Blocklisted(addr))
+					}
+				case fenced || mayExpire:
+					if code != http.StatusOK || !taken || !c.m.Blocklisted(addr) {
+						t.Errorf("%s: %d %+v, taken %v, fenced %v: want taken over", name, code, e, taken, c.m.Blocklisted(addr))
+					}
+				default:
+					if code != http.StatusConflict || e == nil || e.Code != api.CodeClaimedElsewhere || taken || c.m.Blocklisted(addr) {
+						t.Errorf("%s: %d %+v, taken %v: want refused as held elsewhere, nothing fenced", name, code, e, taken)
+					}
+					if e != nil && e.RetryAfterSeconds != 0 {
+						t.Errorf("%s: a map that may not take over is told to retry after %ds", name, e.RetryAfterSeconds)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestWholeNodeFenceIsNamedAsSuch: a takeover of a hold that recorded no mapping address
+// fences the holder's whole address (ip:0/0); the audit entry says so, and what it cuts.
+func TestWholeNodeFenceIsNamedAsSuch(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000033")
+	n, mono, audited := nodeB(t, c, config.TakeoverManual)
+	defer n.stop(t)
+	a, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }},
+		Lease: 30 * time.Second, FenceExpiry: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := claim.Image{Pool: "rbd", Image: "half"}
+	c.m.AddImage(img, "id-half")
+	n.k.AddImage("rbd", "", "half", 16<<20)
+	if _, err := a.Acquire(context.Background(), claim.Request{Image: img}); err != nil { // and node-a stops before its map
+		t.Fatal(err)
+	}
+	req := api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "half", Takeover: true}
+	for _, step := range []time.Duration{0, 20 * time.Second, 11 * time.Second} {
+		mono.Advance(step)
+		if _, err = n.d.Map(context.Background(), req, nil); err == nil {
+			break
+		}
+	}
+	if err != nil || !c.m.Blocklisted("10.0.0.1:0/0") {
+		t.Fatalf("takeover of a hold with no mapping address: %v, whole node fenced %v", err, c.m.Blocklisted("10.0.0.1:0/0"))
+	}
+	for _, e := range audited() {
+		if e.Event == audit.Takeover {
+			if !strings.Contains(e.Message, "WHOLE address 10.0.0.1:0/0") || !strings.Contains(e.Message, "its agent too") {
+				t.Fatalf("takeover entry does not name the whole-node fence: %s", e.Message)
+			}
+			return
+		}
+	}
+	t.Fatal("no takeover entry")
+}
+
+// TestAgentKeepsWatchingBetweenSparseRetries: a caller that may take over (here by the policy)
+// retries less often than once a lease, as kubelet does once its backoff has grown. The claim
+// store drops an observation not refreshed for a lease, so the agent keeps watching the image
+// itself between retries: the retry after a lease and more of silence takes the image over at
+// once, from the agent's own looks.
+func TestAgentKeepsWatchingBetweenSparseRetries(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000034")
+	var reads atomic.Int64 // of w's claim and of node-a's heartbeat beside it: looks
+	c.m.SetHook(func(_ context.Context, call string, img claim.Image) error {
+		if call == "read" && img.Image == "w" {
+			reads.Add(1)
+		}
+		return nil
+	})
+	n, mono, _ := nodeB(t, c, config.TakeoverAfterLeaseExpiry)
+	defer n.stop(t)
+	a, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }},
+		Lease: 30 * time.Second, FenceExpiry: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := claim.Image{Pool: "rbd", Image: "w"}
+	c.m.AddImage(img, "id-w")
+	n.k.AddImage("rbd", "", "w", 16<<20)
+	r, err := a.Acquire(context.Background(), claim.Request{Image: img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.SetMapping(context.Background(), img, r.Holder.Epoch, "10.0.0.1:0/9", "/dev/rbd0"); err != nil {
+		t.Fatal(err)
+	}
+	req := api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "w"}
+	if _, err := n.d.Map(context.Background(), req, nil); err == nil {
+		t.Fatal("the first look took the image")
+	}
+	looks := reads.Load
+	for range 4 { // 40 s of the caller's silence, the agent looking on its own
+		mono.Advance(10 * time.Second)
+		l0 := looks()
+		waitFor(t, "the agent's own look at node-a's heartbeat", func() bool { return looks() > l0 })
+	}
+	if _, err := n.d.Map(context.Background(), req, nil); err != nil {
+		t.Fatalf("a retry after 40 s of silence from the caller, with the agent watching: %v", err)
+	}
+	if !c.m.Blocklisted("10.0.0.1:0/9") {
+		t.Fatal("taken without fencing node-a's mapping")
+	}
+}
+
+// nodeB is a running daemon "node-b" on c under policy, with its own monotonic clock and its
+// audit entries collected.
+func nodeB(t *testing.T, c *memCluster, policy string) (*memDaemon, *monoClock, func() []audit.Entry) {
+	t.Helper()
+	mono := &monoClock{}
+	var mu sync.Mutex
+	var entries []audit.Entry
+	n := startMemDaemonWith(t, func(o *Options) {
+		o.Config.NodeID = "node-b"
+		o.Config.TakeoverPolicy = policy
+		o.Mono = mono.Now
+		o.Audit = audit.NewWithSink(quietLog(), func(e audit.Entry) { mu.Lock(); entries = append(entries, e); mu.Unlock() })
+	}, c)
+	return n, mono, func() []audit.Entry { mu.Lock(); defer mu.Unlock(); return append([]audit.Entry(nil), entries...) }
+}
