@@ -259,13 +259,20 @@ ceph_root_umount() {
 # set), a rule choosing only that root and pool "slow" (8 PGs) using it. Pool rbd keeps
 # replicated_rule (root default: osd.0 alone), so nothing of it moves. Checked before use: every
 # PG of rbd on osd.0 alone, every PG of slow on osd.1 alone.
+# osd.1's PG read lease is 5 x osd_heartbeat_grace (100 s; Ceph's default 0.8 x is 16 s) so that a
+# stall of up to 35 s never outlives it: a PG whose lease ran out while its OSD was stopped turns
+# "laggy" and may never serve its parked ops again until the next interval change (seen once in
+# six stalls of 22-33 s here: ops "waiting for readable" for minutes). Pool slow has no second OSD
+# that could take over, which is what the shorter lease is for. $CEPHDIR/slow-probes lists one
+# object per PG of pool slow (written here) for tests/chaos/run to check that every PG answers.
 osd1_up() { [ "$(ceph osd stat -f json 2>/dev/null | jq -r .num_up_osds)" = 2 ]; }
 lab_slow_pool() {
   local d=$CEPHDIR/osd.1 uuid secret id t0; t0=$(now)
   mkdir -p "$d" || return 1
   uuid=$(uuidgen) && secret=$(CX ceph-authtool --gen-print-key) || return 1
   printf '{"cephx_secret": "%s"}\n' "$secret" > "$d/new.json"
-  ceph config set osd.1 osd_crush_update_on_start false && ceph config set osd.1 crush_location "root=slow host=slow-host" || return 1
+  { ceph config set osd.1 osd_crush_update_on_start false && ceph config set osd.1 crush_location "root=slow host=slow-host" &&
+    ceph config set osd.1 osd_pool_default_read_lease_ratio 5; } || return 1
   { id=$(ceph osd new "$uuid" 1 -i "$d/new.json") && [ "$id" = 1 ]; } || { echo "lab: osd new gave '$id', not 1" >&2; return 1; }
   rm -f "$d/new.json"
   CX ceph-authtool --create-keyring "$d/keyring" -n osd.1 --add-key "$secret" >/dev/null || return 1
@@ -288,6 +295,16 @@ lab_slow_pool() {
     got=$(CX osdmaptool "$CEPHDIR/osdmap.check" --test-map-pgs-dump --pool "$ids" 2>/dev/null | awk -v p="$ids" 'index($1, p ".") == 1 {print $2}' | sort | uniq -c | awk '{print $2 "x" $1}')
     [ "$got" = "[$want]x8" ] || { echo "lab: pool $pool's 8 PGs are not on osd.$want alone: ${got//$'\n'/ }" >&2; return 1; }
   done
+  # one probe object in each of pool slow's PGs ($ids: pool slow's id, the loop's last)
+  local i pg; declare -A probe=()
+  for i in $(seq 0 199); do
+    pg=$(CX osdmaptool "$CEPHDIR/osdmap.check" --test-map-object "chaos-probe.$i" --pool "$ids" 2>/dev/null | awk '$1 == "object" {print $4}')
+    [ -n "$pg" ] && [ -z "${probe[$pg]:-}" ] && probe[$pg]=chaos-probe.$i
+    [ ${#probe[@]} = 8 ] && break
+  done
+  [ ${#probe[@]} = 8 ] || { echo "lab: no probe object for every PG of pool slow (${#probe[@]} of 8)" >&2; return 1; }
+  printf '%s\n' "${probe[@]}" > "$CEPHDIR/slow-probes"
+  for i in "${probe[@]}"; do rados -p slow put "$i" "$CEPHDIR/slow-probes" || return 1; done
   rm -f "$CEPHDIR/osdmap.check"
   SLOW_POOL=slow; lab_save_env
   log "pool slow on osd.1 alone (CRUSH root slow, memstore; pid $(cat "$CEPHDIR/run/osd.1.pid")) in $(elapsed "$t0")s; pool rbd on osd.0 alone"
