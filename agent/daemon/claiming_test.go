@@ -9,6 +9,7 @@ import (
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -53,4 +54,55 @@ func TestHeartbeatGoesOnWhileAClaimMayHaveBeenWritten(t *testing.T) {
 	}
 	b0 := beats.Load()
 	waitFor(t, "3 heartbeats in rbd while the claim may exist", func() bool { return beats.Load() >= b0+3 })
+}
+
+// TestHeartbeatGoesOnWhileAnUnmapIsStuck: an unmap stuck on EBUSY (the device is open, and may
+// still be written) holds its claim until the device is gone; this node's liveness in that
+// pool must go on meanwhile, even when it is the pool's only claim.
+func TestHeartbeatGoesOnWhileAnUnmapIsStuck(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000037")
+	var beats atomic.Int64
+	c.m.SetHook(func(_ context.Context, call string, img claim.Image) error {
+		if call == "write" && img.Image == "" {
+			beats.Add(1)
+		}
+		return nil
+	})
+	n := startMemDaemonWith(t, func(o *Options) {
+		kc := o.Kernel.Config()
+		kc.EBusyRetry = time.Hour // the unmap stays stuck until the device is closed
+		o.Kernel = krbd.New(kc)
+	}, c)
+	defer n.stop(t)
+	busy := n.mapImage(t, c, "only")
+	dev, err := n.d.kernel.FindByPath(busy.Device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.k.SetOpen(dev.ID, true)
+	unmapped := make(chan error, 1)
+	go func() {
+		_, err := n.d.Unmap(context.Background(), api.UnmapRequest{Cluster: "c1", Pool: "rbd", Image: "only"}, nil)
+		unmapped <- err
+	}()
+	waitFor(t, "the unmapping state", func() bool {
+		ms := n.d.state.All()
+		return len(ms) == 1 && ms[0].Phase == state.Unmapping
+	})
+	b0 := beats.Load()
+	waitFor(t, "3 heartbeats in rbd while the unmap is stuck", func() bool { return beats.Load() >= b0+3 })
+	select {
+	case err := <-unmapped:
+		t.Fatalf("the unmap of an open device ended: %v", err)
+	default:
+	}
+	n.k.SetOpen(dev.ID, false)
+	select {
+	case err := <-unmapped:
+		if err != nil {
+			t.Fatalf("unmap after close: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("unmap did not finish after the device was closed")
+	}
 }
