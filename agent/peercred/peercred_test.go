@@ -48,32 +48,25 @@ func TestFromConnSeesThisProcess(t *testing.T) {
 }
 
 func TestRole(t *testing.T) {
-	proc := t.TempDir()
-	write := func(pid, groups string) {
-		_ = os.MkdirAll(filepath.Join(proc, pid), 0o755)
-		_ = os.WriteFile(filepath.Join(proc, pid, "status"), []byte("Name:\tx\nGroups:\t"+groups+"\n"), 0o644)
-	}
-	write("10", "100 990 27")
-	write("11", "100")
-	write("12", "")
-	write("14", "100 991")
-	write("15", "990 991")
-	p := Policy{CSIGroup: 990, AdminGroup: 991, ProcRoot: proc}
+	unknown := errors.New("SO_PEERGROUPS: protocol not available")
+	p := Policy{CSIGroup: 990, AdminGroup: 991}
 	for _, tc := range []struct {
 		name string
 		c    Cred
 		want Role
 	}{
 		{"root", Cred{UID: 0, GID: 0, PID: 1}, RoleAdmin},
-		{"root whose process is gone", Cred{UID: 0, GID: 0, PID: 13}, RoleAdmin},
+		{"root whose groups are unknown", Cred{UID: 0, GID: 0, PID: 13, GroupsErr: unknown}, RoleAdmin},
 		{"csi: primary group", Cred{UID: 1000, GID: 990, PID: 99}, RoleCSI},
-		{"csi: supplementary group", Cred{UID: 1000, GID: 100, PID: 10}, RoleCSI},
+		{"csi: supplementary group", Cred{UID: 1000, GID: 100, PID: 10, Groups: []int{100, 990, 27}}, RoleCSI},
 		{"admin: primary group", Cred{UID: 1000, GID: 991, PID: 99}, RoleAdmin},
-		{"admin: supplementary group", Cred{UID: 1000, GID: 100, PID: 14}, RoleAdmin},
-		{"member of both", Cred{UID: 1000, GID: 100, PID: 15}, RoleAdmin},
-		{"not a member", Cred{UID: 1000, GID: 100, PID: 11}, RoleNone},
+		{"admin: supplementary group", Cred{UID: 1000, GID: 100, PID: 14, Groups: []int{100, 991}}, RoleAdmin},
+		{"member of both", Cred{UID: 1000, GID: 100, PID: 15, Groups: []int{990, 991}}, RoleAdmin},
+		{"not a member", Cred{UID: 1000, GID: 100, PID: 11, Groups: []int{100}}, RoleNone},
 		{"no groups", Cred{UID: 1000, GID: 100, PID: 12}, RoleNone},
-		{"process gone: refused", Cred{UID: 1000, GID: 100, PID: 13}, RoleNone},
+		{"groups unknown: refused", Cred{UID: 1000, GID: 100, PID: 13, GroupsErr: unknown}, RoleNone},
+		{"groups unknown: no role from the primary group either", Cred{UID: 1000, GID: 990, PID: 13, GroupsErr: unknown}, RoleNone},
+		{"groups unknown: not admin by the primary group", Cred{UID: 1000, GID: 991, PID: 13, GroupsErr: unknown}, RoleNone},
 	} {
 		got, err := p.Role(tc.c)
 		if got != tc.want {
@@ -82,12 +75,111 @@ func TestRole(t *testing.T) {
 		if (got == RoleNone) != (err != nil) || (err != nil && !errors.Is(err, ErrDenied)) {
 			t.Errorf("%s: err %v with role %v", tc.name, err, got)
 		}
+		if tc.c.GroupsErr != nil && err != nil && !strings.Contains(err.Error(), unknown.Error()) {
+			t.Errorf("%s: the refusal does not say why the groups are unknown: %v", tc.name, err)
+		}
 	}
 	if r, err := (Policy{AdminGroup: -1, CSIGroup: -1}).Role(Cred{UID: 5, GID: 5}); r != RoleNone || !errors.Is(err, ErrDenied) {
 		t.Errorf("no group configured: %v %v", r, err)
 	}
-	if r, _ := (Policy{AdminGroup: -1, CSIGroup: 990, ProcRoot: proc}).Role(Cred{UID: 5, GID: 991, PID: 13}); r != RoleNone {
+	if r, _ := (Policy{AdminGroup: -1, CSIGroup: 990}).Role(Cred{UID: 5, GID: 991, Groups: []int{991}}); r != RoleNone {
 		t.Errorf("admin group not configured: gid 991 got %v", r)
+	}
+}
+
+// connected returns the server's end of a connection this process made to a fresh listener.
+func connected(t *testing.T) net.Conn {
+	t.Helper()
+	l, addr := listen(t)
+	c, err := net.Dial("unix", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestFromConnReadsTheGroupsFromTheSocket: the peer's supplementary groups come from the
+// socket (SO_PEERGROUPS): this process's own, as os.Getgroups says, for a connection it made.
+func TestFromConnReadsTheGroupsFromTheSocket(t *testing.T) {
+	cred, err := FromConn(connected(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.Getgroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(want)
+	got := slices.Sorted(slices.Values(cred.Groups))
+	if cred.GroupsErr != nil || !slices.Equal(got, want) {
+		t.Fatalf("groups %v (%v), want this process's %v", got, cred.GroupsErr, want)
+	}
+	if os.Getuid() != 0 {
+		return
+	}
+	// as root: a connecting thread with groups of its own, exactly those
+	l, addr := listen(t)
+	set := []int{7, 4242, 99, 60001}
+	dialed := make(chan error, 1)
+	dialAs(addr, 1000, 1000, set, dialed, nil)
+	if err := <-dialed; err != nil {
+		t.Fatal(err)
+	}
+	cred = acceptCred(t, l)
+	if got, want := slices.Sorted(slices.Values(cred.Groups)), slices.Sorted(slices.Values(set)); cred.GroupsErr != nil || !slices.Equal(got, want) {
+		t.Fatalf("a thread in groups %v: read %v (%v)", want, got, cred.GroupsErr)
+	}
+}
+
+// TestPeerGroupsGrowsTheBuffer: on ERANGE the kernel says how much the groups need; the read is
+// made again with that much.
+func TestPeerGroupsGrowsTheBuffer(t *testing.T) {
+	old := getsockoptGroups
+	t.Cleanup(func() { getsockoptGroups = old })
+	const n = 1000
+	calls := 0
+	getsockoptGroups = func(fd int, buf []uint32) (int, error) {
+		calls++
+		if len(buf) < n {
+			return 4 * n, unix.ERANGE
+		}
+		for i := range n {
+			buf[i] = uint32(i + 1)
+		}
+		return 4 * n, nil
+	}
+	g, err := peerGroups(-1)
+	if err != nil || len(g) != n || g[0] != 1 || g[n-1] != n || calls != 2 {
+		t.Fatalf("%d groups (%v) in %d calls", len(g), err, calls)
+	}
+}
+
+// TestGroupsUnavailableRefuses: where the kernel cannot say (ENOPROTOOPT: before Linux 4.13),
+// FromConn still gives the uid and pid, with the reason the groups are unknown, and Role
+// gives such a peer no role from any group, never a guess from /proc.
+func TestGroupsUnavailableRefuses(t *testing.T) {
+	old := getsockoptGroups
+	t.Cleanup(func() { getsockoptGroups = old })
+	getsockoptGroups = func(int, []uint32) (int, error) { return 0, unix.ENOPROTOOPT }
+	cred, err := FromConn(connected(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cred.PID != os.Getpid() || cred.UID != os.Getuid() || cred.Groups != nil || !errors.Is(cred.GroupsErr, unix.ENOPROTOOPT) ||
+		!strings.Contains(cred.GroupsErr.Error(), "Linux 4.13") {
+		t.Fatalf("cred %+v (groups: %v)", cred, cred.GroupsErr)
+	}
+	// a non-root peer in both groups by its primary gid and all of its groups
+	cred.UID, cred.GID = 1000, 990
+	r, err := (Policy{CSIGroup: 990, AdminGroup: 991}).Role(cred)
+	if r != RoleNone || !errors.Is(err, ErrDenied) || !strings.Contains(err.Error(), "SO_PEERGROUPS, Linux 4.13 or later") {
+		t.Fatalf("groups unavailable: role %v (%v), want none naming the kernel requirement", r, err)
 	}
 }
 
