@@ -47,6 +47,12 @@ BOOT_TIMEOUT=${BOOT_TIMEOUT:-300}
 CMD_TIMEOUT=${CMD_TIMEOUT:-120}
 LAB_GUEST=${LAB_GUEST:-bookworm}
 LAB_CLUSTER=${LAB_CLUSTER:-pacific}
+# LAB_SLOW_POOL=1: a second OSD (memstore, osd.1) in a CRUSH root of its own and a pool "slow"
+# placed only there, for the chaos campaign's slow-pool fault (SIGSTOP of osd.1 stalls that pool
+# alone); pool rbd stays on osd.0 only. Off by default (tests/chaos/run and tests/lab/e2e set it).
+LAB_SLOW_POOL=${LAB_SLOW_POOL:-0}
+# SLOW_POOL: the slow pool's name once lab_up made it ("" without one); saved in lab.env
+SLOW_POOL=
 case $LAB_GUEST in bookworm|trixie) ;; *) echo "lab: LAB_GUEST=$LAB_GUEST: use bookworm or trixie" >&2; exit 2 ;; esac
 case $LAB_CLUSTER in pacific|reef) ;; *) echo "lab: LAB_CLUSTER=$LAB_CLUSTER: use pacific or reef" >&2; exit 2 ;; esac
 # CEPH_ROOT: the chroot the cluster runs in ("" for the host's own Ceph: LAB_CLUSTER=pacific)
@@ -195,6 +201,7 @@ lab_deb() { local d newest=""; for d in "$LAB_REPO"/dist/rbd-owner_*_amd64.deb; 
 lab_save_env() {
   { echo "NS=$NS"; echo "CEPHDIR=$CEPHDIR"; echo "LAB_DIR=$LAB_DIR"; echo "FSID=${FSID:-}"
     echo "LAB_GUEST=$LAB_GUEST"; echo "LAB_CLUSTER=$LAB_CLUSTER"; echo "CEPH_ROOT=$CEPH_ROOT"; echo "CEPH_ROOT_MADE=$CEPH_ROOT_MADE"
+    echo "SLOW_POOL=$SLOW_POOL"
     for n in "${NODES[@]}"; do echo "QPID_${n#node-}=${QPID[$n]:-}"; done; } > "$LAB_DIR/lab.env"
 }
 # lab_load DIR: adopt a running lab (for `lab sh`, `lab down`)
@@ -203,6 +210,7 @@ lab_load() {
   # shellcheck disable=SC1091
   . "$LAB_DIR/lab.env"
   [ -z "$CEPH_ROOT" ] || [[ $CEPH_ROOT == /*/root ]] || { echo "lab: $LAB_DIR/lab.env: CEPH_ROOT='$CEPH_ROOT' is not a root directory" >&2; return 1; }
+  [[ ${SLOW_POOL:-} =~ ^[a-z]*$ ]] || { echo "lab: $LAB_DIR/lab.env: SLOW_POOL='$SLOW_POOL' is not a pool name" >&2; return 1; }
   declare -gA QPID=()
   local n v; for n in "${NODES[@]}"; do
     v=QPID_${n#node-}
@@ -243,6 +251,46 @@ ceph_root_umount() {
     while rmdir "$d" 2>/dev/null && [ "$d" != "$CEPH_ROOT_MADE" ]; do d=${d%/*}; done
   fi
   return 0
+}
+
+# ---- the slow pool (LAB_SLOW_POOL=1) -----------------------------------------------------------
+# lab_slow_pool: osd.1 (memstore, like osd.0) in CRUSH root "slow" (host "slow-host"), placed there
+# before it starts and never moved by itself (osd_crush_update_on_start false, crush_location
+# set), a rule choosing only that root and pool "slow" (8 PGs) using it. Pool rbd keeps
+# replicated_rule (root default: osd.0 alone), so nothing of it moves. Checked before use: every
+# PG of rbd on osd.0 alone, every PG of slow on osd.1 alone.
+osd1_up() { [ "$(ceph osd stat -f json 2>/dev/null | jq -r .num_up_osds)" = 2 ]; }
+lab_slow_pool() {
+  local d=$CEPHDIR/osd.1 uuid secret id t0; t0=$(now)
+  mkdir -p "$d" || return 1
+  uuid=$(uuidgen) && secret=$(CX ceph-authtool --gen-print-key) || return 1
+  printf '{"cephx_secret": "%s"}\n' "$secret" > "$d/new.json"
+  ceph config set osd.1 osd_crush_update_on_start false && ceph config set osd.1 crush_location "root=slow host=slow-host" || return 1
+  { id=$(ceph osd new "$uuid" 1 -i "$d/new.json") && [ "$id" = 1 ]; } || { echo "lab: osd new gave '$id', not 1" >&2; return 1; }
+  rm -f "$d/new.json"
+  CX ceph-authtool --create-keyring "$d/keyring" -n osd.1 --add-key "$secret" >/dev/null || return 1
+  { ceph osd crush add-bucket slow root && ceph osd crush add-bucket slow-host host && ceph osd crush move slow-host root=slow &&
+    ceph osd crush add osd.1 1.0 root=slow host=slow-host; } >/dev/null 2>&1 || { echo "lab: CRUSH root slow for osd.1 failed" >&2; return 1; }
+  CX ceph-osd -c "$CEPHDIR/ceph.conf" -i 1 --mkfs --osd-uuid "$uuid" >/dev/null 2>&1 || { echo "lab: osd.1 mkfs failed (log $CEPHDIR/log/osd.1.log)" >&2; return 1; }
+  CX nice -n 5 ceph-osd -c "$CEPHDIR/ceph.conf" -i 1 || return 1
+  within 60 osd1_up || { echo "lab: osd.1 not up in 60 s" >&2; return 1; }
+  { ceph osd crush rule create-replicated slow slow osd && ceph osd pool create slow 8 8 replicated slow; } >/dev/null 2>&1 \
+    || { echo "lab: rule or pool slow failed" >&2; return 1; }
+  CX timeout 60 rbd -c "$CEPHDIR/ceph.conf" pool init slow || { echo "lab: rbd pool init slow failed" >&2; return 1; }
+  # placement as intended, or no slow pool at all (from the osdmap: `ceph pg` needs a mgr, which
+  # the lab does not run)
+  local pool want ids got
+  ceph osd getmap -o "$CEPHDIR/osdmap.check" >/dev/null 2>&1 || { echo "lab: ceph osd getmap failed" >&2; return 1; }
+  for pool in rbd:0 slow:1; do
+    want=${pool#*:}; pool=${pool%:*}
+    ids=$(ceph osd pool ls detail -f json 2>/dev/null | jq -r --arg p "$pool" '.[] | select(.pool_name == $p) | .pool_id')
+    [[ $ids =~ ^[0-9]+$ ]] || { echo "lab: no id for pool $pool ('$ids')" >&2; return 1; }
+    got=$(CX osdmaptool "$CEPHDIR/osdmap.check" --test-map-pgs-dump --pool "$ids" 2>/dev/null | awk -v p="$ids" 'index($1, p ".") == 1 {print $2}' | sort | uniq -c | awk '{print $2 "x" $1}')
+    [ "$got" = "[$want]x8" ] || { echo "lab: pool $pool's 8 PGs are not on osd.$want alone: ${got//$'\n'/ }" >&2; return 1; }
+  done
+  rm -f "$CEPHDIR/osdmap.check"
+  SLOW_POOL=slow; lab_save_env
+  log "pool slow on osd.1 alone (CRUSH root slow, memstore; pid $(cat "$CEPHDIR/run/osd.1.pid")) in $(elapsed "$t0")s; pool rbd on osd.0 alone"
 }
 
 declare -A QPID=()
@@ -319,6 +367,7 @@ EOF
   [[ $FSID =~ ^[0-9a-f-]{36}$ ]] || die "ceph up: no fsid in $CEPHDIR/ceph.conf (got '$FSID')"
   local im; for im in img2 img3 ns1/img4 kimg1 ns1/kimg2 skew1 enf1 enf2 csi1 csi2; do rbd create --size 64M "rbd/$im" || die "rbd create $im"; done
   rbd snap create rbd/kimg1@s1 >/dev/null 2>&1 || die "rbd snap create kimg1@s1"
+  if [ "$LAB_SLOW_POOL" = 1 ]; then lab_slow_pool || die "the slow pool (LAB_SLOW_POOL=1): osd.1 or pool slow failed"; fi
   lab_save_env
   for n in "${NODES[@]}"; do install -m 0600 "$CEPHDIR/client.rbdowner.keyring" "$(share "$n")/keyring"; done
   log "Ceph cluster ($LAB_CLUSTER: $(ceph --version | awk '{print $3}')) up in $(elapsed "$t")s: fsid $FSID, mon 203.0.113.1 (v2 3300, v1 6789), images rbd/img1 img2 img3 ns1/img4"

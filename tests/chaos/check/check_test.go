@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -115,5 +116,155 @@ func TestReadFaults(t *testing.T) {
 	fs, err := ReadFaults(strings.NewReader("start 10.5 freeze node-a\nstart 11 pause-osd -\nend 20 freeze node-a\n"))
 	if err != nil || len(fs) != 2 || fs[0].End != 20 || fs[1].Node != "" || fs[1].End != -1 {
 		t.Fatalf("%+v %v", fs, err)
+	}
+}
+
+// TestCheckBlocklist: an entry new in the round that covers a node no fault impaired is a fence
+// of a live node (above all its whole address, ip:0/0 or a range); entries from before the round,
+// entries of an impaired node and entries of no node are not.
+func TestCheckBlocklist(t *testing.T) {
+	nodes := map[string]string{"203.0.113.11": "node-a", "203.0.113.12": "node-b"}
+	first := Sample{T: 1, Image: "chaos1", Blocklist: []string{"203.0.113.11:0/111"}}
+	at := func(t float64, bl ...string) Sample {
+		return Sample{T: t, Image: "chaos1", Blocklist: append([]string{"203.0.113.11:0/111"}, bl...)}
+	}
+	for _, tc := range []struct {
+		name      string
+		samples   []Sample
+		faults    []Fault
+		want      string
+		wantWhole bool
+	}{
+		{"nothing new", []Sample{first, at(50)}, nil, "", false},
+		{"an entry from before the round", []Sample{first, at(50)}, []Fault{{Kind: "idle-claim", Node: "node-a", Start: 10, End: 60}}, "", false},
+		{"a live node's whole address (the idle-claim hole)", []Sample{first, at(40, "203.0.113.11:0/0")}, []Fault{{Kind: "idle-claim", Node: "node-a", Start: 10, End: 60}}, InvLiveKept, true},
+		{"a live node's mapping client during slow-pool", []Sample{first, at(40, "203.0.113.11:0/3989453")}, []Fault{{Kind: "slow-pool", Node: "node-a", Start: 10, End: 60}}, InvLiveKept, false},
+		{"a CIDR range covering a live node", []Sample{first, at(40, "cidr:203.0.113.0:0/24")}, nil, InvLiveKept, true},
+		{"a v1-prefixed entry", []Sample{first, at(40, "v1:203.0.113.12:0/0")}, nil, InvLiveKept, true},
+		{"a frozen node's client", []Sample{first, at(40, "203.0.113.11:0/3989453")}, []Fault{{Kind: "freeze", Node: "node-a", Start: 20, End: 35}}, "", false},
+		{"the other node frozen", []Sample{first, at(40, "203.0.113.11:0/0")}, []Fault{{Kind: "freeze", Node: "node-b", Start: 20, End: 35}}, InvLiveKept, true},
+		{"an address of no node", []Sample{first, at(40, "10.9.9.9:0/0")}, nil, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			es, vs := CheckBlocklist(tc.samples, nodes, tc.faults, 15, 10)
+			switch {
+			case tc.want == "" && len(vs) != 0:
+				t.Fatalf("violations: %+v", vs)
+			case tc.want != "" && (len(vs) != 1 || vs[0].Invariant != tc.want):
+				t.Fatalf("want one %s, got %+v (entries %+v)", tc.want, vs, es)
+			case tc.want != "" && es[0].Whole != tc.wantWhole:
+				t.Fatalf("whole=%v, want %v: %+v", es[0].Whole, tc.wantWhole, es)
+			}
+		})
+	}
+}
+
+// TestEntryCovers: the address forms `ceph osd blocklist ls` prints.
+func TestEntryCovers(t *testing.T) {
+	for _, tc := range []struct {
+		entry, ip     string
+		covers, whole bool
+	}{
+		{"203.0.113.11:0/0", "203.0.113.11", true, true},
+		{"203.0.113.11:0/3278327", "203.0.113.11", true, false},
+		{"203.0.113.111:0/0", "203.0.113.11", false, false},
+		{"any:203.0.113.11:0/0", "203.0.113.11", true, true},
+		{"cidr:203.0.113.0:0/24", "203.0.113.12", true, true},
+		{"cidr:203.0.113.0:0/30", "203.0.113.12", false, true},
+		{"[2001:db8::1]:0/0", "2001:db8::1", true, true},
+		{"garbage", "203.0.113.11", false, false},
+	} {
+		if c, w := entryCovers(tc.entry, tc.ip); c != tc.covers || (c && w != tc.whole) {
+			t.Errorf("entryCovers(%q, %q) = %v, %v; want %v, %v", tc.entry, tc.ip, c, w, tc.covers, tc.whole)
+		}
+	}
+}
+
+// TestCheckHolds: a failed write or open of a live hold's holder is a violation; a failed write
+// of the ordinary writers (fenced under a fault) is not.
+func TestCheckHolds(t *testing.T) {
+	h := block.Stamp{Node: "node-a", Image: "idle1-1-y", Epoch: 2, Seq: 5, Block: 7}
+	ok := logOf("hold node=node-a image=idle1-1-y epoch=2", line("issue", h), line("ack", h), "hold-end node=node-a image=idle1-1-y writes=1 failed=0")
+	if vs := CheckHolds(ok); len(vs) != 0 {
+		t.Fatalf("clean hold: %+v", vs)
+	}
+	bad := logOf("hold node=node-a image=idle1-1-y epoch=2", line("issue", h), line("fail", h)+" err=input/output error")
+	if vs := CheckHolds(bad); len(vs) != 1 || vs[0].Invariant != InvLiveKept {
+		t.Fatalf("failed write of a hold: %+v", vs)
+	}
+	// the fail line in one log, the hold line in another read after it
+	l, err := ReadLogs(strings.NewReader(line("fail", h)+" err=input/output error\n"), strings.NewReader("hold node=node-a image=idle1-1-y epoch=2\n"))
+	if err != nil || len(CheckHolds(l)) != 1 {
+		t.Fatalf("hold read after its failure: %v %+v", err, CheckHolds(l))
+	}
+	if vs := CheckHolds(logOf("hold node=node-a image=idle1-1-y epoch=2", "open-failed image=idle1-1-y err=no such device")); len(vs) != 1 {
+		t.Fatalf("failed open of a hold: %+v", vs)
+	}
+	w := st("node-b", 3, 9, 1)
+	if vs := CheckHolds(logOf(line("issue", w), line("fail", w)+" err=input/output error")); len(vs) != 0 {
+		t.Fatalf("an ordinary writer's failed write: %+v", vs)
+	}
+	if l := logOf("hold-unmapped node=node-a image=idle1-1-y refused=3"); len(l.HoldMissed) != 1 {
+		t.Fatalf("hold-unmapped not recorded: %+v", l.HoldMissed)
+	}
+}
+
+// TestCheckHeartbeats: during a slow-pool stall the node's heartbeat in the healthy pool must
+// change within every lease, counted from the last change before the stall up to its end.
+func TestCheckHeartbeats(t *testing.T) {
+	f := Fault{Kind: "slow-pool", Node: "node-a", Start: 100, End: 130}
+	beats := func(every float64, from, to float64) (out []HBSample) {
+		seq := 0
+		for t := from; t <= to; t += 0.5 {
+			if int(t*2)%int(every*2) == 0 {
+				seq++
+			}
+			out = append(out, HBSample{T: t, Node: "node-a", Pool: "rbd", Mark: "inc/" + strconv.Itoa(seq)})
+		}
+		return out
+	}
+	gaps, vs := CheckHeartbeats(beats(5, 95, 132), []Fault{f}, 15)
+	if len(vs) != 0 || len(gaps) != 1 || gaps[0].Gap > 5.5 || gaps[0].Changes < 5 {
+		t.Fatalf("renewing every 5 s: %+v %+v", gaps, vs)
+	}
+	// renewed every 20 s (one pool's stall holding up the others' heartbeats)
+	gaps, vs = CheckHeartbeats(beats(20, 95, 132), []Fault{f}, 15)
+	if len(vs) != 1 || vs[0].Invariant != InvRenewed || gaps[0].Gap < 15 {
+		t.Fatalf("renewing every 20 s: %+v %+v", gaps, vs)
+	}
+	// not renewed at all after the stall began: the gap runs to the end of the window
+	stuck := append(beats(5, 95, 99.5), HBSample{T: 100, Node: "node-a", Pool: "rbd", Mark: "inc/99"})
+	for t := 100.5; t <= 130; t += 0.5 {
+		stuck = append(stuck, HBSample{T: t, Node: "node-a", Pool: "rbd", Mark: "inc/99"})
+	}
+	if _, vs = CheckHeartbeats(stuck, []Fault{f}, 15); len(vs) != 1 {
+		t.Fatalf("stuck heartbeat: %+v", vs)
+	}
+	// never readable during the stall
+	var none []HBSample
+	for t := 100.0; t <= 130; t += 0.5 {
+		none = append(none, HBSample{T: t, Node: "node-a", Pool: "rbd", Mark: "none"})
+	}
+	if _, vs = CheckHeartbeats(none, []Fault{f}, 15); len(vs) != 1 {
+		t.Fatalf("unreadable heartbeat: %+v", vs)
+	}
+	// a second stall of the same node later in the round: the first one's samples do not count
+	// toward it (nor does the time between the two, when the node held nothing there)
+	g := Fault{Kind: "slow-pool", Node: "node-a", Start: 300, End: 330}
+	second := beats(5, 297, 332)
+	for i := range second {
+		second[i].Mark = "inc2/" + second[i].Mark
+	}
+	two := append(beats(5, 95, 132), second...)
+	if gaps, vs = CheckHeartbeats(two, []Fault{f, g}, 15); len(vs) != 0 || len(gaps) != 2 {
+		t.Fatalf("two stalls: %+v %+v", gaps, vs)
+	}
+	// the other node's heartbeat is not held to it
+	other := beats(20, 95, 132)
+	for i := range other {
+		other[i].Node = "node-b"
+	}
+	if gaps, vs = CheckHeartbeats(other, []Fault{f}, 15); len(vs) != 0 || len(gaps) != 0 {
+		t.Fatalf("the other node: %+v %+v", gaps, vs)
 	}
 }

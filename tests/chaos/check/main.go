@@ -2,9 +2,10 @@
 // from the cluster), the writers' logs, the sampled watchers and claims, and the fault schedule
 // to the campaign's invariants, prints a summary and every violation, and exits 1 on any.
 //
-//	check -dir ROUND_DIR -lease 15 -slack 8
+//	check -dir ROUND_DIR -lease 15 -slack 8 -nodes node-a=203.0.113.11,node-b=203.0.113.12
 //
-// ROUND_DIR holds images/<image>.img, logs/<node>.log, samples.jsonl and faults.txt.
+// ROUND_DIR holds images/<image>.img, logs/*.log (the writers' and the live holds'),
+// samples.jsonl, faults.txt and, when a slow-pool fault ran, heartbeats.txt.
 package main
 
 import (
@@ -14,6 +15,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -22,12 +24,25 @@ func main() {
 	dir := flag.String("dir", "", "the round's directory")
 	lease := flag.Float64("lease", 15, "lease seconds")
 	slack := flag.Float64("slack", 8, "seconds of slack around a lease (renew interval, sampling)")
+	nodeList := flag.String("nodes", "", "NODE=IP,…: whose address each blocklist entry covers")
 	flag.Parse()
 	if *dir == "" {
 		fmt.Fprintln(os.Stderr, "check: -dir is required")
 		os.Exit(2)
 	}
-	n, err := run(*dir, *lease, *slack, os.Stdout)
+	nodes := map[string]string{}
+	for _, kv := range strings.Split(*nodeList, ",") {
+		if kv == "" {
+			continue
+		}
+		n, ip, ok := strings.Cut(kv, "=")
+		if !ok || n == "" || ip == "" {
+			fmt.Fprintf(os.Stderr, "check: -nodes: %q is not NODE=IP\n", kv)
+			os.Exit(2)
+		}
+		nodes[ip] = n
+	}
+	n, err := run(*dir, *lease, *slack, nodes, os.Stdout)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "check:", err)
 		os.Exit(2)
@@ -37,7 +52,7 @@ func main() {
 	}
 }
 
-func run(dir string, lease, slack float64, out io.Writer) (int, error) {
+func run(dir string, lease, slack float64, nodes map[string]string, out io.Writer) (int, error) {
 	logFiles, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
 	var rs []io.Reader
 	for _, f := range logFiles {
@@ -89,6 +104,26 @@ func run(dir string, lease, slack float64, out io.Writer) (int, error) {
 	}
 	takeovers, v := CheckSamples(samples, logs, faults, lease, slack)
 	vs = append(vs, v...)
+	entries, v := CheckBlocklist(samples, nodes, faults, lease, slack)
+	vs = append(vs, v...)
+	vs = append(vs, CheckHolds(logs)...)
+	var gaps []HBGap
+	if hf, err := os.Open(filepath.Join(dir, "heartbeats.txt")); err == nil {
+		hbs, err := ReadHeartbeats(hf)
+		hf.Close()
+		if err != nil {
+			return 0, err
+		}
+		gaps, v = CheckHeartbeats(hbs, faults, lease)
+		vs = append(vs, v...)
+	} else if !os.IsNotExist(err) {
+		return 0, err
+	}
+	for _, f := range faults {
+		if f.Kind == "slow-pool" && f.End >= 0 && !slices.ContainsFunc(gaps, func(g HBGap) bool { return g.Fault == f }) {
+			vs = append(vs, Violation{InvRenewed, fmt.Sprintf("slow-pool %s at t=%.1f-%.1f: no heartbeat samples of it in heartbeats.txt", f.Node, f.Start, f.End)})
+		}
+	}
 	kinds := map[string]int{}
 	for _, f := range faults {
 		kinds[f.Kind]++
@@ -102,6 +137,30 @@ func run(dir string, lease, slack float64, out io.Writer) (int, error) {
 		len(imgs), blocks, logs.NAcked, len(samples), len(takeovers), strings.Join(ks, " "))
 	for _, t := range takeovers {
 		fmt.Fprintf(out, "check: takeover t=%.1f %s: %s fenced by %s\n", t.T, t.Image, t.Fenced, t.By)
+	}
+	for _, e := range entries {
+		who := e.Node
+		if who == "" {
+			who = "no node"
+		} else if e.Whole {
+			who += " (whole address)"
+		}
+		fmt.Fprintf(out, "check: blocklisted t=%.1f %s: %s\n", e.T, e.Entry, who)
+	}
+	var held []string
+	for img, node := range logs.Holds {
+		held = append(held, img+" by "+node)
+	}
+	sort.Strings(held)
+	for _, h := range held {
+		fmt.Fprintf(out, "check: live hold %s\n", h)
+	}
+	for _, m := range logs.HoldMissed {
+		fmt.Fprintf(out, "check: live hold never mapped (the fault did not run as meant): %s\n", m)
+	}
+	for _, g := range gaps {
+		fmt.Fprintf(out, "check: slow-pool t=%.1f-%.1f: %s's heartbeat in %s: longest unchanged %.1f s (%d changes, %d looks, %d unreadable)\n",
+			g.Fault.Start, g.Fault.End, g.Fault.Node, g.Pool, g.Gap, g.Changes, g.Samples, g.Unreadable)
 	}
 	for _, v := range vs {
 		fmt.Fprintf(out, "VIOLATION %s: %s\n", v.Invariant, v.Detail)
