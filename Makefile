@@ -35,7 +35,7 @@ unit: deps
 	@tests/go-test
 
 # The claim protocol's Promela models, checked exhaustively with spin (docs/safety.md): a table
-# of states, memory and time; every check must end as expected (~1.5 minutes on 2 cores).
+# of states, memory and time; every check must end as expected (26 checks, ~4 minutes on 2 cores).
 model: deps
 	@model/check
 

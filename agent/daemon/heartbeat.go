@@ -35,12 +35,15 @@ func newHeartbeats(d *Daemon, cl *cluster) *heartbeats {
 	return &heartbeats{d: d, cl: cl, places: map[place]context.CancelFunc{}, since: map[place]time.Time{}}
 }
 
-// held returns the places of cl where this node holds claims (claimed or mapped), and their
-// mappings' keys.
+// held returns the places of cl where this node holds claims, or may, in every phase, and
+// their mappings' keys: claiming (a claim write that may have been applied, until the
+// reconciler settles it; were its liveness to stop, a watcher would judge that claim expired
+// and fence this live node whole: docs/safety.md, F5) and unmapping (a device that may still be
+// open and writing until its claim is released) as much as claimed and mapped.
 func (d *Daemon) held(clusterID string) map[place][]state.Key {
 	out := map[place][]state.Key{}
 	for _, m := range d.state.All() {
-		if m.Cluster == clusterID && m.Claimed && (m.Phase == state.Mapped || m.Phase == state.Claimed) {
+		if m.Cluster == clusterID && m.Claimed {
 			p := place{m.Pool, m.Namespace}
 			out[p] = append(out[p], m.Key)
 		}

@@ -139,15 +139,15 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 	addImage(n, c, "taken")
 	holdElsewhere(t, c, "taken", "10.9.9.8:0/1")
 	take := api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "taken", Takeover: true}
-	if _, err := d.Map(ctx, take, nil); !fault.Is(err, fault.ClaimedElsewhere) {
+	if _, err := d.Map(asAdmin(ctx), take, nil); !fault.Is(err, fault.ClaimedElsewhere) {
 		t.Fatalf("first look at a held image: %v", err)
 	}
 	mono.Advance(30 * time.Second) // a retry within holdElsewhere's lease (1 min)
-	if _, err := d.Map(ctx, take, nil); !fault.Is(err, fault.ClaimedElsewhere) {
+	if _, err := d.Map(asAdmin(ctx), take, nil); !fault.Is(err, fault.ClaimedElsewhere) {
 		t.Fatalf("a look half a lease in: %v", err)
 	}
 	mono.Advance(31 * time.Second) // a whole lease of silence since the first look
-	if _, err := d.Map(ctx, take, nil); err != nil {
+	if _, err := d.Map(asAdmin(ctx), take, nil); err != nil {
 		t.Fatalf("takeover: %v", err)
 	}
 

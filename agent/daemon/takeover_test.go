@@ -41,7 +41,7 @@ func TestTakeoverWaitsOutTheHoldersLeaseOnTheClaimersClock(t *testing.T) {
 
 	refused := func(what string) *api.Error {
 		t.Helper()
-		_, err := b.d.Map(context.Background(), req, nil)
+		_, err := b.d.Map(asAdmin(context.Background()), req, nil)
 		if !fault.Is(err, fault.ClaimedElsewhere) {
 			t.Fatalf("%s: %v, want claimed elsewhere", what, err)
 		}
@@ -71,7 +71,7 @@ func TestTakeoverWaitsOutTheHoldersLeaseOnTheClaimersClock(t *testing.T) {
 	monoB.Advance(lease - time.Second)
 	refused("a moment before node-a's lease ran out on node-b's clock")
 	monoB.Advance(time.Second)
-	rb, err := b.d.Map(context.Background(), req, nil)
+	rb, err := b.d.Map(asAdmin(context.Background()), req, nil)
 	if err != nil {
 		t.Fatalf("takeover of a stopped holder: %v", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 )
 
@@ -154,7 +155,7 @@ func TestWholeNodeFenceIsNamedAsSuch(t *testing.T) {
 	req := api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "half", Takeover: true}
 	for _, step := range []time.Duration{0, 20 * time.Second, 11 * time.Second} {
 		mono.Advance(step)
-		if _, err = n.d.Map(context.Background(), req, nil); err == nil {
+		if _, err = n.d.Map(asAdmin(context.Background()), req, nil); err == nil {
 			break
 		}
 	}
@@ -235,4 +236,27 @@ func nodeB(t *testing.T, c *memCluster, policy string) (*memDaemon, *monoClock, 
 		o.Audit = audit.NewWithSink(quietLog(), func(e audit.Entry) { mu.Lock(); entries = append(entries, e); mu.Unlock() })
 	}, c)
 	return n, mono, func() []audit.Entry { mu.Lock(); defer mu.Unlock(); return append([]audit.Entry(nil), entries...) }
+}
+
+// asAdmin is ctx as a call from an admin on the main socket (a map asking takeover needs it).
+func asAdmin(ctx context.Context) context.Context {
+	return withCaller(ctx, caller{known: true, role: peercred.RoleAdmin, socket: socketMain})
+}
+
+// TestTakeoverOfAnUnknownCallerIsRefused: a map whose caller is not known (no connection
+// credentials in its context) is no admin's: asking takeover is refused.
+func TestTakeoverOfAnUnknownCallerIsRefused(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000038")
+	n, _, audited := nodeB(t, c, config.TakeoverManual)
+	defer n.stop(t)
+	_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "x", Takeover: true}, nil)
+	if !fault.Is(err, fault.PermissionDenied) {
+		t.Fatalf("takeover from an unknown caller: %v, want permission denied", err)
+	}
+	for _, e := range audited() {
+		if e.Event == audit.Denied {
+			return
+		}
+	}
+	t.Fatal("no denied audit entry")
 }

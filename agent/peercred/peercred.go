@@ -1,18 +1,14 @@
-// Package peercred identifies the process at the other end of a unix socket (SO_PEERCRED)
-// and decides what it may do (its Role): uid 0 or group rbd-owner-admin is an admin, group
-// rbd-owner has the CSI role.
+// Package peercred identifies the process at the other end of a unix socket (SO_PEERCRED,
+// SO_PEERGROUPS: what the kernel recorded when it connected) and decides what it may do (its
+// Role): uid 0 or group rbd-owner-admin is an admin, group rbd-owner has the CSI role.
 package peercred
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -22,6 +18,12 @@ import (
 // Cred is what the kernel says about a peer, as of when it connected.
 type Cred struct {
 	UID, GID, PID int
+	// Groups are the peer's supplementary groups when it connected (SO_PEERGROUPS, Linux 4.13
+	// and later), never read from /proc afterwards: a PID can be reused by then.
+	Groups []int
+	// GroupsErr says why Groups could not be read (nil when they were): no group then gives
+	// the peer a role.
+	GroupsErr error
 	// NetNS is the cookie of the peer's network namespace (0 when the kernel cannot say,
 	// before Linux 5.14): a unix socket's server end lives in the connecting process's
 	// network namespace, so SO_NETNS_COOKIE on it names the caller's.
@@ -53,22 +55,66 @@ func FromConn(c net.Conn) (Cred, error) {
 		return Cred{}, fmt.Errorf("peer credentials: %w", err)
 	}
 	var (
-		ucred *unix.Ucred
-		gerr  error
-		netns uint64
+		ucred          *unix.Ucred
+		uerr, groupErr error
+		groups         []int
+		netns          uint64
 	)
 	if err := raw.Control(func(fd uintptr) {
-		ucred, gerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		ucred, uerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		groups, groupErr = peerGroups(int(fd))
 		if c, err := unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_NETNS_COOKIE); err == nil {
 			netns = c
 		}
 	}); err != nil {
 		return Cred{}, fmt.Errorf("peer credentials: %w", err)
 	}
-	if gerr != nil {
-		return Cred{}, fmt.Errorf("peer credentials: SO_PEERCRED: %w", gerr)
+	if uerr != nil {
+		return Cred{}, fmt.Errorf("peer credentials: SO_PEERCRED: %w", uerr)
 	}
-	return Cred{UID: int(ucred.Uid), GID: int(ucred.Gid), PID: int(ucred.Pid), NetNS: netns}, nil
+	cred := Cred{UID: int(ucred.Uid), GID: int(ucred.Gid), PID: int(ucred.Pid), Groups: groups, NetNS: netns}
+	if groupErr != nil {
+		cred.Groups, cred.GroupsErr = nil, fmt.Errorf("the caller's supplementary groups cannot be read from the socket "+
+			"(SO_PEERGROUPS, Linux 4.13 or later): %w", groupErr)
+	}
+	return cred, nil
+}
+
+// getsockoptGroups is getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS) into buf: the bytes written,
+// or on ERANGE the bytes the peer's groups need. A test replaces it.
+var getsockoptGroups = func(fd int, buf []uint32) (int, error) {
+	size := uint32(4 * len(buf))
+	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_PEERGROUPS,
+		uintptr(unsafe.Pointer(unsafe.SliceData(buf))), uintptr(unsafe.Pointer(&size)), 0)
+	if e != 0 {
+		return int(size), e
+	}
+	return int(size), nil
+}
+
+// peerGroups reads the supplementary groups the peer of a connected unix socket had when it
+// connected (an array of gid_t; the buffer grows when the kernel says it is too small).
+func peerGroups(fd int) ([]int, error) {
+	buf := make([]uint32, 64)
+	for range 4 {
+		n, err := getsockoptGroups(fd, buf)
+		if errors.Is(err, unix.ERANGE) && n > 4*len(buf) {
+			buf = make([]uint32, (n+3)/4)
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n < 0 || n > 4*len(buf) || n%4 != 0 {
+			return nil, fmt.Errorf("SO_PEERGROUPS returned %d bytes", n)
+		}
+		out := make([]int, n/4)
+		for i := range out {
+			out[i] = int(buf[i])
+		}
+		return out, nil
+	}
+	return nil, errors.New("SO_PEERGROUPS: the buffer never was large enough")
 }
 
 // Role is what a caller may do. Each API route names the least role it needs.
@@ -100,16 +146,15 @@ func (r Role) String() string {
 type Policy struct {
 	AdminGroup int // gid of rbd-owner-admin; -1 for none
 	CSIGroup   int // gid of rbd-owner; -1 for none
-	// ProcRoot is where /proc is ("" means /proc); the peer's supplementary groups are read
-	// from ProcRoot/PID/status.
-	ProcRoot string
 }
 
 // ErrDenied is returned by Role for a peer that may not call at all.
 var ErrDenied = fault.New(fault.PermissionDenied, "not root and not in group rbd-owner or rbd-owner-admin")
 
-// Role says what the peer may do. A peer that may do nothing gets RoleNone and an error that
-// wraps ErrDenied (and says so when its groups could not be read: it is then refused).
+// Role says what the peer may do, from the credentials it had when it connected (Cred: uid,
+// gid and supplementary groups as the kernel recorded them on the socket). A peer that may do
+// nothing gets RoleNone and an error that wraps ErrDenied. A peer whose supplementary groups
+// are unknown (Cred.GroupsErr) gets no role from any group: it is refused unless it is root.
 func (p Policy) Role(c Cred) (Role, error) {
 	if c.UID == 0 {
 		return RoleAdmin, nil
@@ -117,11 +162,11 @@ func (p Policy) Role(c Cred) (Role, error) {
 	if p.AdminGroup < 0 && p.CSIGroup < 0 {
 		return RoleNone, ErrDenied
 	}
-	groups := []int{c.GID}
-	extra, err := p.groupsOf(c.PID)
-	groups = append(groups, extra...)
+	if c.GroupsErr != nil {
+		return RoleNone, fmt.Errorf("%w: %v", ErrDenied, c.GroupsErr)
+	}
 	best := RoleNone
-	for _, g := range groups {
+	for _, g := range append([]int{c.GID}, c.Groups...) {
 		switch {
 		case p.AdminGroup >= 0 && g == p.AdminGroup:
 			return RoleAdmin, nil
@@ -130,47 +175,9 @@ func (p Policy) Role(c Cred) (Role, error) {
 		}
 	}
 	if best != RoleNone {
-		// a CSI member whose other groups could not be read is still a CSI member; it is
-		// never raised to admin on a guess
 		return best, nil
 	}
-	if err != nil {
-		return RoleNone, fmt.Errorf("%w (its groups are unreadable: %v)", ErrDenied, err)
-	}
 	return RoleNone, ErrDenied
-}
-
-// groupsOf reads the supplementary groups of a process from /proc/PID/status.
-func (p Policy) groupsOf(pid int) ([]int, error) {
-	root := p.ProcRoot
-	if root == "" {
-		root = "/proc"
-	}
-	f, err := os.Open(filepath.Join(root, strconv.Itoa(pid), "status"))
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), "Groups:")
-		if !ok {
-			continue
-		}
-		var out []int
-		for _, g := range strings.Fields(rest) {
-			n, err := strconv.Atoi(g)
-			if err != nil {
-				return nil, fmt.Errorf("bad Groups line %q", sc.Text())
-			}
-			out = append(out, n)
-		}
-		return out, nil
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
-	}
-	return nil, errors.New("no Groups line")
 }
 
 type ctxKey struct{}
