@@ -28,6 +28,7 @@ type Memory struct {
 	version     uint64
 	own         string
 	onCall      func(ctx context.Context, call string, img Image) error
+	clock       func() time.Time // the monitors' clock: blocklist entries expire on it
 }
 
 // memKey is one object: its pool and namespace, and its name.
@@ -84,13 +85,38 @@ func (m *Memory) SetOwnAddr(a string) {
 	m.own = a
 }
 
-// Blocklisted says whether addr is on the blocklist.
-func (m *Memory) Blocklisted(addr string) bool {
+// SetClock sets the monitors' clock, on which blocklist entries expire (default time.Now).
+func (m *Memory) SetClock(now func() time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	_, ok := m.blocklisted[addr]
+	m.clock = now
+}
+
+func (m *Memory) now() time.Time {
+	if m.clock != nil {
+		return m.clock()
+	}
+	return time.Now()
+}
+
+// BlocklistedUntil returns when addr's blocklist entry expires, and whether it is listed (an
+// entry is listed until the monitors' clock reaches its expiry, as Ceph's are).
+func (m *Memory) BlocklistedUntil(addr string) (time.Time, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	until, ok := m.blocklisted[addr]
+	if !ok || !m.now().Before(until) {
+		return time.Time{}, false
+	}
+	return until, true
+}
+
+// Blocklisted says whether addr is on the blocklist (and its entry has not expired).
+func (m *Memory) Blocklisted(addr string) bool {
+	_, ok := m.BlocklistedUntil(addr)
 	return ok
 }
+
 
 // Version is the claim object's current version (0: none).
 func (m *Memory) Version(img Image) uint64 {
@@ -251,7 +277,7 @@ func (m *Memory) Blocklist(ctx context.Context, addr string, expire time.Duratio
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	until := time.Now().Add(expire)
+	until := m.now().Add(expire)
 	m.blocklisted[addr] = until
 	// a blocklisted client's watches are dropped by the OSDs
 	for k, im := range m.images {

@@ -1,0 +1,171 @@
+package daemon
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/api"
+	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/config"
+)
+
+// wallClock is the monitors' clock (blocklist entries expire on it) and the agents' wall clock,
+// moved by the test.
+type wallClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *wallClock) Now() time.Time          { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *wallClock) Advance(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+// fenceLife is a two-node scene on one in-memory cluster for fence lifetimes: node-b's agent
+// runs with clocks the test moves (the monitors' and node-b's, together); node-a is whatever
+// the test makes it.
+type fenceLife struct {
+	c      *memCluster
+	wall   *wallClock
+	mono   *monoClock
+	b      *memDaemon
+	expiry time.Duration
+}
+
+func newFenceLife(t *testing.T, fsid string) *fenceLife {
+	f := &fenceLife{c: newMemCluster("c1", "rbd", fsid), wall: &wallClock{t: time.Now().UTC()}, mono: &monoClock{}, expiry: time.Hour}
+	f.c.m.SetClock(f.wall.Now)
+	f.b = startMemDaemonWith(t, func(o *Options) {
+		o.Config.NodeID = "node-b"
+		o.Config.FenceExpiry = config.Duration(f.expiry)
+		o.Config.OrphanSweepInterval = config.Duration(time.Hour)
+		o.Mono, o.Now = f.mono.Now, f.wall.Now
+		// the sweep's checks come every 20 ms of real time; what is due is judged on the clocks
+		o.Ticker = func(loop string, every time.Duration) (<-chan time.Time, func()) {
+			if loop == "sweep" {
+				every = 20 * time.Millisecond
+			}
+			tk := time.NewTicker(every)
+			return tk.C, tk.Stop
+		}
+	}, f.c)
+	return f
+}
+
+// advance moves both clocks by d.
+func (f *fenceLife) advance(d time.Duration) { f.wall.Advance(d); f.mono.Advance(d) }
+
+// takeOver has node-b map image with takeover once node-a's lease ran out on its clock.
+func (f *fenceLife) takeOver(t *testing.T, image string) *api.MapResponse {
+	t.Helper()
+	f.b.k.AddImage("rbd", "", image, 16<<20)
+	req := api.MapRequest{Cluster: "c1", Pool: "rbd", Image: image, Takeover: true, Requester: "test"}
+	lease := f.b.d.cfg.LeaseDuration.D()
+	for _, d := range []time.Duration{lease / 2, lease/2 + time.Second} { // looked at within every lease
+		if _, err := f.b.d.Map(asAdmin(context.Background()), req, nil); err == nil {
+			t.Fatal("node-b took over before node-a's lease ran out on its clock")
+		}
+		f.mono.Advance(d)
+	}
+	resp, err := f.b.d.Map(asAdmin(context.Background()), req, nil)
+	if err != nil {
+		t.Fatalf("node-b's takeover: %v", err)
+	}
+	return resp
+}
+
+// outlive moves the clocks through three fence lifetimes, an eighth of one at a time, and
+// requires the fence of addr to be on the blocklist with more than half its life left before
+// every step: whoever keeps it has a few steps to renew it, and the clocks never move past an
+// entry that nobody renewed.
+func (f *fenceLife) outlive(t *testing.T, addr string) {
+	t.Helper()
+	step := f.expiry / 8
+	for i := 0; i < 24; i++ {
+		waitFor(t, "the fence of "+addr+" renewed with more than half its life left", func() bool {
+			until, ok := f.c.m.BlocklistedUntil(addr)
+			return ok && until.Sub(f.wall.Now()) > f.expiry/2
+		})
+		f.advance(step)
+		if !f.c.m.Blocklisted(addr) {
+			t.Fatalf("after %s: the fence of %s expired", time.Duration(i+1)*step, addr)
+		}
+	}
+}
+
+// TestFenceOutlivesItsExpiryWhileTheNewHolderHolds: node-a stops with image mapped; node-b
+// takes it over and holds it for three fence lifetimes. node-a's mapping, still there on a
+// frozen node, must stay blocklisted all along: its entry is renewed by the holder of record.
+func TestFenceOutlivesItsExpiryWhileTheNewHolderHolds(t *testing.T) {
+	f := newFenceLife(t, "00000000-0000-4000-8000-000000000024")
+	defer f.b.stop(t)
+	a := startMemDaemonWith(t, func(o *Options) { o.Config.NodeID = "node-a" }, f.c)
+	ra := a.mapImage(t, f.c, "held")
+	a.stop(t) // frozen, as far as the cluster can tell: its device stays
+	f.takeOver(t, "held")
+	addr := ra.Claim.Holders[0].ClientAddr
+	if !f.c.m.Blocklisted(addr) {
+		t.Fatalf("node-a's mapping %s was not fenced", addr)
+	}
+	f.outlive(t, addr)
+}
+
+// TestFenceOutlivesItsExpiryAfterTheClaimIsReleased: the same, but node-b unmaps the image
+// after the takeover, so that nobody holds the claim: its fence is still kept (by node-b's
+// sweep of the pool), and stays in the record.
+func TestFenceOutlivesItsExpiryAfterTheClaimIsReleased(t *testing.T) {
+	f := newFenceLife(t, "00000000-0000-4000-8000-000000000025")
+	defer f.b.stop(t)
+	a := startMemDaemonWith(t, func(o *Options) { o.Config.NodeID = "node-a" }, f.c)
+	ra := a.mapImage(t, f.c, "released")
+	a.stop(t)
+	f.takeOver(t, "released")
+	if _, err := f.b.d.Unmap(context.Background(), api.UnmapRequest{Cluster: "c1", Pool: "rbd", Image: "released"}, nil); err != nil {
+		t.Fatalf("node-b's unmap: %v", err)
+	}
+	img := claim.Image{Pool: "rbd", Image: "released"}
+	rec := inspectMem(t, f.c, img)
+	if !rec.Free() || len(rec.Fences) != 1 {
+		t.Fatalf("after the release: holders %+v, fences %+v; want free, with node-a's fence", rec.Holders, rec.Fences)
+	}
+	addr := ra.Claim.Holders[0].ClientAddr
+	f.outlive(t, addr)
+	if rec := inspectMem(t, f.c, img); len(rec.Fences) != 1 || rec.Fences[0].Addr != addr {
+		t.Fatalf("the record lost the fence: %+v", rec.Fences)
+	}
+}
+
+// TestWholeNodeFenceOutlivesItsExpiry: node-a claimed the image but recorded no mapping
+// address before it stopped, so node-b's takeover fences its whole address (ip:0/0). node-a's
+// agent is cut by that fence too and cannot keep anything: node-b must.
+func TestWholeNodeFenceOutlivesItsExpiry(t *testing.T) {
+	f := newFenceLife(t, "00000000-0000-4000-8000-000000000026")
+	defer f.b.stop(t)
+	img := claim.Image{Pool: "rbd", Image: "whole"}
+	f.c.m.AddImage(img, "id-whole")
+	a, err := claim.NewStoreOn(f.c.m, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }}, Lease: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Acquire(context.Background(), claim.Request{Image: img}); err != nil {
+		t.Fatal(err)
+	}
+	f.takeOver(t, "whole")
+	if !f.c.m.Blocklisted("10.0.0.1:0/0") {
+		t.Fatal("node-a's whole address was not fenced")
+	}
+	f.outlive(t, "10.0.0.1:0/0")
+}
+
+func inspectMem(t *testing.T, c *memCluster, img claim.Image) *claim.Record {
+	t.Helper()
+	s, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "observer"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Inspect(context.Background(), img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
