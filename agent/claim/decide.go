@@ -61,6 +61,7 @@ func (in acquireInput) refresh(h *Holder) {
 		h.NodeAddr = in.Me.NodeAddr
 	}
 	h.AgentVersion = in.Me.AgentVersion
+	h.BootID = in.Me.BootID
 }
 
 // decideAcquire is the ownership decision: who may acquire, when a takeover is allowed and

@@ -21,11 +21,14 @@ type Intruder struct {
 	Holders      string    `json:"holders"` // who held the image then, "node@epoch,…"
 	At           time.Time `json:"at"`
 	Expires      time.Time `json:"expires"`
+	// BootID is its node's boot id when it was fenced: a reboot since ends the mapping, and
+	// then its record (see KeepFences).
+	BootID string `json:"boot_id,omitempty"`
 }
 
-// maxIntruders bounds the intruders kept in a record.
-const maxIntruders = 8
-
+// addIntruder records in, replacing an entry for the same address. Intruders are never
+// trimmed: each one's blocklist entry is kept alive while it is listed (KeepFences), until its
+// node's agent unfences it or its node reboots.
 func (r *Record) addIntruder(in Intruder) {
 	kept := r.Intruders[:0]
 	for _, o := range r.Intruders {
@@ -34,9 +37,6 @@ func (r *Record) addIntruder(in Intruder) {
 		}
 	}
 	r.Intruders = append(kept, in)
-	if len(r.Intruders) > maxIntruders {
-		r.Intruders = r.Intruders[len(r.Intruders)-maxIntruders:]
-	}
 }
 
 // Unmanaged is a krbd mapping this node's agent did not make, as the kernel describes it.
@@ -197,7 +197,10 @@ func (s *Store) Unmanaged(ctx context.Context, u Unmanaged, policy UnmanagedPoli
 					return nil, fmt.Errorf("fence %s (%s): %w", u.Device, u.ClientAddr, err)
 				}
 				fenced = &Intruder{NodeID: s.cfg.Node.ID, Device: u.Device, Addr: u.ClientAddr, SharedClient: !u.OwnClient,
-					At: s.cfg.Now().UTC(), Expires: until.UTC()}
+					At: s.cfg.Now().UTC(), Expires: until.UTC(), BootID: s.cfg.Node.BootID}
+				s.keepMu.Lock()
+				s.kept[keepKey(u.Image, entry{intruder: true, node: s.cfg.Node.ID, addr: u.ClientAddr})] = s.cfg.Mono()
+				s.keepMu.Unlock()
 			}
 			in := *fenced
 			in.Holders = holdersText(res.Holders)
@@ -275,11 +278,9 @@ func (s *Store) Unfence(ctx context.Context, img Image, gone func(addr string) b
 				img, ErrBusy, in.Device, in.Addr, in.Device)
 		}
 	}
-	for _, in := range mine {
-		if err := s.b.Unblocklist(ctx, in.Addr); err != nil {
-			return nil, fmt.Errorf("unfence %s: %w", img, err)
-		}
-	}
+	// the record first, the blocklist after: a keeper that read the record before would only
+	// put an entry back for a client that no longer exists; the other order would let it
+	// renew an entry the record still lists after its removal
 	_, err = s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
 		if cur == nil {
 			return nil, nil
@@ -294,7 +295,12 @@ func (s *Store) Unfence(ctx context.Context, img Image, gone func(addr string) b
 		return cur, nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("unfence %s: blocklist entries removed, but the claim still lists them: %w", img, err)
+		return nil, fmt.Errorf("unfence %s: %w", img, err)
+	}
+	for _, in := range mine {
+		if err := s.b.Unblocklist(ctx, in.Addr); err != nil {
+			return nil, fmt.Errorf("unfence %s: its record no longer lists the fenced mappings, but removing the blocklist entry of %s failed (it expires by itself; run unfence again to remove it now): %w", img, in.Addr, err)
+		}
 	}
 	return mine, nil
 }

@@ -35,6 +35,9 @@ type Heartbeat struct {
 	RenewedAt    time.Time `json:"renewed_at"`    // the writer's clock: for people and skew reports
 	LeaseSeconds int64     `json:"lease_seconds"` // how long observers wait for a change
 	AgentVersion string    `json:"agent_version"`
+	// BootID is the node's kernel boot id: a fence of one of its mappings ends when its
+	// heartbeat shows another one (see KeepFences).
+	BootID string `json:"boot_id,omitempty"`
 }
 
 // heartbeatObject is the name of node's heartbeat object.
@@ -281,7 +284,7 @@ func (s *Store) Heartbeat(ctx context.Context, pool, namespace string) error {
 		me := s.me()
 		hb.Format, hb.NodeID, hb.Incarnation, hb.Hostname, hb.NodeAddr = FormatVersion, s.cfg.Node.ID, me.Incarnation, me.Hostname, me.NodeAddr
 		hb.Seq++
-		hb.RenewedAt, hb.LeaseSeconds, hb.AgentVersion = s.cfg.Now().UTC(), me.LeaseSeconds, me.AgentVersion
+		hb.RenewedAt, hb.LeaseSeconds, hb.AgentVersion, hb.BootID = s.cfg.Now().UTC(), me.LeaseSeconds, me.AgentVersion, me.BootID
 		out, err := encodeHeartbeat(hb)
 		if err != nil {
 			return err

@@ -70,7 +70,7 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 		for _, h := range plan.Evict {
 			f, done := fences[fenceKey(h)]
 			if !done {
-				if f, err = s.fence(ctx, h, in.Now); err != nil {
+				if f, err = s.fence(ctx, req.Image, h, in.Now); err != nil {
 					return nil, fmt.Errorf("takeover of %s from node %s: %w", req.Image, h.NodeID, err)
 				}
 				fences[fenceKey(h)], in.Fenced[fenceKey(h)] = f, true
@@ -101,7 +101,7 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 // me is this node's holder entry as it would be written now: its node facts and lease.
 func (s *Store) me() Holder {
 	h := Holder{NodeID: s.cfg.Node.ID, Incarnation: s.cfg.Node.Incarnation, Hostname: s.cfg.Node.Hostname,
-		AgentVersion: s.cfg.Node.AgentVersion, LeaseSeconds: int64(s.cfg.Lease / time.Second)}
+		AgentVersion: s.cfg.Node.AgentVersion, LeaseSeconds: int64(s.cfg.Lease / time.Second), BootID: s.cfg.Node.BootID}
 	if s.cfg.Node.Addr != nil {
 		h.NodeAddr = s.cfg.Node.Addr()
 	}
@@ -132,7 +132,9 @@ func (s *Store) refresh(h *Holder, now time.Time) {
 	acquireInput{Now: now, Me: s.me()}.refresh(h)
 }
 
-func (s *Store) fence(ctx context.Context, h Holder, now time.Time) (Fence, error) {
+// fence blocklists holder h's mapping of img (its client address, else its whole node) and
+// returns the fence to record: with the boot id h recorded, and counted as kept by this store.
+func (s *Store) fence(ctx context.Context, img Image, h Holder, now time.Time) (Fence, error) {
 	addr := h.fenceAddr()
 	if addr == "" {
 		return Fence{}, fmt.Errorf("node %s recorded no address to fence", h.NodeID)
@@ -141,10 +143,14 @@ func (s *Store) fence(ctx context.Context, h Holder, now time.Time) (Fence, erro
 	if err != nil {
 		return Fence{}, err
 	}
+	s.keepMu.Lock()
+	s.kept[keepKey(img, entry{node: h.NodeID, addr: addr})] = s.cfg.Mono()
+	s.keepMu.Unlock()
 	if s.afterFence != nil {
 		s.afterFence()
 	}
-	return Fence{NodeID: h.NodeID, Addr: addr, Epoch: h.Epoch, At: now, Expires: until.UTC(), By: s.cfg.Node.ID}, nil
+	return Fence{NodeID: h.NodeID, Addr: addr, Epoch: h.Epoch, At: now, Expires: until.UTC(), By: s.cfg.Node.ID,
+		BootID: h.BootID, RenewedAt: now, RenewedBy: s.cfg.Node.ID}, nil
 }
 
 // mine finds this node's live holder entry at epoch, or explains why there is none.
@@ -195,6 +201,13 @@ func (s *Store) Release(ctx context.Context, img Image, epoch uint64) (bool, err
 		h := cur.Holder(s.cfg.Node.ID)
 		if h == nil || h.Epoch != epoch {
 			return nil, nil // not ours (any more): leave it alone
+		}
+		// the caller's device is gone (it releases only then): an admin's fence of this very
+		// mapping need not be kept any more
+		for i := range cur.Fences {
+			if f := &cur.Fences[i]; f.Live() && f.NodeID == s.cfg.Node.ID && h.ClientAddr != "" && f.Addr == h.ClientAddr {
+				f.Gone, f.GoneAt = fmt.Sprintf("node %s's agent unmapped %s (client %s) and released its hold", s.cfg.Node.ID, h.Device, h.ClientAddr), s.cfg.Now().UTC()
+			}
 		}
 		cur.without(s.cfg.Node.ID)
 		released = true
@@ -262,7 +275,7 @@ func (s *Store) Fence(ctx context.Context, img Image) (*FenceResult, error) {
 		}
 		now := s.cfg.Now().UTC()
 		for i := range cur.Holders {
-			f, err := s.fence(ctx, cur.Holders[i], now)
+			f, err := s.fence(ctx, img, cur.Holders[i], now)
 			if err != nil {
 				return nil, err
 			}
@@ -323,6 +336,9 @@ func (s *Store) Orphans(ctx context.Context, pool string) ([]Record, error) {
 	}
 	return out, nil
 }
+
+// IsOrphan says whether r's image no longer exists (or was recreated with another id).
+func (s *Store) IsOrphan(ctx context.Context, r Record) (bool, error) { return s.isOrphan(ctx, r) }
 
 func (s *Store) isOrphan(ctx context.Context, r Record) (bool, error) {
 	ok, err := s.imageExists(ctx, r.Ref, r.ImageID)

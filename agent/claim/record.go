@@ -3,6 +3,7 @@ package claim
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -90,6 +91,10 @@ type Holder struct {
 	RenewedAt    time.Time `json:"renewed_at"`
 	LeaseSeconds int64     `json:"lease_seconds"`
 	AgentVersion string    `json:"agent_version"`
+	// BootID is the kernel boot id of the holder's node when it last wrote this entry: a fence
+	// of this hold records it, and a later heartbeat with another boot id shows that the node
+	// rebooted, so that the fenced kernel client no longer exists.
+	BootID string `json:"boot_id,omitempty"`
 	// Fenced is set once an admin blocklisted this holder; it can no longer renew.
 	Fenced bool `json:"fenced,omitempty"`
 }
@@ -108,7 +113,12 @@ func (h Holder) fenceAddr() string {
 	return ""
 }
 
-// Fence is one blocklisting done to take an image from a holder.
+// Fence is one blocklisting done to take an image from a holder. A blocklist entry expires
+// (fence_expiry), and the fenced mapping may still exist then: a node hung or cut off for longer
+// writes again the moment its entry runs out. So a fence stays live, and is re-blocklisted well
+// before it expires (Store.KeepFences: by the holder of record, and by the pool's sweep while
+// nobody holds the image), until its mapping is known gone: its node's agent unmapped it, or
+// the node rebooted since (its heartbeat shows another boot id), or an admin lifted it.
 type Fence struct {
 	NodeID  string    `json:"node_id"`
 	Addr    string    `json:"addr"`
@@ -116,7 +126,20 @@ type Fence struct {
 	At      time.Time `json:"at"`
 	Expires time.Time `json:"expires"`
 	By      string    `json:"by"`
+	// BootID is the fenced node's boot id when it last wrote its hold ("" when its agent did
+	// not record one: then only an unmap report or an admin ends the fence).
+	BootID string `json:"boot_id,omitempty"`
+	// RenewedAt and RenewedBy: the last re-blocklisting (wall clock, for people).
+	RenewedAt time.Time `json:"renewed_at,omitzero"`
+	RenewedBy string    `json:"renewed_by,omitempty"`
+	// Gone says why the fenced mapping is known gone ("" while it may still exist); from then
+	// on nobody renews the entry and it expires by itself.
+	Gone   string    `json:"gone,omitempty"`
+	GoneAt time.Time `json:"gone_at,omitzero"`
 }
+
+// Live says whether the fenced mapping may still exist: the entry must then be kept.
+func (f Fence) Live() bool { return f.Gone == "" }
 
 // WholeNode says whether the fence blocklisted a host's whole address (ip:0/0: the holder had
 // recorded no mapping address yet): every client of that host on the cluster is cut by it, its
@@ -131,7 +154,8 @@ func (f Fence) Described() string {
 	return fmt.Sprintf("node %s's mapping %s", f.NodeID, f.Addr)
 }
 
-// maxFences bounds the fence history kept in a record.
+// maxFences bounds the fences kept in a record that are known gone (history); a live fence is
+// never dropped, whatever their number: dropping it would end its renewal.
 const maxFences = 8
 
 // Record is the claim object's content (JSON). Epoch only ever grows: it is raised every time
@@ -180,11 +204,37 @@ func (r *Record) without(node string) {
 	}
 }
 
+// addFence records f: it replaces an entry for the same node and address (blocklisted again),
+// and drops the oldest fences known gone while there are more than maxFences; live ones stay.
 func (r *Record) addFence(f Fence) {
-	r.Fences = append(r.Fences, f)
-	if len(r.Fences) > maxFences {
-		r.Fences = r.Fences[len(r.Fences)-maxFences:]
+	kept := r.Fences[:0]
+	for _, o := range r.Fences {
+		if o.NodeID != f.NodeID || o.Addr != f.Addr {
+			kept = append(kept, o)
+		}
 	}
+	r.Fences = append(kept, f)
+	for extra := len(r.Fences) - maxFences; extra > 0; extra-- {
+		i := slices.IndexFunc(r.Fences, func(f Fence) bool { return !f.Live() })
+		if i < 0 {
+			break
+		}
+		r.Fences = slices.Delete(r.Fences, i, i+1)
+	}
+}
+
+// LiveFences returns the fences whose mappings may still exist.
+func (r *Record) LiveFences() []Fence {
+	if r == nil {
+		return nil
+	}
+	var out []Fence
+	for _, f := range r.Fences {
+		if f.Live() {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 func (r *Record) clone() *Record {

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/ceph/go-ceph/rados"
@@ -31,6 +32,9 @@ type Node struct {
 	// Incarnation is recorded in every holder entry and heartbeat: it changes when the
 	// agent's state is lost (see Holder.Incarnation).
 	Incarnation string
+	// BootID is the node's kernel boot id (/proc/sys/kernel/random/boot_id), recorded in every
+	// holder entry and heartbeat: a fence records it, and another one seen later ends it.
+	BootID string
 }
 
 // Config configures a Store.
@@ -66,6 +70,9 @@ type Store struct {
 	// afterFence runs after each blocklisting (tests use it to interleave a holder's renewal)
 	afterFence func()
 	obs        *Observer
+	// kept is when (Mono) this store last re-blocklisted each live fence (see KeepFences)
+	keepMu sync.Mutex
+	kept   map[string]time.Duration
 }
 
 // NewStore returns a Store on a RADOS connection (owned by the caller).
@@ -98,7 +105,7 @@ func NewStoreOn(b Backend, cfg Config) (*Store, error) {
 		start := time.Now()
 		cfg.Mono = func() time.Duration { return time.Since(start) } // monotonic reading
 	}
-	return &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver()}, nil
+	return &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver(), kept: map[string]time.Duration{}}, nil
 }
 
 // FSID is the cluster's fsid.

@@ -121,7 +121,7 @@ func (c *cluster) connect(ctx context.Context) (*claim.Store, Connection, error)
 	}
 	store, err := claim.NewStoreOn(conn.Backend, claim.Config{
 		Node: claim.Node{
-			ID: c.d.cfg.NodeID, Hostname: hostname, AgentVersion: version.Version, Incarnation: c.d.state.Incarnation(),
+			ID: c.d.cfg.NodeID, Hostname: hostname, AgentVersion: version.Version, Incarnation: c.d.state.Incarnation(), BootID: c.d.opts.BootID,
 			Addr: func() string {
 				a, err := c.d.addrs.SourceFor(c.cfg.Monitors)
 				if err != nil {

@@ -53,6 +53,9 @@ type Options struct {
 	// Mono is the monotonic clock leases are judged on (tests give each node its own);
 	// default: the process's own.
 	Mono func() time.Duration
+	// BootID is the kernel's boot id, recorded in this node's holds and heartbeats (default:
+	// read from /proc/sys/kernel/random/boot_id).
+	BootID string
 	// Connect opens a cluster (default: RADOS with the cluster's keyring); tests give an
 	// in-memory cluster.
 	Connect func(ctx context.Context, c config.Cluster) (Connection, error)
@@ -94,6 +97,7 @@ type Daemon struct {
 	lost     map[state.Key]bool   // claims this node knows it no longer holds (device kept)
 	// selfFenced: when this node last re-blocklisted its own lost mapping
 	selfFenced   map[state.Key]time.Time
+	kept         map[string]keptFences // the live fences of each claim this node keeps, as last seen (fences.go)
 	unmanaged    map[int]unmanagedDevice // devices mapped behind the agent's back, and their verdicts
 	skews        map[string]skew         // other nodes whose clocks are off, by "cluster/node"
 	beats        map[string]time.Time    // when each loop last beat (see loops.go)
@@ -128,6 +132,13 @@ func New(opts Options) (*Daemon, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.Mono == nil {
+		start := time.Now()
+		opts.Mono = func() time.Duration { return time.Since(start) }
+	}
+	if opts.BootID == "" {
+		opts.BootID = readBootID()
+	}
 	st, err := state.Open(opts.Config.StateDir)
 	if err != nil {
 		return nil, err
@@ -135,7 +146,7 @@ func New(opts Options) (*Daemon, error) {
 	d := &Daemon{
 		opts: opts, cfg: opts.Config, log: opts.Log, audit: opts.Audit, kernel: opts.Kernel, state: st,
 		addrs: nodeaddr.New(), clusters: map[string]*cluster{},
-		beats: map[string]time.Time{}, problems: map[state.Key]string{}, lost: map[state.Key]bool{}, selfFenced: map[state.Key]time.Time{}, unmanaged: map[int]unmanagedDevice{}, skews: map[string]skew{},
+		beats: map[string]time.Time{}, problems: map[state.Key]string{}, lost: map[state.Key]bool{}, selfFenced: map[state.Key]time.Time{}, kept: map[string]keptFences{}, unmanaged: map[int]unmanagedDevice{}, skews: map[string]skew{},
 	}
 	d.ops = newExecutor(d)
 	d.metrics = d.newMetrics()
@@ -230,11 +241,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.bg.Add(1)
 		go func() { defer d.bg.Done(); d.renewLoop(ctx, c) }()
 	}
-	if d.cfg.SweepsOrphans() && d.cfg.OrphanSweepInterval > 0 {
-		d.beat("sweep")
-		d.bg.Add(1)
-		go func() { defer d.bg.Done(); d.sweepLoop(ctx) }()
-	}
+	d.beat("sweep") // always: the sweep keeps the fences of claims nobody holds
+	d.bg.Add(1)
+	go func() { defer d.bg.Done(); d.sweepLoop(ctx) }()
 	d.mainLoop(ctx, watcher)
 
 	d.notify("STOPPING=1")

@@ -263,8 +263,11 @@ func (d *Daemon) heartbeat(ctx context.Context, cl *cluster, store *claim.Store,
 // never the agent's call.
 func (d *Daemon) checkClaim(ctx context.Context, cl *cluster, store *claim.Store, m state.Mapping) {
 	rctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
-	_, err := store.Check(rctx, m.Ref.Head(), m.Epoch)
+	rec, err := store.Check(rctx, m.Ref.Head(), m.Epoch)
 	cancel()
+	if rec != nil {
+		defer d.keepFences(ctx, cl, store, m.Ref.Head(), rec) // the record's fences, held or taken
+	}
 	switch {
 	case err == nil:
 		failed, _ := d.heartbeatErr.Load(cl.cfg.ID + "/" + m.Pool + "/" + m.Namespace)

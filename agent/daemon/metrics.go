@@ -26,7 +26,8 @@ func (d *Daemon) newMetrics() *metrics.Metrics {
 		ids = append(ids, c.ID)
 	}
 	return metrics.New(metrics.Options{Version: version.Version, PerImage: d.cfg.PerImageMetrics, Clusters: ids,
-		Lease: d.cfg.LeaseDuration.D(), Renew: d.cfg.RenewInterval.D(), Snapshot: d.metricsSnapshot})
+		Lease: d.cfg.LeaseDuration.D(), Renew: d.cfg.RenewInterval.D(), Snapshot: d.metricsSnapshot,
+		FenceWarn: min(24*time.Hour, d.fenceExpiry()/4)})
 }
 
 // clusterLabel is the cluster label of a request: the configured cluster it names (or the only
@@ -97,6 +98,7 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 		sort.Strings(c.Places)
 		s.Clusters = append(s.Clusters, c)
 	}
+	s.Fences = d.keptSnapshot()
 	return s
 }
 

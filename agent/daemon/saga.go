@@ -498,6 +498,10 @@ func (d *Daemon) release(ctx context.Context, cl *cluster, m state.Mapping) erro
 	if err != nil {
 		return err
 	}
+	if !ok {
+		// not ours any more: another node took it, fencing this mapping, which is gone now
+		d.fencedMappingGone(ctx, store, m)
+	}
 	if ok {
 		d.audit.Record(audit.Entry{Event: audit.Release, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace, Image: m.Image,
 			Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID})

@@ -11,18 +11,31 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
-// sweepLoop removes the free claims of deleted images from the pools this node holds or has
-// held claims in: one listing per pool per orphan_sweep_interval, each pool's first sweep at a
-// random point in the first interval so that the nodes of a cluster spread out. Sweeps run off
-// the loop, one per pool at a time.
+// sweepPeriod is how often each pool is swept: the orphan sweep's interval (when it is on), and
+// never less often than an eighth of fence_expiry, since the sweep keeps the fences of claims
+// nobody holds (a keeper that misses a sweep or two is still well in time).
+func (d *Daemon) sweepPeriod() time.Duration {
+	p := d.fenceExpiry() / 8
+	if d.cfg.SweepsOrphans() && d.cfg.OrphanSweepInterval > 0 {
+		p = min(p, d.cfg.OrphanSweepInterval.D())
+	}
+	return max(p, time.Second)
+}
+
+// sweepLoop sweeps the pools this node holds or has held claims in: it keeps the fences of
+// every claim listed (free or held: a claim released after a takeover, or whose holder died,
+// has nobody else to keep them), and removes the free claims of deleted images when the orphan
+// sweep is on. One listing per pool per sweepPeriod, each pool's first at a random point in the
+// first period so that the nodes of a cluster spread out, scheduled on the monotonic clock.
+// Sweeps run off the loop, one per pool at a time.
 func (d *Daemon) sweepLoop(ctx context.Context) {
-	period := d.cfg.OrphanSweepInterval.D()
+	period := d.sweepPeriod()
 	check := min(period/4, time.Minute)
 	tick, stopTick := d.ticker("sweep", check)
 	defer stopTick()
 	beat := time.NewTicker(d.beatEvery)
 	defer beat.Stop()
-	next := map[state.Pool]time.Time{}
+	next := map[state.Pool]time.Duration{}
 	running := map[state.Pool]bool{}
 	done := make(chan state.Pool)
 	for {
@@ -37,15 +50,15 @@ func (d *Daemon) sweepLoop(ctx context.Context) {
 		case p := <-done:
 			delete(running, p)
 		case <-tick:
-			now := time.Now()
+			now := d.opts.Mono()
 			for _, p := range d.state.ClaimPools() {
 				if _, ok := next[p]; !ok {
-					next[p] = now.Add(time.Duration(rand.Int64N(int64(period))))
+					next[p] = now + time.Duration(rand.Int64N(int64(period)))
 				}
-				if running[p] || now.Before(next[p]) {
+				if running[p] || now < next[p] {
 					continue
 				}
-				running[p], next[p] = true, now.Add(period)
+				running[p], next[p] = true, now+period
 				go func() {
 					defer func() { done <- p }()
 					d.sweepPool(ctx, p)
@@ -55,26 +68,41 @@ func (d *Daemon) sweepLoop(ctx context.Context) {
 	}
 }
 
-// sweepPool lists one pool's orphaned claims and removes the free ones.
+// sweepPool lists one pool's claims, keeps their fences, and removes the free claims of
+// deleted images (when the orphan sweep is on).
 func (d *Daemon) sweepPool(ctx context.Context, p state.Pool) (removed int, err error) {
 	cl := d.clusters[p.Cluster]
 	if cl == nil {
 		return 0, nil // a cluster no longer configured
 	}
-	ctx, cancel := context.WithTimeout(ctx, max(d.cfg.OrphanSweepInterval.D()/2, time.Minute))
+	ctx, cancel := context.WithTimeout(ctx, max(d.sweepPeriod()/2, time.Minute))
 	defer cancel()
 	store, err := cl.claims(ctx)
 	if err != nil {
-		d.log.WithError(err).WithField("pool", p.Pool).Warn("orphan sweep skipped: cluster unavailable")
+		d.log.WithError(err).WithField("pool", p.Pool).Warn("pool sweep skipped: cluster unavailable; its fences and orphans wait for the next one")
 		return 0, err
 	}
-	orphans, err := store.Orphans(ctx, p.Pool)
+	recs, err := store.List(ctx, p.Pool)
 	if err != nil {
-		d.log.WithError(err).WithField("cluster", p.Cluster).WithField("pool", p.Pool).Warn("orphan sweep: listing failed")
+		d.log.WithError(err).WithField("cluster", p.Cluster).WithField("pool", p.Pool).Warn("pool sweep: listing failed; retried at the next sweep")
 		return 0, err
 	}
 	var errs []error
-	for _, o := range orphans {
+	for i := range recs {
+		o := &recs[i]
+		d.keepFences(ctx, cl, store, o.Ref, o)
+		if !d.cfg.SweepsOrphans() || !o.Free() {
+			continue
+		}
+		orphan, err := store.IsOrphan(ctx, *o)
+		if err != nil {
+			errs = append(errs, err)
+			d.log.WithError(err).WithField("image", o.Ref.String()).Warn("orphan sweep: image not checked")
+			continue
+		}
+		if !orphan {
+			continue
+		}
 		ok, err := store.SweepOrphan(ctx, o.Ref)
 		if err != nil {
 			errs = append(errs, err)

@@ -69,6 +69,15 @@ type Snapshot struct {
 	Clusters  []Cluster
 	Claims    []Claim
 	Unmanaged []Unmanaged
+	// Fences are the live fences (blocklist entries whose mappings may still exist) of the
+	// claims this node keeps, as it last saw them.
+	Fences []Fence
+}
+
+// Fence is one live fence a claim records, and when its blocklist entry expires.
+type Fence struct {
+	Cluster string
+	Expires time.Time
 }
 
 // Cluster is one configured cluster.
@@ -105,6 +114,9 @@ type Options struct {
 	Snapshot func() Snapshot
 	// Now is the clock of the liveness ages (tests); default time.Now.
 	Now func() time.Time
+	// FenceWarn: a live fence whose entry expires within it is counted in
+	// rbd_owner_fences_expiring (default a day).
+	FenceWarn time.Duration
 }
 
 // Metrics holds the collectors, registered on a registry of their own.
@@ -114,6 +126,7 @@ type Metrics struct {
 	snapshot func() Snapshot
 	perImage bool
 	now      func() time.Time
+	warn     time.Duration
 
 	mapSeconds, unmapSeconds *prometheus.HistogramVec
 	maps, unmaps, refusals   *prometheus.CounterVec
@@ -121,6 +134,7 @@ type Metrics struct {
 	intruders, adoptions     *prometheus.CounterVec
 	liveness, claimsLost     *prometheus.CounterVec
 	devicesLost              *prometheus.CounterVec
+	fenceRenewals            *prometheus.CounterVec
 	recovery                 prometheus.Gauge
 
 	mu        sync.Mutex
@@ -139,7 +153,10 @@ func New(o Options) *Metrics {
 	if o.Snapshot == nil {
 		o.Snapshot = func() Snapshot { return Snapshot{} }
 	}
-	m := &Metrics{reg: prometheus.NewRegistry(), snapshot: o.Snapshot, perImage: o.PerImage, now: o.Now,
+	if o.FenceWarn <= 0 {
+		o.FenceWarn = 24 * time.Hour
+	}
+	m := &Metrics{reg: prometheus.NewRegistry(), snapshot: o.Snapshot, perImage: o.PerImage, now: o.Now, warn: o.FenceWarn,
 		lastWrite: map[[2]string]time.Time{}, needed: map[[2]string]time.Time{}}
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help}, labels)
@@ -158,6 +175,7 @@ func New(o Options) *Metrics {
 	m.liveness = counter("liveness_writes_total", "Writes of this node's liveness record (heartbeats), by result: ok, or the error code.", labelCluster, labelResult)
 	m.claimsLost = counter("claims_lost_total", "Claims this node found it no longer holds (taken over or fenced); their devices are left in place.", labelCluster)
 	m.devicesLost = counter("device_lost_total", "Managed devices that were unmapped outside rbd-owner (device_lost); their claims are released.", labelCluster)
+	m.fenceRenewals = counter("fence_renewals_total", "Re-blocklistings of live fences (claims' fences and intruders whose mappings may still exist) before they expire, by result: ok, or the error code.", labelCluster, labelResult)
 	m.recovery = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "recovery_duration_seconds",
 		Help: "How long the recovery at the agent's start took."})
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "build_info", Help: "The agent's version; always 1.",
@@ -171,7 +189,7 @@ func New(o Options) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.mapSeconds, m.unmapSeconds, m.maps, m.unmaps, m.refusals, m.takeovers, m.fences, m.intruders, m.adoptions,
-		m.liveness, m.claimsLost, m.devicesLost, m.recovery, build, lease, renew,
+		m.liveness, m.claimsLost, m.devicesLost, m.fenceRenewals, m.recovery, build, lease, renew,
 		stateCollector{m},
 	)
 	for _, c := range o.Clusters {
@@ -182,6 +200,7 @@ func New(o Options) *Metrics {
 			m.fences.WithLabelValues(c, cause)
 		}
 		m.liveness.WithLabelValues(c, ResultOK)
+		m.fenceRenewals.WithLabelValues(c, ResultOK)
 		m.maps.WithLabelValues(c, ResultOK)
 		m.unmaps.WithLabelValues(c, ResultOK)
 	}
@@ -298,6 +317,14 @@ func (m *Metrics) Liveness(cluster, place string, err error) {
 	}
 }
 
+// FenceRenewed records one re-blocklisting of a live fence (err: it failed).
+func (m *Metrics) FenceRenewed(cluster string, err error) {
+	if m == nil {
+		return
+	}
+	m.fenceRenewals.WithLabelValues(cl(cluster), Result(err)).Inc()
+}
+
 // Recovered records how long the recovery at start took.
 func (m *Metrics) Recovered(took time.Duration) {
 	if m == nil {
@@ -362,12 +389,14 @@ var (
 		[]string{labelCluster}, nil)
 	descLivenessAge = prometheus.NewDesc(ns+"_liveness_write_age_seconds", "Seconds since this node's liveness record was last written, in the stalest pool of the cluster where it holds claims (absent when it holds none there).",
 		[]string{labelCluster}, nil)
+	descExpiring = prometheus.NewDesc(ns+"_fences_expiring", "Live fences (their mappings may still exist) of the claims this node keeps whose blocklist entries expire within a day (or a quarter of fence_expiry, if less): their renewals are failing.",
+		[]string{labelCluster}, nil)
 	descClaimInfo = prometheus.NewDesc(ns+"_claim_info", "One series per claim this node has (only with per_image_metrics: true).",
 		[]string{labelCluster, "pool", "namespace", "image", "device", labelState}, nil)
 )
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descClaims, descUnmanaged, descConnected, descLivenessAge, descClaimInfo} {
+	for _, d := range []*prometheus.Desc{descClaims, descUnmanaged, descConnected, descLivenessAge, descExpiring, descClaimInfo} {
 		ch <- d
 	}
 }
@@ -393,6 +422,19 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, u := range s.Unmanaged {
 		unmanaged[[2]string{cl(u.Cluster), u.Verdict}]++
+	}
+	expiring := map[string]int{}
+	for _, k := range s.Clusters {
+		expiring[k.ID] = 0
+	}
+	now := c.m.now()
+	for _, f := range s.Fences {
+		if f.Expires.Sub(now) < c.m.warn {
+			expiring[cl(f.Cluster)]++
+		}
+	}
+	for id, n := range expiring {
+		ch <- prometheus.MustNewConstMetric(descExpiring, prometheus.GaugeValue, float64(n), id)
 	}
 	for _, k := range sortedKeys(claims) {
 		ch <- prometheus.MustNewConstMetric(descClaims, prometheus.GaugeValue, float64(claims[k]), k[0], k[1])

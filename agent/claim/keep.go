@@ -1,0 +1,257 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Fence lifetimes. A blocklist entry expires (fence_expiry), but the mapping it fenced may
+// outlive it: a node frozen or cut off for longer than the entry's life writes again the moment
+// the entry runs out. So every fence recorded in a claim (and every intruder) is kept alive by
+// re-blocklisting it until its mapping is known gone:
+//   - the holder of record keeps the fences of its claims, checked at every renewal round;
+//   - the pool's sweep keeps the fences of every claim it lists, free or held, so that a claim
+//     released after a takeover, or one whose holder died, still has a keeper;
+//   - a fence is due when this store has not re-blocklisted it for a quarter of fence_expiry
+//     (on this process's monotonic clock) or ever: no wall clock is compared with the
+//     monitors', so a node whose clock is off still renews in time;
+//   - known gone: the fenced node's agent recorded that it unmapped the device (FenceGone), or
+//     the node's heartbeat shows another boot id than the fence recorded (a reboot ends every
+//     kernel client), or an admin lifted it (UnfenceNode). A gone fence is not renewed; its
+//     entry expires by itself.
+
+// keepEvery is how often a store re-blocklists a live fence: a quarter of its life, so that
+// a keeper that misses a round or two is still in time.
+func (s *Store) keepEvery() time.Duration { return s.cfg.FenceExpiry / 4 }
+
+// KeepReport is what KeepFences did with one claim's fences.
+type KeepReport struct {
+	// Renewed are the fences re-blocklisted now (with their new expiry).
+	Renewed []Fence
+	// Gone are the fences found gone now (the fenced node rebooted).
+	Gone []Fence
+	// Live is every fence and intruder still kept after the call, by address, with its expiry.
+	Live []KeptFence
+}
+
+// KeptFence is one live blocklist entry a record keeps: a fence or an intruder.
+type KeptFence struct {
+	NodeID   string
+	Addr     string
+	Expires  time.Time
+	Intruder bool
+}
+
+// entry is one live blocklist entry of a record, fence or intruder, as KeepFences sees it.
+type entry struct {
+	intruder bool
+	node     string
+	addr     string
+	bootID   string
+}
+
+func (r *Record) liveEntries() []entry {
+	var out []entry
+	for _, f := range r.Fences {
+		if f.Live() {
+			out = append(out, entry{node: f.NodeID, addr: f.Addr, bootID: f.BootID})
+		}
+	}
+	for _, in := range r.Intruders {
+		out = append(out, entry{intruder: true, node: in.NodeID, addr: in.Addr, bootID: in.BootID})
+	}
+	return out
+}
+
+// keepKey names an entry in the store's memory of its own renewals.
+func keepKey(img Image, e entry) string { return img.String() + "\x00" + e.node + "\x00" + e.addr }
+
+// Due says whether any live fence or intruder of rec is due for renewal by this store, without
+// any cluster call: the renewal round asks it of every record it reads anyway.
+func (s *Store) Due(img Image, rec *Record) bool {
+	if rec == nil {
+		return false
+	}
+	now := s.cfg.Mono()
+	s.keepMu.Lock()
+	defer s.keepMu.Unlock()
+	for _, e := range rec.liveEntries() {
+		if at, ok := s.kept[keepKey(img, e)]; !ok || now-at >= s.keepEvery() {
+			return true
+		}
+	}
+	return false
+}
+
+// KeepFences re-blocklists the image's live fences and intruders that are due (see keepEvery),
+// after checking each fenced node's heartbeat in the image's pool and namespace for a new boot
+// id (then the fence is gone: its kernel client ended with the reboot, and it is marked so, not
+// renewed). The record is then updated in one compare-and-set: new expiries, gone marks. A
+// failed blocklist call is returned (joined) after the others were tried; an entry whose
+// blocklisting worked stays renewed even when the record could not be updated.
+func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
+	var rep KeepReport
+	if err := validateImage(img); err != nil {
+		return rep, fmt.Errorf("keep fences of %s: %w: %w", img, ErrInvalid, err)
+	}
+	cur, _, err := s.read(ctx, img)
+	if err != nil || cur == nil {
+		return rep, err
+	}
+	renewed := map[string]time.Time{} // keepKey → the entry's new expiry
+	gone := map[string]string{}       // keepKey → why
+	var errs []error
+	for _, e := range cur.liveEntries() {
+		k := keepKey(img, e)
+		s.keepMu.Lock()
+		at, ok := s.kept[k]
+		s.keepMu.Unlock()
+		if ok && s.cfg.Mono()-at < s.keepEvery() {
+			continue
+		}
+		why, err := s.rebooted(ctx, img, e)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if why != "" {
+			gone[k] = why
+			continue
+		}
+		until, err := s.b.Blocklist(ctx, e.addr, s.cfg.FenceExpiry)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("keep node %s's fence %s on %s: %w", e.node, e.addr, img, err))
+			continue
+		}
+		s.keepMu.Lock()
+		s.kept[k] = s.cfg.Mono()
+		s.pruneKept()
+		s.keepMu.Unlock()
+		renewed[k] = until.UTC()
+	}
+	if len(renewed)+len(gone) > 0 {
+		now := s.cfg.Now().UTC()
+		rec, err := s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
+			rep.Renewed, rep.Gone = nil, nil
+			if cur == nil {
+				return nil, nil
+			}
+			changed := false
+			for i := range cur.Fences {
+				f := &cur.Fences[i]
+				k := keepKey(img, entry{node: f.NodeID, addr: f.Addr})
+				if !f.Live() {
+					continue
+				}
+				if why, ok := gone[k]; ok {
+					f.Gone, f.GoneAt, changed = why, now, true
+					rep.Gone = append(rep.Gone, *f)
+				} else if until, ok := renewed[k]; ok && until.After(f.Expires) {
+					f.Expires, f.RenewedAt, f.RenewedBy, changed = until, now, s.cfg.Node.ID, true
+					rep.Renewed = append(rep.Renewed, *f)
+				}
+			}
+			kept := cur.Intruders[:0]
+			for _, in := range cur.Intruders {
+				k := keepKey(img, entry{intruder: true, node: in.NodeID, addr: in.Addr})
+				if _, ok := gone[k]; ok {
+					changed = true // its node rebooted: the mapping is gone, so is its record
+					continue
+				}
+				if until, ok := renewed[k]; ok && until.After(in.Expires) {
+					in.Expires, changed = until, true
+				}
+				kept = append(kept, in)
+			}
+			cur.Intruders = kept
+			if !changed {
+				return nil, nil
+			}
+			return cur, nil
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("keep fences of %s: blocklist entries renewed, but the claim could not record it: %w", img, err))
+		} else {
+			cur = rec
+		}
+	}
+	for _, f := range cur.Fences {
+		if f.Live() {
+			rep.Live = append(rep.Live, KeptFence{NodeID: f.NodeID, Addr: f.Addr, Expires: f.Expires})
+		}
+	}
+	for _, in := range cur.Intruders {
+		rep.Live = append(rep.Live, KeptFence{NodeID: in.NodeID, Addr: in.Addr, Expires: in.Expires, Intruder: true})
+	}
+	return rep, errors.Join(errs...)
+}
+
+// rebooted says why e's mapping is gone because its node rebooted since the fence ("" when that
+// is not known): this node's own boot id, or the fenced node's heartbeat in the image's pool and
+// namespace, names another boot than the one the fence recorded. A fence without a boot id
+// (made against an agent that recorded none) is never judged so.
+func (s *Store) rebooted(ctx context.Context, img Image, e entry) (string, error) {
+	if e.bootID == "" {
+		return "", nil
+	}
+	if e.node == s.cfg.Node.ID {
+		if s.cfg.Node.BootID != "" && s.cfg.Node.BootID != e.bootID {
+			return fmt.Sprintf("node %s rebooted since the fence (boot_id %s, now %s): its kernel client is gone", e.node, e.bootID, s.cfg.Node.BootID), nil
+		}
+		return "", nil
+	}
+	data, _, err := s.b.Read(ctx, img, heartbeatObject(e.node))
+	if err != nil {
+		return "", fmt.Errorf("liveness of fenced node %s: %w", e.node, err)
+	}
+	if data == nil {
+		return "", nil
+	}
+	hb, err := decodeHeartbeat(data)
+	if err != nil || hb.BootID == "" || hb.BootID == e.bootID {
+		return "", nil // unreadable or no news: kept
+	}
+	return fmt.Sprintf("node %s rebooted since the fence (boot_id %s, its heartbeat now %s): its kernel client is gone", e.node, e.bootID, hb.BootID), nil
+}
+
+// pruneKept forgets renewals older than a fence's life (keepMu held).
+func (s *Store) pruneKept() {
+	now := s.cfg.Mono()
+	for k, at := range s.kept {
+		if now-at > s.cfg.FenceExpiry {
+			delete(s.kept, k)
+		}
+	}
+}
+
+// FenceGone records that node's mapping with client address addr no longer exists (its agent
+// unmapped it, or saw its device vanish): the fences of it in the image's claim are marked gone
+// with why, and are no longer renewed. It returns how many were marked; no fence of it, no write.
+func (s *Store) FenceGone(ctx context.Context, img Image, node, addr, why string) (int, error) {
+	if addr == "" {
+		return 0, nil
+	}
+	n := 0
+	_, err := s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
+		n = 0
+		if cur == nil {
+			return nil, nil
+		}
+		now := s.cfg.Now().UTC()
+		for i := range cur.Fences {
+			if f := &cur.Fences[i]; f.Live() && f.NodeID == node && f.Addr == addr {
+				f.Gone, f.GoneAt = why, now
+				n++
+			}
+		}
+		if n == 0 {
+			return nil, nil
+		}
+		return cur, nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("record that node %s's fenced mapping %s of %s is gone: %w", node, addr, img, err)
+	}
+	return n, nil
+}

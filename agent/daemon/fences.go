@@ -1,0 +1,130 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/audit"
+	"github.com/rbd-owner/rbd-owner/agent/cephconn"
+	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/metrics"
+	"github.com/rbd-owner/rbd-owner/agent/state"
+)
+
+// Fence lifetimes (claim.KeepFences): the fences recorded in a claim are re-blocklisted before
+// they expire, for as long as their mappings may exist, by this node when it holds the claim
+// (at each claim check of the renewal round) and by its pool sweeps, which keep every claim's
+// fences, free or held (sweep.go). This file is the daemon's side of it: when to keep, what
+// to report, and the "known gone" report of this node's own fenced mappings.
+
+// bootIDFile is where the kernel publishes its boot id.
+const bootIDFile = "/proc/sys/kernel/random/boot_id"
+
+// readBootID returns the kernel's boot id ("" when it cannot be read: fences of this node's
+// mappings then only end by its unmap reports or an admin).
+func readBootID() string {
+	b, err := os.ReadFile(bootIDFile)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// fenceExpiry is the configured fence_expiry, or the claim store's default.
+func (d *Daemon) fenceExpiry() time.Duration {
+	if e := d.cfg.FenceExpiry.D(); e > 0 {
+		return e
+	}
+	return claim.DefaultFenceExpiry
+}
+
+// keepFences renews rec's live fences that are due, if any (no cluster call otherwise): the
+// renewals and the fences found gone are audited, a failure is logged at error priority and
+// counted (the renewal is tried again at the next check).
+func (d *Daemon) keepFences(ctx context.Context, cl *cluster, store *claim.Store, img claim.Image, rec *claim.Record) {
+	if !store.Due(img, rec) {
+		return
+	}
+	kctx, cancel := context.WithTimeout(ctx, 2*cephconn.DefaultTimeout)
+	rep, err := store.KeepFences(kctx, img)
+	cancel()
+	for _, f := range rep.Renewed {
+		d.metrics.FenceRenewed(cl.cfg.ID, nil)
+		d.log.WithField("image", img.String()).WithField("addr", f.Addr).WithField("expires", f.Expires.Format(time.RFC3339)).
+			Info("fence renewed: " + f.Described() + " stays blocklisted while its mapping may exist")
+	}
+	for _, f := range rep.Gone {
+		d.audit.Record(audit.Entry{Event: audit.Fence, Result: audit.OK, Cluster: cl.cfg.ID, Pool: img.Pool, Namespace: img.Namespace,
+			Image: img.Image, Epoch: f.Epoch, OwnerNode: f.NodeID,
+			Message: fmt.Sprintf("fence of %s on %s is no longer renewed: %s; its blocklist entry expires %s", f.Addr, img, f.Gone, f.Expires.Format(time.RFC3339))})
+	}
+	d.noteKept(cl.cfg.ID, img, rep.Live)
+	if err != nil {
+		d.metrics.FenceRenewed(cl.cfg.ID, err)
+		d.log.WithError(err).WithField("image", img.String()).
+			Error("a fence could not be renewed; retried at the next check. If it expires while its mapping exists, that mapping can write again: check that this agent's user may run `osd blocklist`")
+	}
+}
+
+// noteKept remembers the live fences of img as last seen, for the metrics (fences near expiry).
+func (d *Daemon) noteKept(cluster string, img claim.Image, live []claim.KeptFence) {
+	k := cluster + "/" + img.String()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(live) == 0 {
+		delete(d.kept, k)
+		return
+	}
+	d.kept[k] = keptFences{cluster: cluster, fences: live, at: d.opts.Mono()}
+}
+
+// keptFences is what noteKept remembers of one claim, and when (Mono).
+type keptFences struct {
+	cluster string
+	fences  []claim.KeptFence
+	at      time.Duration
+}
+
+// keptSnapshot is the live fences this node keeps, for the metrics: those noted within half a
+// fence's life (this node renews what it keeps every quarter; older notes are of claims it no
+// longer sees).
+func (d *Daemon) keptSnapshot() []metrics.Fence {
+	now, life := d.opts.Mono(), d.fenceExpiry()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []metrics.Fence
+	for k, kf := range d.kept {
+		if now-kf.at > life/2 {
+			delete(d.kept, k)
+			continue
+		}
+		for _, f := range kf.fences {
+			out = append(out, metrics.Fence{Cluster: kf.cluster, Expires: f.Expires})
+		}
+	}
+	return out
+}
+
+// fencedMappingGone reports that this node's mapping m, whose claim another node took (or an
+// admin fenced), no longer exists: its fences in the claim are marked gone, and nobody renews
+// them from then on. A failure only means the fence is kept longer than needed; it is logged.
+func (d *Daemon) fencedMappingGone(ctx context.Context, store *claim.Store, m state.Mapping) {
+	if m.ClientAddr == "" {
+		return
+	}
+	why := fmt.Sprintf("node %s's agent found its mapping %s (client %s) unmapped", d.cfg.NodeID, m.Device, m.ClientAddr)
+	n, err := store.FenceGone(ctx, m.Ref.Head(), d.cfg.NodeID, m.ClientAddr, why)
+	if err != nil {
+		d.log.WithError(err).WithField("image", m.Key.String()).
+			Warn("could not record that this node's fenced mapping is gone; its fence is kept (renewed) until it expires unrenewed or an admin lifts it")
+		return
+	}
+	if n > 0 {
+		d.audit.Record(audit.Entry{Event: audit.Fence, Result: audit.OK, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace, Image: m.Image,
+			Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID,
+			Message: fmt.Sprintf("recorded in the claim of %s: %s; its fence is no longer renewed", m.Key, why)})
+	}
+}
