@@ -117,7 +117,6 @@ func (m *Memory) Blocklisted(addr string) bool {
 	return ok
 }
 
-
 // Version is the claim object's current version (0: none).
 func (m *Memory) Version(img Image) uint64 {
 	m.mu.Lock()

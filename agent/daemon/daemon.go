@@ -97,7 +97,7 @@ type Daemon struct {
 	lost     map[state.Key]bool   // claims this node knows it no longer holds (device kept)
 	// selfFenced: when this node last re-blocklisted its own lost mapping
 	selfFenced   map[state.Key]time.Time
-	kept         map[string]keptFences // the live fences of each claim this node keeps, as last seen (fences.go)
+	kept         map[string]keptFences   // the live fences of each claim this node keeps, as last seen (fences.go)
 	unmanaged    map[int]unmanagedDevice // devices mapped behind the agent's back, and their verdicts
 	skews        map[string]skew         // other nodes whose clocks are off, by "cluster/node"
 	beats        map[string]time.Time    // when each loop last beat (see loops.go)
