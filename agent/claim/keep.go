@@ -147,7 +147,7 @@ func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 				if why, ok := gone[k]; ok {
 					f.Gone, f.GoneAt, changed = why, now, true
 					rep.Gone = append(rep.Gone, *f)
-				} else if until, ok := renewed[k]; ok && until.After(f.Expires) {
+				} else if until, ok := renewed[k]; ok && !until.Before(f.Expires) {
 					f.Expires, f.RenewedAt, f.RenewedBy, changed = until, now, s.cfg.Node.ID, true
 					rep.Renewed = append(rep.Renewed, *f)
 				}
@@ -159,7 +159,7 @@ func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 					changed = true // its node rebooted: the mapping is gone, so is its record
 					continue
 				}
-				if until, ok := renewed[k]; ok && until.After(in.Expires) {
+				if until, ok := renewed[k]; ok && !until.Before(in.Expires) {
 					in.Expires, changed = until, true
 				}
 				kept = append(kept, in)

@@ -2,13 +2,18 @@ package daemon
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/fault"
+	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
 // wallClock is the monitors' clock (blocklist entries expire on it) and the agents' wall clock,
@@ -168,4 +173,114 @@ func inspectMem(t *testing.T, c *memCluster, img claim.Image) *claim.Record {
 		t.Fatal(err)
 	}
 	return rec
+}
+
+// cutBackend is a node's view of a cluster that the test can cut it off from (every call
+// fails, as through a partition) and heal.
+type cutBackend struct {
+	claim.Backend
+	cut atomic.Bool
+}
+
+var errCut = fmt.Errorf("%w: cut off from the cluster (test)", fault.ErrUnavailable)
+
+func (c *cutBackend) Read(ctx context.Context, loc claim.Image, oid string) ([]byte, uint64, error) {
+	if c.cut.Load() {
+		return nil, 0, errCut
+	}
+	return c.Backend.Read(ctx, loc, oid)
+}
+
+func (c *cutBackend) CompareAndWrite(ctx context.Context, loc claim.Image, oid string, ver uint64, data []byte) error {
+	if c.cut.Load() {
+		return errCut
+	}
+	return c.Backend.CompareAndWrite(ctx, loc, oid, ver, data)
+}
+
+func (c *cutBackend) Blocklist(ctx context.Context, addr string, expire time.Duration) (time.Time, error) {
+	if c.cut.Load() {
+		return time.Time{}, errCut
+	}
+	return c.Backend.Blocklist(ctx, addr, expire)
+}
+
+// cutNode starts node-a's agent on f's cluster through a cutBackend, with boot id boot.
+func (f *fenceLife) cutNode(t *testing.T, boot string) (*memDaemon, *cutBackend) {
+	t.Helper()
+	cb := &cutBackend{Backend: f.c.m}
+	a := startMemDaemonWith(t, func(o *Options) {
+		o.Config.NodeID = "node-a"
+		o.BootID = boot
+		o.Connect = func(context.Context, config.Cluster) (Connection, error) {
+			return Connection{Backend: cb, Secret: memSecret}, nil
+		}
+	}, f.c)
+	return a, cb
+}
+
+// TestFenceEndsOnceTheFencedNodeUnmaps: node-a is cut off with image mapped, node-b takes it
+// over; node-a comes back, finds its claim lost (the device is left), and its operator unmaps
+// it: node-a's agent records the mapping gone in the fence, and node-b stops renewing it.
+func TestFenceEndsOnceTheFencedNodeUnmaps(t *testing.T) {
+	f := newFenceLife(t, "00000000-0000-4000-8000-000000000027")
+	defer f.b.stop(t)
+	a, cb := f.cutNode(t, "boot-a-1")
+	defer a.stop(t)
+	ra := a.mapImage(t, f.c, "healed")
+	addr := ra.Claim.Holders[0].ClientAddr
+	cb.cut.Store(true)
+	f.takeOver(t, "healed")
+	img := claim.Image{Pool: "rbd", Image: "healed"}
+	if fs := inspectMem(t, f.c, img).Fences; len(fs) != 1 || fs[0].BootID != "boot-a-1" {
+		t.Fatalf("fences %+v; want node-a's, with its boot id", fs)
+	}
+	cb.cut.Store(false)
+	waitFor(t, "node-a to find its claim lost", func() bool { return a.d.isLost(state.Key{Cluster: "c1", Ref: img}) })
+	if _, err := a.d.Unmap(context.Background(), api.UnmapRequest{Cluster: "c1", Pool: "rbd", Image: "healed"}, nil); err != nil {
+		t.Fatalf("node-a's unmap of its lost mapping: %v", err)
+	}
+	fs := inspectMem(t, f.c, img).Fences
+	if len(fs) != 1 || fs[0].Live() || !strings.Contains(fs[0].Gone, "unmapped") {
+		t.Fatalf("fences %+v; want node-a's marked gone (unmapped)", fs)
+	}
+	until, _ := f.c.m.BlocklistedUntil(addr)
+	f.advance(f.expiry / 2)
+	time.Sleep(100 * time.Millisecond) // a few of node-b's rounds: none may renew it
+	if u, _ := f.c.m.BlocklistedUntil(addr); u.After(until) {
+		t.Fatalf("a gone fence was renewed (until %s, was %s)", u, until)
+	}
+	f.advance(f.expiry)
+	if f.c.m.Blocklisted(addr) {
+		t.Fatal("the entry of a gone fence did not run out")
+	}
+}
+
+// TestFenceEndsOnceTheFencedNodeRebooted: node-a is cut off with image mapped, node-b takes it
+// over; node-a reboots (its devices and agent state gone, a new boot id) and maps another image
+// of the pool, so that its heartbeat there shows the new boot: node-b marks the fence gone,
+// saying why, and no longer renews it.
+func TestFenceEndsOnceTheFencedNodeRebooted(t *testing.T) {
+	f := newFenceLife(t, "00000000-0000-4000-8000-000000000028")
+	defer f.b.stop(t)
+	a, cb := f.cutNode(t, "boot-a-1")
+	ra := a.mapImage(t, f.c, "rebooted")
+	addr := ra.Claim.Holders[0].ClientAddr
+	cb.cut.Store(true)
+	f.takeOver(t, "rebooted")
+	a.stop(t)
+	a2, _ := f.cutNode(t, "boot-a-2") // the same node after a reboot
+	defer a2.stop(t)
+	a2.mapImage(t, f.c, "other")
+	img := claim.Image{Pool: "rbd", Image: "rebooted"}
+	f.advance(f.expiry / 4) // node-b's next renewal of the fence is due
+	waitFor(t, "node-b to see node-a's reboot", func() bool { return !inspectMem(t, f.c, img).Fences[0].Live() })
+	fs := inspectMem(t, f.c, img).Fences
+	if !strings.Contains(fs[0].Gone, "rebooted") || !strings.Contains(fs[0].Gone, "boot-a-2") {
+		t.Fatalf("gone %q; want the reboot named", fs[0].Gone)
+	}
+	f.advance(f.expiry)
+	if f.c.m.Blocklisted(addr) {
+		t.Fatal("the entry of a rebooted node's fence did not run out")
+	}
 }

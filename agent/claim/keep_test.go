@@ -1,0 +1,301 @@
+package claim
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Fence lifetimes: which fences are kept, when they are renewed, and what ends them.
+
+// keepScene: node-a held img with a mapping; node-b took it over (node-a's mapping fenced).
+// Both stores and the cluster share one clock (the monitors' and the nodes').
+type keepScene struct {
+	m      *Memory
+	clk    *nodeClock
+	a, b   *Store
+	img    Image
+	addr   string // node-a's fenced mapping
+	bootA  string
+	blocks atomic.Int64 // blocklist calls
+}
+
+const keepExpiry = time.Hour
+
+func newKeepScene(t *testing.T) *keepScene {
+	t.Helper()
+	ks := &keepScene{m: NewMemory("fsid"), clk: &nodeClock{wall: time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)},
+		img: Image{Pool: "rbd", Image: "img"}, addr: "10.0.0.1:0/1001", bootA: "boot-a-1"}
+	ks.m.SetClock(ks.clk.Now)
+	ks.m.SetHook(func(_ context.Context, call string, _ Image) error {
+		if call == "blocklist" {
+			ks.blocks.Add(1)
+		}
+		return nil
+	})
+	ks.m.AddImage(ks.img, "id-img")
+	ks.a = ks.store(t, "node-a", ks.bootA)
+	ks.b = ks.store(t, "node-b", "boot-b-1")
+	ctx := context.Background()
+	r, err := ks.a.Acquire(ctx, Request{Image: ks.img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ks.a.SetMapping(ctx, ks.img, r.Holder.Epoch, ks.addr, "/dev/rbd0"); err != nil {
+		t.Fatal(err)
+	}
+	ks.m.SetWatchers(ks.img, ks.addr)
+	// node-b watches node-a's heartbeat, unchanged for a lease: it takes over
+	for _, d := range []time.Duration{lease / 2, lease/2 + time.Second} {
+		if _, err := ks.b.Acquire(ctx, Request{Image: ks.img, Takeover: true}); err == nil {
+			t.Fatal("takeover before node-a's lease ran out")
+		}
+		ks.clk.Advance(d)
+	}
+	if _, err := ks.b.Acquire(ctx, Request{Image: ks.img, Takeover: true}); err != nil {
+		t.Fatalf("takeover: %v", err)
+	}
+	if !ks.m.Blocklisted(ks.addr) {
+		t.Fatal("node-a's mapping was not fenced")
+	}
+	return ks
+}
+
+func (ks *keepScene) store(t *testing.T, id, boot string) *Store {
+	t.Helper()
+	s, err := NewStoreOn(ks.m, Config{Node: Node{ID: id, Incarnation: "inc-" + id, BootID: boot,
+		Addr: func() string { return "10.0.0." + id[len(id)-1:] }}, Lease: lease, FenceExpiry: keepExpiry, Now: ks.clk.Now, Mono: ks.clk.Mono})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func (ks *keepScene) record(t *testing.T) *Record {
+	t.Helper()
+	rec, err := ks.b.Inspect(context.Background(), ks.img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+// TestTakeoverRecordsTheFencedBootAndCountsAsKept: the fence records node-a's boot id, and the
+// store that made it does not renew it again before a quarter of its life has passed.
+func TestTakeoverRecordsTheFencedBootAndCountsAsKept(t *testing.T) {
+	ks := newKeepScene(t)
+	f := ks.record(t).Fences
+	if len(f) != 1 || f[0].BootID != ks.bootA || !f[0].Live() || f[0].Addr != ks.addr || f[0].RenewedBy != "node-b" {
+		t.Fatalf("fences %+v; want one live fence of %s with boot id %s", f, ks.addr, ks.bootA)
+	}
+	if ks.b.Due(ks.img, ks.record(t)) {
+		t.Fatal("a fence just made is due for renewal")
+	}
+	ks.clk.Advance(keepExpiry/4 - time.Second)
+	if ks.b.Due(ks.img, ks.record(t)) {
+		t.Fatal("due before a quarter of its life")
+	}
+	ks.clk.Advance(time.Second)
+	if !ks.b.Due(ks.img, ks.record(t)) {
+		t.Fatal("not due after a quarter of its life")
+	}
+}
+
+// TestKeepFencesRenewsWhatIsDueAndOnlyThat: a due fence is blocklisted again and its new expiry
+// recorded; at once after, nothing is due and no blocklist call is made.
+func TestKeepFencesRenewsWhatIsDueAndOnlyThat(t *testing.T) {
+	ks := newKeepScene(t)
+	ctx := context.Background()
+	before := ks.blocks.Load()
+	rep, err := ks.b.KeepFences(ctx, ks.img)
+	if err != nil || len(rep.Renewed) != 0 || ks.blocks.Load() != before {
+		t.Fatalf("not due yet: renewed %+v (%v), %d blocklist calls", rep.Renewed, err, ks.blocks.Load()-before)
+	}
+	if len(rep.Live) != 1 || rep.Live[0].Addr != ks.addr {
+		t.Fatalf("live %+v", rep.Live)
+	}
+	ks.clk.Advance(keepExpiry / 2)
+	rep, err = ks.b.KeepFences(ctx, ks.img)
+	if err != nil || len(rep.Renewed) != 1 {
+		t.Fatalf("due: renewed %+v, %v", rep.Renewed, err)
+	}
+	until, ok := ks.m.BlocklistedUntil(ks.addr)
+	if !ok || !until.Equal(ks.clk.Now().Add(keepExpiry)) {
+		t.Fatalf("entry until %s (listed %v), want %s", until, ok, ks.clk.Now().Add(keepExpiry))
+	}
+	if f := ks.record(t).Fences[0]; !f.Expires.Equal(until) || !f.RenewedAt.Equal(ks.clk.Now()) {
+		t.Fatalf("record: expires %s renewed %s, want %s at %s", f.Expires, f.RenewedAt, until, ks.clk.Now())
+	}
+	n := ks.blocks.Load()
+	if rep, err := ks.b.KeepFences(ctx, ks.img); err != nil || len(rep.Renewed) != 0 || ks.blocks.Load() != n {
+		t.Fatalf("just renewed: renewed again %+v (%v)", rep.Renewed, err)
+	}
+}
+
+// TestAStoreThatNeverRenewedAFenceRenewsItAtOnce: another agent (a sweep after a restart, say)
+// that has not renewed a fence itself does so at its first look, whatever the wall clocks say:
+// no clock of another machine is trusted to say how much life an entry has left.
+func TestAStoreThatNeverRenewedAFenceRenewsItAtOnce(t *testing.T) {
+	ks := newKeepScene(t)
+	c := ks.store(t, "node-c", "boot-c")
+	if !c.Due(ks.img, ks.record(t)) {
+		t.Fatal("a fence node-c never renewed is not due for it")
+	}
+	rep, err := c.KeepFences(context.Background(), ks.img)
+	if err != nil || len(rep.Renewed) != 1 || rep.Renewed[0].RenewedBy != "node-c" {
+		t.Fatalf("renewed %+v, %v", rep.Renewed, err)
+	}
+}
+
+// TestFenceOfARebootedNodeLapses: once node-a's heartbeat shows another boot id, its fence is
+// marked gone with the reason and no longer renewed; a heartbeat with the same boot id (node-a
+// restarted its agent only) changes nothing.
+func TestFenceOfARebootedNodeLapses(t *testing.T) {
+	ks := newKeepScene(t)
+	ctx := context.Background()
+	restarted := ks.store(t, "node-a", ks.bootA) // the agent restarted, not the node
+	if err := restarted.Heartbeat(ctx, "rbd", ""); err != nil {
+		t.Fatal(err)
+	}
+	ks.clk.Advance(keepExpiry / 2)
+	if rep, err := ks.b.KeepFences(ctx, ks.img); err != nil || len(rep.Renewed) != 1 || len(rep.Gone) != 0 {
+		t.Fatalf("same boot: renewed %+v gone %+v (%v); want it renewed", rep.Renewed, rep.Gone, err)
+	}
+	rebooted := ks.store(t, "node-a", "boot-a-2")
+	if err := rebooted.Heartbeat(ctx, "rbd", ""); err != nil {
+		t.Fatal(err)
+	}
+	ks.clk.Advance(keepExpiry / 2)
+	n := ks.blocks.Load()
+	rep, err := ks.b.KeepFences(ctx, ks.img)
+	if err != nil || len(rep.Gone) != 1 || len(rep.Renewed) != 0 || ks.blocks.Load() != n {
+		t.Fatalf("rebooted: renewed %+v gone %+v (%v), %d blocklist calls; want it gone, not renewed", rep.Renewed, rep.Gone, err, ks.blocks.Load()-n)
+	}
+	f := ks.record(t).Fences[0]
+	if f.Live() || !strings.Contains(f.Gone, "rebooted") || !strings.Contains(f.Gone, "boot-a-2") {
+		t.Fatalf("record: gone %q", f.Gone)
+	}
+	if ks.b.Due(ks.img, ks.record(t)) || len(ks.record(t).LiveFences()) != 0 {
+		t.Fatal("a gone fence is still kept")
+	}
+	// the entry runs out by itself
+	ks.clk.Advance(keepExpiry)
+	if ks.m.Blocklisted(ks.addr) {
+		t.Fatal("the entry of a gone fence did not expire")
+	}
+}
+
+// TestFenceGoneByTheFencedNodesReport: node-a's agent reports its fenced mapping unmapped; the
+// fence is marked gone (another node's or another address's report changes nothing).
+func TestFenceGoneByTheFencedNodesReport(t *testing.T) {
+	ks := newKeepScene(t)
+	ctx := context.Background()
+	for _, c := range []struct{ node, addr string }{{"node-c", ks.addr}, {"node-a", "10.0.0.1:0/999"}} {
+		if n, err := ks.a.FenceGone(ctx, ks.img, c.node, c.addr, "unmapped"); err != nil || n != 0 {
+			t.Fatalf("report of %s %s: %d marked, %v", c.node, c.addr, n, err)
+		}
+	}
+	v := ks.m.Version(ks.img)
+	if n, err := ks.a.FenceGone(ctx, ks.img, "node-a", ks.addr, "node node-a's agent found /dev/rbd0 unmapped"); err != nil || n != 1 {
+		t.Fatalf("report: %d marked, %v", n, err)
+	}
+	if ks.m.Version(ks.img) == v {
+		t.Fatal("the report wrote nothing")
+	}
+	if f := ks.record(t).Fences[0]; f.Live() || f.GoneAt.IsZero() {
+		t.Fatalf("fence %+v, want gone", f)
+	}
+	ks.clk.Advance(keepExpiry / 2)
+	if rep, err := ks.b.KeepFences(ctx, ks.img); err != nil || len(rep.Renewed)+len(rep.Live) != 0 {
+		t.Fatalf("a gone fence kept: %+v (%v)", rep, err)
+	}
+}
+
+// TestReleaseKeepsTheFencesAndEndsOnlyItsOwnMappings: a released claim keeps the fences of
+// others' mappings (live); the releasing node's own fenced mapping (an admin's fence of it)
+// is marked gone, since it releases only once its device is gone.
+func TestReleaseKeepsTheFencesAndEndsOnlyItsOwnMappings(t *testing.T) {
+	ks := newKeepScene(t)
+	ctx := context.Background()
+	h := ks.record(t).Holder("node-b")
+	if _, err := ks.b.SetMapping(ctx, ks.img, h.Epoch, "10.0.0.2:0/2002", "/dev/rbd3"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ks.b.Fence(ctx, ks.img); err != nil { // an admin fences node-b's mapping
+		t.Fatal(err)
+	}
+	if ok, err := ks.b.Release(ctx, ks.img, h.Epoch); err != nil || !ok {
+		t.Fatalf("release: %v %v", ok, err)
+	}
+	rec := ks.record(t)
+	if !rec.Free() || len(rec.Fences) != 2 {
+		t.Fatalf("after the release: holders %+v fences %+v", rec.Holders, rec.Fences)
+	}
+	for _, f := range rec.Fences {
+		if want := f.NodeID == "node-a"; f.Live() != want {
+			t.Fatalf("fence of %s %s: live %v, want %v (%q)", f.NodeID, f.Addr, f.Live(), want, f.Gone)
+		}
+	}
+}
+
+// TestLiveFencesAreNeverTrimmed: a record keeps every live fence however many there are; only
+// fences known gone are dropped, oldest first, beyond the history bound.
+func TestLiveFencesAreNeverTrimmed(t *testing.T) {
+	var r Record
+	for i := range maxFences + 4 {
+		r.addFence(Fence{NodeID: "n", Addr: fmt.Sprintf("10.0.0.9:0/%d", i), Gone: map[bool]string{true: "gone"}[i%2 == 0]})
+	}
+	live := len(r.LiveFences())
+	if live != (maxFences+4)/2 {
+		t.Fatalf("%d live fences kept of %d", live, (maxFences+4)/2)
+	}
+	if len(r.Fences) != maxFences {
+		t.Fatalf("%d fences kept, want %d (gone ones trimmed)", len(r.Fences), maxFences)
+	}
+	for i := range maxFences + 4 {
+		r.addFence(Fence{NodeID: "m", Addr: fmt.Sprintf("10.0.0.8:0/%d", i)})
+	}
+	if got := len(r.LiveFences()); got != live+maxFences+4 {
+		t.Fatalf("%d live fences after %d more, want %d", got, maxFences+4, live+maxFences+4)
+	}
+	r.addFence(Fence{NodeID: "m", Addr: "10.0.0.8:0/0", Epoch: 9}) // the same mapping fenced again
+	if got := len(r.LiveFences()); got != live+maxFences+4 {
+		t.Fatalf("a fence made again was added twice: %d", got)
+	}
+}
+
+// TestIntruderOfARebootedNodeIsDropped: an intruder's fence is kept like a claim's fence, and
+// ends when its node's heartbeat shows another boot id.
+func TestIntruderOfARebootedNodeIsDropped(t *testing.T) {
+	ks := newKeepScene(t)
+	ctx := context.Background()
+	h := ks.record(t).Holder("node-b")
+	if _, err := ks.b.SetMapping(ctx, ks.img, h.Epoch, "10.0.0.2:0/2002", "/dev/rbd3"); err != nil {
+		t.Fatal(err)
+	}
+	c := ks.store(t, "node-c", "boot-c-1")
+	res, err := c.Unmanaged(ctx, Unmanaged{Image: ks.img, ClientAddr: "10.0.0.3:0/3003", Device: "/dev/rbd7", OwnClient: true}, FenceIfClaimed)
+	if err != nil || res.Intruder == nil || res.Intruder.BootID != "boot-c-1" {
+		t.Fatalf("intruder: %+v %v", res, err)
+	}
+	ks.clk.Advance(keepExpiry / 2)
+	if rep, err := ks.b.KeepFences(ctx, ks.img); err != nil || len(rep.Live) != 2 {
+		t.Fatalf("kept %+v (%v); want node-a's fence and node-c's intruder", rep.Live, err)
+	}
+	if until, ok := ks.m.BlocklistedUntil("10.0.0.3:0/3003"); !ok || !until.Equal(ks.clk.Now().Add(keepExpiry)) {
+		t.Fatalf("intruder's entry until %s (%v)", until, ok)
+	}
+	if err := ks.store(t, "node-c", "boot-c-2").Heartbeat(ctx, "rbd", ""); err != nil {
+		t.Fatal(err)
+	}
+	ks.clk.Advance(keepExpiry / 2)
+	if _, err := ks.b.KeepFences(ctx, ks.img); err != nil {
+		t.Fatal(err)
+	}
+	if in := ks.record(t).Intruders; len(in) != 0 {
+		t.Fatalf("intruders %+v after its node rebooted", in)
+	}
+}
