@@ -21,7 +21,9 @@ const (
 	PathFence  = "/v1/fence"
 	// PathUnfence lifts the fences put on mappings made outside rbd-owner, once unmapped (admin).
 	PathUnfence = "/v1/unfence"
-	PathRelease = "/v1/release"
+	// PathUnfenceNode lifts a node's whole-node fences (ip:0/0), once it rebooted (admin).
+	PathUnfenceNode = "/v1/unfence-node"
+	PathRelease     = "/v1/release"
 	// PathOrphanList lists the claims of deleted images (GET ?cluster=&pool=).
 	PathOrphanList = "/v1/orphans"
 	// PathOrphans removes the claims of deleted images (admin).
@@ -108,6 +110,32 @@ type ImageRequest struct {
 // Ref is the image the request names.
 func (r ImageRequest) Ref() image.Ref {
 	return image.Ref{Pool: r.Pool, Namespace: r.Namespace, Image: r.Image}
+}
+
+// UnfenceNodeRequest asks to lift the whole-node fences (ip:0/0) of Node recorded in the
+// claims of a cluster: refused unless the node's heartbeats show it rebooted since, or Force.
+type UnfenceNodeRequest struct {
+	Cluster string `json:"cluster,omitempty"`
+	Node    string `json:"node"`
+	Force   bool   `json:"force,omitempty"`
+}
+
+// UnfenceNodeResponse lists the whole-node fences lifted.
+type UnfenceNodeResponse struct {
+	Node   string      `json:"node"`
+	Fences []NodeFence `json:"fences"`
+	Lifted []string    `json:"lifted"`
+	Forced bool        `json:"forced"`
+}
+
+// NodeFence is one whole-node fence, and whether its node is known rebooted since.
+type NodeFence struct {
+	image.Ref
+	Addr     string    `json:"addr"`
+	FencedAt time.Time `json:"fenced_at"`
+	FencedBy string    `json:"fenced_by"`
+	// Rebooted says how the node is known rebooted since ("" when it is not: lifted by force).
+	Rebooted string `json:"rebooted,omitempty"`
 }
 
 // FenceResponse says which mapping address was blocklisted, and until when.

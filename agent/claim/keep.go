@@ -255,3 +255,105 @@ func (s *Store) FenceGone(ctx context.Context, img Image, node, addr, why string
 	}
 	return n, nil
 }
+
+// NodeFence is one live whole-node fence of a node, as UnfenceNode found it.
+type NodeFence struct {
+	Image Image
+	Fence Fence
+	// Rebooted says why the node is known rebooted since this fence ("" when it is not: its
+	// heartbeat in the image's place shows the boot id the fence recorded, or none).
+	Rebooted string
+}
+
+// UnfenceNodeResult is what UnfenceNode found and did.
+type UnfenceNodeResult struct {
+	Fences []NodeFence
+	// Lifted are the addresses removed from the blocklist.
+	Lifted []string
+	// Forced: some fence's node was not seen rebooted and force was given.
+	Forced bool
+}
+
+// UnfenceNode lifts the whole-node fences (ip:0/0) of node recorded in the claims of every
+// pool of the cluster: a node fenced so cannot write anything to the cluster, so neither its
+// unmap reports nor a heartbeat with a new boot id can end its fences, and only an admin can.
+// It is refused (ErrBusy) unless, for every such fence, the node's heartbeat in the image's
+// pool and namespace shows a boot id other than the one the fence recorded (the node rebooted,
+// so its fenced kernel clients are gone), or force is set. Each fence is first marked gone in
+// its claim (one compare-and-set each), then its blocklist entry is removed: a keeper that read
+// the record before could only put the entry back, never keep one the record still needs.
+func (s *Store) UnfenceNode(ctx context.Context, node, why string, force bool) (*UnfenceNodeResult, error) {
+	if node == "" {
+		return nil, fmt.Errorf("unfence node: %w: no node named", ErrInvalid)
+	}
+	pools, err := s.b.Pools(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("unfence node %s: %w", node, err)
+	}
+	res := &UnfenceNodeResult{}
+	for _, p := range pools {
+		recs, err := s.List(ctx, p)
+		if err != nil {
+			return nil, fmt.Errorf("unfence node %s: %w", node, err)
+		}
+		for _, r := range recs {
+			for _, f := range r.Fences {
+				if !f.Live() || f.NodeID != node || !f.WholeNode() {
+					continue
+				}
+				nf := NodeFence{Image: r.Ref, Fence: f}
+				if nf.Rebooted, err = s.rebooted(ctx, r.Ref, entry{node: f.NodeID, addr: f.Addr, bootID: f.BootID}); err != nil {
+					return nil, fmt.Errorf("unfence node %s: %w", node, err)
+				}
+				res.Fences = append(res.Fences, nf)
+			}
+		}
+	}
+	if len(res.Fences) == 0 {
+		return nil, fmt.Errorf("unfence node %s: %w: no claim of this cluster records a live whole-node fence of it", node, ErrNoClaim)
+	}
+	for _, nf := range res.Fences {
+		if nf.Rebooted != "" {
+			continue
+		}
+		if !force {
+			return nil, fmt.Errorf("unfence node %s: %w: its fence %s (on %s, %s) may still cut live mappings: its heartbeat there shows no reboot since (boot_id %q). Lift it only once the node is known rebooted or powered off: then run again with --force",
+				node, ErrBusy, nf.Fence.Addr, nf.Image, nf.Fence.At.UTC().Format(time.RFC3339), nf.Fence.BootID)
+		}
+		res.Forced = true
+	}
+	now := s.cfg.Now().UTC()
+	for _, nf := range res.Fences {
+		reason := why
+		if nf.Rebooted != "" {
+			reason += ": " + nf.Rebooted
+		}
+		_, err := s.update(ctx, nf.Image, func(cur *Record, _ uint64) (*Record, error) {
+			changed := false
+			for i := range cur.Fences {
+				if f := &cur.Fences[i]; f.Live() && f.NodeID == node && f.Addr == nf.Fence.Addr {
+					f.Gone, f.GoneAt, changed = reason, now, true
+				}
+			}
+			if !changed {
+				return nil, nil
+			}
+			return cur, nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("unfence node %s: nothing lifted yet: %w", node, err)
+		}
+	}
+	seen := map[string]bool{}
+	for _, nf := range res.Fences {
+		if seen[nf.Fence.Addr] {
+			continue
+		}
+		seen[nf.Fence.Addr] = true
+		if err := s.b.Unblocklist(ctx, nf.Fence.Addr); err != nil {
+			return res, fmt.Errorf("unfence node %s: its fences are marked lifted in their claims, but removing the blocklist entry %s failed (run again to remove it): %w", node, nf.Fence.Addr, err)
+		}
+		res.Lifted = append(res.Lifted, nf.Fence.Addr)
+	}
+	return res, nil
+}

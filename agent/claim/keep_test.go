@@ -2,6 +2,7 @@ package claim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -297,5 +298,80 @@ func TestIntruderOfARebootedNodeIsDropped(t *testing.T) {
 	}
 	if in := ks.record(t).Intruders; len(in) != 0 {
 		t.Fatalf("intruders %+v after its node rebooted", in)
+	}
+}
+
+// wholeNodeScene: node-a claimed img without recording a mapping and stopped; node-b took it
+// over, fencing node-a's whole address.
+func wholeNodeScene(t *testing.T) *keepScene {
+	t.Helper()
+	ks := &keepScene{m: NewMemory("fsid"), clk: &nodeClock{wall: time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)},
+		img: Image{Pool: "rbd", Namespace: "ns", Image: "img"}, addr: "10.0.0.a:0/0", bootA: "boot-a-1"}
+	ks.m.SetClock(ks.clk.Now)
+	ks.m.AddImage(ks.img, "id-img")
+	ks.a = ks.store(t, "node-a", ks.bootA)
+	ks.b = ks.store(t, "node-b", "boot-b-1")
+	ctx := context.Background()
+	if _, err := ks.a.Acquire(ctx, Request{Image: ks.img}); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []time.Duration{lease / 2, lease/2 + time.Second} {
+		if _, err := ks.b.Acquire(ctx, Request{Image: ks.img, Takeover: true}); err == nil {
+			t.Fatal("takeover before node-a's lease ran out")
+		}
+		ks.clk.Advance(d)
+	}
+	r, err := ks.b.Acquire(ctx, Request{Image: ks.img, Takeover: true})
+	if err != nil || len(r.Fenced) != 1 || !r.Fenced[0].WholeNode() {
+		t.Fatalf("takeover: %+v, %v; want node-a's whole address fenced", r, err)
+	}
+	ks.addr = r.Fenced[0].Addr
+	return ks
+}
+
+// TestUnfenceNodeNeedsARebootOrForce: lifting a node's whole-node fence is refused while its
+// heartbeat shows the boot the fence was made against, and nothing changes; once it shows
+// another boot id the fence is marked gone, saying so, and the entry removed.
+func TestUnfenceNodeNeedsARebootOrForce(t *testing.T) {
+	ks := wholeNodeScene(t)
+	ctx := context.Background()
+	c := ks.store(t, "node-c", "boot-c")
+	v := ks.m.Version(ks.img)
+	if _, err := c.UnfenceNode(ctx, "node-a", "admin", false); !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "--force") {
+		t.Fatalf("unfence of a node not seen rebooted: %v; want busy, naming --force", err)
+	}
+	if !ks.m.Blocklisted(ks.addr) || ks.m.Version(ks.img) != v {
+		t.Fatal("a refused unfence changed something")
+	}
+	if _, err := c.UnfenceNode(ctx, "node-z", "admin", true); !errors.Is(err, ErrNoClaim) {
+		t.Fatalf("unfence of a node with no fence: %v", err)
+	}
+	// node-a rebooted (say with a new address, so it could write its heartbeat)
+	if err := ks.store(t, "node-a", "boot-a-2").Heartbeat(ctx, "rbd", "ns"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.UnfenceNode(ctx, "node-a", "lifted by an admin", false)
+	if err != nil || res.Forced || len(res.Lifted) != 1 || res.Lifted[0] != ks.addr {
+		t.Fatalf("unfence after a reboot: %+v, %v", res, err)
+	}
+	if ks.m.Blocklisted(ks.addr) {
+		t.Fatal("the whole-node entry is still listed")
+	}
+	f := ks.record(t).Fences[0]
+	if f.Live() || !strings.Contains(f.Gone, "lifted by an admin") || !strings.Contains(f.Gone, "boot-a-2") {
+		t.Fatalf("fence gone %q", f.Gone)
+	}
+}
+
+// TestUnfenceNodeForced: with force, a node not seen rebooted is unfenced, and the result
+// says it was forced.
+func TestUnfenceNodeForced(t *testing.T) {
+	ks := wholeNodeScene(t)
+	res, err := ks.b.UnfenceNode(context.Background(), "node-a", "forced by an admin", true)
+	if err != nil || !res.Forced || len(res.Fences) != 1 || res.Fences[0].Rebooted != "" {
+		t.Fatalf("forced unfence: %+v, %v", res, err)
+	}
+	if ks.m.Blocklisted(ks.addr) || ks.record(t).Fences[0].Live() {
+		t.Fatal("not lifted")
 	}
 }

@@ -94,6 +94,12 @@ func (c *Client) Unfence(ctx context.Context, req api.ImageRequest) (*api.Unfenc
 	return &out, c.do(ctx, http.MethodPost, api.PathUnfence, req, &out)
 }
 
+// UnfenceNode lifts a node's whole-node fences (admin).
+func (c *Client) UnfenceNode(ctx context.Context, req api.UnfenceNodeRequest) (*api.UnfenceNodeResponse, error) {
+	var out api.UnfenceNodeResponse
+	return &out, c.do(ctx, http.MethodPost, api.PathUnfenceNode, req, &out)
+}
+
 // Release drops a claim (admin; Force drops a fenced dead owner's claim).
 func (c *Client) Release(ctx context.Context, req api.ImageRequest) (*api.ReleaseResponse, error) {
 	var out api.ReleaseResponse

@@ -7,10 +7,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/metrics"
+	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -127,4 +129,44 @@ func (d *Daemon) fencedMappingGone(ctx context.Context, store *claim.Store, m st
 			Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID,
 			Message: fmt.Sprintf("recorded in the claim of %s: %s; its fence is no longer renewed", m.Key, why)})
 	}
+}
+
+// UnfenceNode lifts the whole-node fences of a node (admin): see claim.Store.UnfenceNode. The
+// audit entry says whether the node was seen rebooted or the lift was forced.
+func (d *Daemon) UnfenceNode(ctx context.Context, req api.UnfenceNodeRequest, peer *peercred.Cred) (*api.UnfenceNodeResponse, error) {
+	cl, err := d.cluster(req.Cluster)
+	if err != nil {
+		return nil, err
+	}
+	if req.Node == "" {
+		return nil, fmt.Errorf("%w: unfence --node: name the node (its node_id, as `rbd-owner claims` shows it)", errInvalid)
+	}
+	store, err := cl.claims(ctx)
+	if err != nil {
+		return nil, err
+	}
+	by := fmt.Sprintf("lifted by an admin (uid %d) on node %s", uidOf(peer), d.cfg.NodeID)
+	if req.Force {
+		by += " with --force"
+	}
+	res, err := store.UnfenceNode(ctx, req.Node, by, req.Force)
+	if res == nil {
+		return nil, err
+	}
+	out := &api.UnfenceNodeResponse{Node: req.Node, Fences: []api.NodeFence{}, Lifted: res.Lifted, Forced: res.Forced}
+	if out.Lifted == nil {
+		out.Lifted = []string{}
+	}
+	for _, nf := range res.Fences {
+		out.Fences = append(out.Fences, api.NodeFence{Ref: nf.Image, Addr: nf.Fence.Addr, FencedAt: nf.Fence.At, FencedBy: nf.Fence.By, Rebooted: nf.Rebooted})
+		how := "FORCED: the node was not seen rebooted since"
+		if nf.Rebooted != "" {
+			how = nf.Rebooted
+		}
+		d.audit.Record(audit.Entry{Event: audit.Fence, Result: audit.OK, Cluster: cl.cfg.ID, Pool: nf.Image.Pool, Namespace: nf.Image.Namespace,
+			Image: nf.Image.Image, OwnerNode: req.Node, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer), Warning: nf.Rebooted == "",
+			Message: fmt.Sprintf("whole-node fence %s of node %s on %s (made %s by %s) lifted: %s", nf.Fence.Addr, req.Node, nf.Image,
+				nf.Fence.At.UTC().Format(time.RFC3339), nf.Fence.By, how)})
+	}
+	return out, err
 }

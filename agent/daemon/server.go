@@ -105,16 +105,17 @@ type route struct {
 // with force it needs the admin role, which releaseCall checks once the body is read.
 func (d *Daemon) routes() map[string]route {
 	return map[string]route{
-		api.PathMap:        {http.MethodPost, peercred.RoleCSI, call(d.Map)},
-		api.PathUnmap:      {http.MethodPost, peercred.RoleCSI, call(d.unmapCall)},
-		api.PathRelease:    {http.MethodPost, peercred.RoleCSI, call(d.releaseCall)},
-		api.PathStatus:     {http.MethodGet, peercred.RoleCSI, d.handleStatus},
-		api.PathClaims:     {http.MethodGet, peercred.RoleCSI, d.handleClaims},
-		api.PathOrphanList: {http.MethodGet, peercred.RoleCSI, d.handleOrphans},
-		api.PathFence:      {http.MethodPost, peercred.RoleAdmin, call(d.Fence)},
-		api.PathUnfence:    {http.MethodPost, peercred.RoleAdmin, call(d.Unfence)},
-		api.PathOrphans:    {http.MethodPost, peercred.RoleAdmin, call(d.RemoveOrphans)},
-		api.PathMetrics:    {http.MethodGet, peercred.RoleCSI, d.metrics.Handler().ServeHTTP},
+		api.PathMap:         {http.MethodPost, peercred.RoleCSI, call(d.Map)},
+		api.PathUnmap:       {http.MethodPost, peercred.RoleCSI, call(d.unmapCall)},
+		api.PathRelease:     {http.MethodPost, peercred.RoleCSI, call(d.releaseCall)},
+		api.PathStatus:      {http.MethodGet, peercred.RoleCSI, d.handleStatus},
+		api.PathClaims:      {http.MethodGet, peercred.RoleCSI, d.handleClaims},
+		api.PathOrphanList:  {http.MethodGet, peercred.RoleCSI, d.handleOrphans},
+		api.PathFence:       {http.MethodPost, peercred.RoleAdmin, call(d.Fence)},
+		api.PathUnfence:     {http.MethodPost, peercred.RoleAdmin, call(d.Unfence)},
+		api.PathUnfenceNode: {http.MethodPost, peercred.RoleAdmin, call(d.UnfenceNode)},
+		api.PathOrphans:     {http.MethodPost, peercred.RoleAdmin, call(d.RemoveOrphans)},
+		api.PathMetrics:     {http.MethodGet, peercred.RoleCSI, d.metrics.Handler().ServeHTTP},
 	}
 }
 

@@ -43,6 +43,7 @@ commands:
   fence   [--cluster ID] POOL[/NAMESPACE]/IMAGE             blocklist the owner's mapping (admin)
   release [--cluster ID] --force POOL[/NAMESPACE]/IMAGE     drop a dead owner's claim (admin, after fence)
   unfence [--cluster ID] POOL[/NAMESPACE]/IMAGE             lift the fence on this node's unmapped intruders (admin)
+  unfence [--cluster ID] --node NODE [--force]              lift a node's whole-node fences once it rebooted (admin)
   version                                                   print the version
 
 exit codes: 0 done, 1 failed, 2 usage error, 3 held by another node, 4 agent not reachable
@@ -376,6 +377,11 @@ func imageCommand(name string, args []string) (req api.ImageRequest, arg string,
 }
 
 func runUnfence(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
+	for _, a := range args {
+		if a == "--node" || a == "-node" || strings.HasPrefix(a, "--node=") || strings.HasPrefix(a, "-node=") {
+			return runUnfenceNode(ctx, c, args, stdout)
+		}
+	}
 	req, _, asJSON, err := imageCommand("unfence", args)
 	if err != nil {
 		return err
@@ -389,6 +395,36 @@ func runUnfence(ctx context.Context, c *client.Client, args []string, stdout io.
 	}
 	for _, in := range resp.Unfenced {
 		fmt.Fprintf(stdout, "unfenced %s (client %s, fenced %s)\n", in.Device, in.ClientAddr, in.FencedAt.Format(time.RFC3339))
+	}
+	return nil
+}
+
+// runUnfenceNode is `unfence --node NODE [--force]`: the whole-node fences of NODE.
+func runUnfenceNode(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
+	fs := flags("unfence")
+	cluster := fs.String("cluster", "", "cluster id from the config")
+	node := fs.String("node", "", "the node whose whole-node fences to lift")
+	force := fs.Bool("force", false, "lift them although the node was not seen rebooted")
+	j := fs.Bool("json", false, "JSON output")
+	if _, err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	if *node == "" {
+		return usageError{"unfence --node: name the node"}
+	}
+	resp, err := c.UnfenceNode(ctx, api.UnfenceNodeRequest{Cluster: *cluster, Node: *node, Force: *force})
+	if err != nil {
+		return err
+	}
+	if *j {
+		return printJSON(stdout, resp)
+	}
+	for _, f := range resp.Fences {
+		how := "FORCED (not seen rebooted)"
+		if f.Rebooted != "" {
+			how = f.Rebooted
+		}
+		fmt.Fprintf(stdout, "lifted %s on %s (fenced %s by %s): %s\n", f.Addr, f.Ref, f.FencedAt.Format(time.RFC3339), f.FencedBy, how)
 	}
 	return nil
 }
