@@ -129,3 +129,20 @@ func TestBadConfigNamesTheKey(t *testing.T) {
 		}
 	}
 }
+
+// TestShortFencesOnlyWithTheTestSwitch: fence_expiry below an hour is refused unless the test
+// labs' switch is set, and then only down to a minute.
+func TestShortFencesOnlyWithTheTestSwitch(t *testing.T) {
+	parse := func(doc string) error { _, err := Parse([]byte(doc), machineID(t)); return err }
+	t.Setenv(ShortFencesEnv, "")
+	if err := parse("fence_expiry: 2m\n"); err == nil || !strings.Contains(err.Error(), "at least 1h") {
+		t.Fatalf("2m without the switch: %v", err)
+	}
+	t.Setenv(ShortFencesEnv, "1")
+	if err := parse("fence_expiry: 2m\n"); err != nil {
+		t.Fatalf("2m with the switch: %v", err)
+	}
+	if err := parse("fence_expiry: 30s\n"); err == nil || !strings.Contains(err.Error(), "at least 1m") {
+		t.Fatalf("30s with the switch: %v", err)
+	}
+}

@@ -90,17 +90,28 @@ func (d *Daemon) sweepPool(ctx context.Context, p state.Pool) (removed int, err 
 	var errs []error
 	for i := range recs {
 		o := &recs[i]
-		d.keepFences(ctx, cl, store, o.Ref, o)
-		if !d.cfg.SweepsOrphans() || !o.Free() {
+		due, sweepable := store.Due(o.Ref, o), d.cfg.SweepsOrphans() && o.Free()
+		if !due && !sweepable {
 			continue
 		}
 		orphan, err := store.IsOrphan(ctx, *o)
 		if err != nil {
 			errs = append(errs, err)
-			d.log.WithError(err).WithField("image", o.Ref.String()).Warn("orphan sweep: image not checked")
+			d.log.WithError(err).WithField("image", o.Ref.String()).Warn("pool sweep: image not checked")
+			if due {
+				d.keepFences(ctx, cl, store, o.Ref, o) // when in doubt, keep
+			}
 			continue
 		}
 		if !orphan {
+			if due {
+				d.keepFences(ctx, cl, store, o.Ref, o)
+			}
+			continue
+		}
+		// the image is gone: its fences need no keeping (a fenced mapping of it can only write
+		// to objects of a deleted image), and a free claim of it is removed
+		if !sweepable {
 			continue
 		}
 		ok, err := store.SweepOrphan(ctx, o.Ref)
