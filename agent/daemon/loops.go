@@ -275,6 +275,14 @@ func (d *Daemon) checkClaim(ctx context.Context, cl *cluster, store *claim.Store
 			d.setProblem(m.Key, "")
 		}
 	case errors.Is(err, claim.ErrFenced):
+		// an operation on this image (an unmap, a device found gone) may have released the claim
+		// after this mapping was listed: judged only when none is under way, and only if the
+		// state still names this very mapping; else the next round judges
+		unlock, ok := d.locks.tryLock(m.Key)
+		if !ok {
+			return
+		}
+		defer unlock()
 		if cur, ok := d.state.Get(m.Key); !ok || cur.Epoch != m.Epoch || cur.Phase != m.Phase {
 			return // unmapped or changed while the check ran: not a lost claim
 		}
