@@ -375,3 +375,56 @@ func TestUnfenceNodeForced(t *testing.T) {
 		t.Fatal("not lifted")
 	}
 }
+
+// TestAcquireRenewsTheRecordsDueFencesFirst is F6 of docs/safety.md: every keeper of a fence
+// was down for longer than its entry's life (node-b, the holder, dead; nobody swept), so the
+// entry ran out while node-a's mapping may still exist. node-b's agent comes back and asks for
+// its hold again, or another node claims the released image: before its claim is written, the
+// claimer blocklists the record's live fences again, and a claimer that cannot is refused.
+func TestAcquireRenewsTheRecordsDueFencesFirst(t *testing.T) {
+	for _, who := range []string{"node-b restarted", "node-c"} {
+		t.Run(who, func(t *testing.T) {
+			ks := newKeepScene(t)
+			ctx := context.Background()
+			if who == "node-c" {
+				h := ks.record(t).Holder("node-b")
+				if ok, err := ks.b.Release(ctx, ks.img, h.Epoch); err != nil || !ok {
+					t.Fatalf("release: %v %v", ok, err)
+				}
+			}
+			ks.clk.Advance(keepExpiry + time.Minute) // every keeper down: the entry ran out
+			if ks.m.Blocklisted(ks.addr) {
+				t.Fatal("the entry did not run out")
+			}
+			id := "node-b"
+			if who == "node-c" {
+				id = "node-c"
+			}
+			claimer := ks.store(t, id, "boot-"+id+"-2") // a new process: it has renewed nothing
+			fail := errors.New("monitors unreachable")
+			ks.m.SetHook(func(_ context.Context, call string, _ Image) error {
+				if call == "blocklist" {
+					return fail
+				}
+				return nil
+			})
+			v := ks.m.Version(ks.img)
+			if _, err := claimer.Acquire(ctx, Request{Image: ks.img}); !errors.Is(err, fail) {
+				t.Fatalf("acquire while the fence cannot be renewed: %v; want it refused", err)
+			}
+			if ks.m.Version(ks.img) != v {
+				t.Fatal("a refused acquire wrote the claim")
+			}
+			ks.m.SetHook(nil)
+			if _, err := claimer.Acquire(ctx, Request{Image: ks.img}); err != nil {
+				t.Fatalf("acquire: %v", err)
+			}
+			if !ks.m.Blocklisted(ks.addr) {
+				t.Fatalf("%s claimed without blocklisting node-a's live fence %s again", id, ks.addr)
+			}
+			if f := ks.record(t).Fences[0]; f.RenewedBy != id || !f.Expires.After(ks.clk.Now()) {
+				t.Fatalf("the record's fence: renewed by %q, expires %s", f.RenewedBy, f.Expires)
+			}
+		})
+	}
+}
