@@ -187,6 +187,7 @@ func (s *Store) Unmanaged(ctx context.Context, u Unmanaged, policy UnmanagedPoli
 	var info *imageInfo // read once, only if an adoption is considered
 	var res UnmanagedResult
 	var fenced *Intruder
+	renewed := map[string]time.Time{} // the record's live fences blocklisted again before an adoption
 	rec, err := s.update(ctx, u.Image, func(cur *Record, _ uint64) (*Record, error) {
 		res = UnmanagedResult{Verdict: decideUnmanaged(cur, s.cfg.Node.ID, u, policy)}
 		switch res.Action {
@@ -223,6 +224,9 @@ func (s *Store) Unmanaged(ctx context.Context, u Unmanaged, policy UnmanagedPoli
 					return nil, nil
 				}
 				return nil, err
+			}
+			if err := s.renewDue(ctx, u.Image, plan.Next, renewed); err != nil {
+				return nil, fmt.Errorf("not adopted: %w", err)
 			}
 			res.Holder = plan.Holder
 			return plan.Next, nil

@@ -197,6 +197,52 @@ func (r *Record) Kept() []KeptFence {
 	return out
 }
 
+// renewDue blocklists again every live fence and intruder of rec that this store has not
+// renewed within keepEvery (a new process: none), and writes the new expiries into rec. A claim
+// runs it before its compare-and-set (F6 of docs/safety.md): when every keeper was down for
+// longer than an entry's life, the entry ran out while its mapping may still exist, and the
+// claimer must not write a hold beside it. done carries what this call already renewed across
+// its attempts (keepKey → the new expiry). An entry that cannot be renewed fails the call.
+func (s *Store) renewDue(ctx context.Context, img Image, rec *Record, done map[string]time.Time) error {
+	if rec == nil {
+		return nil
+	}
+	for _, e := range rec.liveEntries() {
+		k := keepKey(img, e)
+		if _, ok := done[k]; ok {
+			continue
+		}
+		s.keepMu.Lock()
+		at, ok := s.kept[k]
+		s.keepMu.Unlock()
+		if ok && s.cfg.Mono()-at < s.keepEvery() {
+			continue
+		}
+		until, err := s.b.Blocklist(ctx, e.addr, s.cfg.FenceExpiry)
+		if err != nil {
+			return fmt.Errorf("node %s's fence %s, which the claim keeps, could not be renewed first: %w", e.node, e.addr, err)
+		}
+		s.keepMu.Lock()
+		s.kept[k] = s.cfg.Mono()
+		s.keepMu.Unlock()
+		done[k] = until.UTC()
+	}
+	now := s.cfg.Now().UTC()
+	for i := range rec.Fences {
+		f := &rec.Fences[i]
+		if until, ok := done[keepKey(img, entry{node: f.NodeID, addr: f.Addr})]; ok && f.Live() && !until.Before(f.Expires) {
+			f.Expires, f.RenewedAt, f.RenewedBy = until, now, s.cfg.Node.ID
+		}
+	}
+	for i := range rec.Intruders {
+		in := &rec.Intruders[i]
+		if until, ok := done[keepKey(img, entry{intruder: true, node: in.NodeID, addr: in.Addr})]; ok && !until.Before(in.Expires) {
+			in.Expires = until
+		}
+	}
+	return nil
+}
+
 // rebooted says why e's mapping is gone because its node rebooted since the fence ("" when that
 // is not known): this node's own boot id, or the fenced node's heartbeat in the image's pool and
 // namespace, names another boot than the one the fence recorded. A fence without a boot id

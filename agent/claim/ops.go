@@ -51,8 +51,9 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 	in := acquireInput{Self: s.cfg.Node.ID, FSID: s.fsid, Image: req.Image, Access: access, ReadOnly: req.ReadOnly,
 		Takeover: req.Takeover, TakeFenced: req.TakeFenced, Info: info, Me: s.me(), Fenced: map[string]bool{}}
 	var res Result
-	fences := map[string]Fence{} // holders this call has blocklisted (see acquireInput.Fenced)
-	beat := false                // this call has written this node's heartbeat in the pool
+	fences := map[string]Fence{}      // holders this call has blocklisted (see acquireInput.Fenced)
+	renewed := map[string]time.Time{} // the record's live fences this call blocklisted again
+	beat := false                     // this call has written this node's heartbeat in the pool
 	rec, err := s.update(ctx, req.Image, func(cur *Record, ver uint64) (*Record, error) {
 		in.Now = s.cfg.Now().UTC()
 		res = Result{}
@@ -77,6 +78,11 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 			}
 			plan.Next.addFence(f)
 			res.Fenced = append(res.Fenced, f)
+		}
+		// the record's live fences, before the claim: their entries may have run out while every
+		// keeper was down (F6 of docs/safety.md)
+		if err := s.renewDue(ctx, req.Image, plan.Next, renewed); err != nil {
+			return nil, fmt.Errorf("no claim made: %w", err)
 		}
 		res.Holder, res.Again = plan.Holder, plan.Again
 		// this node's liveness in the pool, just before the claim becomes visible: an observer
