@@ -21,9 +21,10 @@ type Intruder struct {
 	Holders      string    `json:"holders"` // who held the image then, "node@epoch,…"
 	At           time.Time `json:"at"`
 	Expires      time.Time `json:"expires"`
-	// BootID is its node's boot id when it was fenced: a reboot since ends the mapping, and
-	// then its record (see KeepFences).
-	BootID string `json:"boot_id,omitempty"`
+	// BootID is its node's boot id when it was fenced, Incarnation its agent's: a reboot since
+	// ends the mapping, and then its record (see KeepFences).
+	BootID      string `json:"boot_id,omitempty"`
+	Incarnation string `json:"incarnation,omitempty"`
 }
 
 // addIntruder records in, replacing an entry for the same address. Intruders are never
@@ -198,9 +199,9 @@ func (s *Store) Unmanaged(ctx context.Context, u Unmanaged, policy UnmanagedPoli
 					return nil, fmt.Errorf("fence %s (%s): %w", u.Device, u.ClientAddr, err)
 				}
 				fenced = &Intruder{NodeID: s.cfg.Node.ID, Device: u.Device, Addr: u.ClientAddr, SharedClient: !u.OwnClient,
-					At: s.cfg.Now().UTC(), Expires: until.UTC(), BootID: s.cfg.Node.BootID}
+					At: s.cfg.Now().UTC(), Expires: until.UTC(), BootID: s.cfg.Node.BootID, Incarnation: s.cfg.Node.Incarnation}
 				s.keepMu.Lock()
-				s.kept[keepKey(u.Image, entry{intruder: true, node: s.cfg.Node.ID, addr: u.ClientAddr})] = s.cfg.Mono()
+				s.markKept(keepKey(u.Image, entry{intruder: true, node: s.cfg.Node.ID, addr: u.ClientAddr}))
 				s.keepMu.Unlock()
 			}
 			in := *fenced

@@ -26,6 +26,25 @@ import (
 // a keeper that misses a round or two is still in time.
 func (s *Store) keepEvery() time.Duration { return s.cfg.FenceExpiry / 4 }
 
+// keptAt is when this store last re-blocklisted an entry, on both its clocks: the monotonic one
+// (immune to steps of the wall clock) and the wall clock (which goes on while the machine is
+// suspended, when the monotonic one stops).
+type keptAt struct {
+	mono time.Duration
+	wall time.Time
+}
+
+// dueAt says whether an entry this store last renewed at k (ok: it did) is due again: never
+// renewed by this process, or a quarter of a life ago by either clock.
+func (s *Store) dueAt(k keptAt, ok bool) bool {
+	return !ok || s.cfg.Mono()-k.mono >= s.keepEvery() || s.cfg.Now().Sub(k.wall) >= s.keepEvery()
+}
+
+// markKept records that this store just re-blocklisted the entry keyed k (keepMu held).
+func (s *Store) markKept(k string) {
+	s.kept[k] = keptAt{mono: s.cfg.Mono(), wall: s.cfg.Now()}
+}
+
 // KeepReport is what KeepFences did with one claim's fences.
 type KeepReport struct {
 	// Renewed are the fences re-blocklisted now (with their new expiry).
@@ -34,6 +53,9 @@ type KeepReport struct {
 	Gone []Fence
 	// Live is every fence and intruder still kept after the call, by address, with its expiry.
 	Live []KeptFence
+	// Unchecked are the fenced nodes' heartbeats that could not be read to look for a reboot
+	// (their fences were renewed all the same).
+	Unchecked []error
 }
 
 // KeptFence is one live blocklist entry a record keeps: a fence or an intruder.
@@ -50,17 +72,19 @@ type entry struct {
 	node     string
 	addr     string
 	bootID   string
+	inc      string
+	at       time.Time // when it was fenced: an entry replaced meanwhile is another fence
 }
 
 func (r *Record) liveEntries() []entry {
 	var out []entry
 	for _, f := range r.Fences {
 		if f.Live() {
-			out = append(out, entry{node: f.NodeID, addr: f.Addr, bootID: f.BootID})
+			out = append(out, entry{node: f.NodeID, addr: f.Addr, bootID: f.BootID, inc: f.Incarnation, at: f.At})
 		}
 	}
 	for _, in := range r.Intruders {
-		out = append(out, entry{intruder: true, node: in.NodeID, addr: in.Addr, bootID: in.BootID})
+		out = append(out, entry{intruder: true, node: in.NodeID, addr: in.Addr, bootID: in.BootID, inc: in.Incarnation, at: in.At})
 	}
 	return out
 }
@@ -74,11 +98,10 @@ func (s *Store) Due(img Image, rec *Record) bool {
 	if rec == nil {
 		return false
 	}
-	now := s.cfg.Mono()
 	s.keepMu.Lock()
 	defer s.keepMu.Unlock()
 	for _, e := range rec.liveEntries() {
-		if at, ok := s.kept[keepKey(img, e)]; !ok || now-at >= s.keepEvery() {
+		if k, ok := s.kept[keepKey(img, e)]; s.dueAt(k, ok) {
 			return true
 		}
 	}
@@ -102,21 +125,23 @@ func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 	}
 	renewed := map[string]time.Time{} // keepKey → the entry's new expiry
 	gone := map[string]string{}       // keepKey → why
+	judged := map[string]time.Time{}  // keepKey → the fence time of the entry judged gone
 	var errs []error
 	for _, e := range cur.liveEntries() {
 		k := keepKey(img, e)
 		s.keepMu.Lock()
 		at, ok := s.kept[k]
 		s.keepMu.Unlock()
-		if ok && s.cfg.Mono()-at < s.keepEvery() {
+		if !s.dueAt(at, ok) {
 			continue
 		}
 		why, err := s.rebooted(ctx, img, e)
 		if err != nil {
-			errs = append(errs, err)
+			// not known: the entry is renewed all the same, and the read's failure reported
+			rep.Unchecked = append(rep.Unchecked, err)
 		}
 		if why != "" {
-			gone[k] = why
+			gone[k], judged[k] = why, e.at
 			continue
 		}
 		until, err := s.b.Blocklist(ctx, e.addr, s.cfg.FenceExpiry)
@@ -125,7 +150,7 @@ func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 			continue
 		}
 		s.keepMu.Lock()
-		s.kept[k] = s.cfg.Mono()
+		s.markKept(k)
 		s.pruneKept()
 		s.keepMu.Unlock()
 		renewed[k] = until.UTC()
@@ -144,10 +169,11 @@ func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 				if !f.Live() {
 					continue
 				}
-				if why, ok := gone[k]; ok {
+				if why, ok := gone[k]; ok && f.At.Equal(judged[k]) { // the very fence judged, not one made since
 					f.Gone, f.GoneAt, changed = why, now, true
 					rep.Gone = append(rep.Gone, *f)
-				} else if until, ok := renewed[k]; ok && !until.Before(f.Expires) {
+				} else if until, ok := renewed[k]; ok {
+					// the latest blocklisting sets the entry's expiry, whatever was recorded
 					f.Expires, f.RenewedAt, f.RenewedBy, changed = until, now, s.cfg.Node.ID, true
 					rep.Renewed = append(rep.Renewed, *f)
 				}
@@ -155,11 +181,11 @@ func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 			kept := cur.Intruders[:0]
 			for _, in := range cur.Intruders {
 				k := keepKey(img, entry{intruder: true, node: in.NodeID, addr: in.Addr})
-				if _, ok := gone[k]; ok {
+				if _, ok := gone[k]; ok && in.At.Equal(judged[k]) {
 					changed = true // its node rebooted: the mapping is gone, so is its record
 					continue
 				}
-				if until, ok := renewed[k]; ok && !until.Before(in.Expires) {
+				if until, ok := renewed[k]; ok {
 					in.Expires, changed = until, true
 				}
 				kept = append(kept, in)
@@ -215,7 +241,7 @@ func (s *Store) renewDue(ctx context.Context, img Image, rec *Record, done map[s
 		s.keepMu.Lock()
 		at, ok := s.kept[k]
 		s.keepMu.Unlock()
-		if ok && s.cfg.Mono()-at < s.keepEvery() {
+		if !s.dueAt(at, ok) {
 			continue
 		}
 		until, err := s.b.Blocklist(ctx, e.addr, s.cfg.FenceExpiry)
@@ -223,20 +249,20 @@ func (s *Store) renewDue(ctx context.Context, img Image, rec *Record, done map[s
 			return fmt.Errorf("node %s's fence %s, which the claim keeps, could not be renewed first: %w", e.node, e.addr, err)
 		}
 		s.keepMu.Lock()
-		s.kept[k] = s.cfg.Mono()
+		s.markKept(k)
 		s.keepMu.Unlock()
 		done[k] = until.UTC()
 	}
 	now := s.cfg.Now().UTC()
 	for i := range rec.Fences {
 		f := &rec.Fences[i]
-		if until, ok := done[keepKey(img, entry{node: f.NodeID, addr: f.Addr})]; ok && f.Live() && !until.Before(f.Expires) {
+		if until, ok := done[keepKey(img, entry{node: f.NodeID, addr: f.Addr})]; ok && f.Live() {
 			f.Expires, f.RenewedAt, f.RenewedBy = until, now, s.cfg.Node.ID
 		}
 	}
 	for i := range rec.Intruders {
 		in := &rec.Intruders[i]
-		if until, ok := done[keepKey(img, entry{intruder: true, node: in.NodeID, addr: in.Addr})]; ok && !until.Before(in.Expires) {
+		if until, ok := done[keepKey(img, entry{intruder: true, node: in.NodeID, addr: in.Addr})]; ok {
 			in.Expires = until
 		}
 	}
@@ -252,7 +278,7 @@ func (s *Store) rebooted(ctx context.Context, img Image, e entry) (string, error
 		return "", nil
 	}
 	if e.node == s.cfg.Node.ID {
-		if s.cfg.Node.BootID != "" && s.cfg.Node.BootID != e.bootID {
+		if s.cfg.Node.BootID != "" && s.cfg.Node.BootID != e.bootID && (e.inc == "" || e.inc == s.cfg.Node.Incarnation) {
 			return fmt.Sprintf("node %s rebooted since the fence (boot_id %s, now %s): its kernel client is gone", e.node, e.bootID, s.cfg.Node.BootID), nil
 		}
 		return "", nil
@@ -268,6 +294,11 @@ func (s *Store) rebooted(ctx context.Context, img Image, e entry) (string, error
 	if err != nil || hb.BootID == "" || hb.BootID == e.bootID {
 		return "", nil // unreadable or no news: kept
 	}
+	if e.inc != "" && hb.Incarnation != e.inc {
+		// another agent state under that node id (a second machine given it, or the node with
+		// its state lost): its boot says nothing of the fenced kernel's
+		return "", nil
+	}
 	return fmt.Sprintf("node %s rebooted since the fence (boot_id %s, its heartbeat now %s): its kernel client is gone", e.node, e.bootID, hb.BootID), nil
 }
 
@@ -275,7 +306,7 @@ func (s *Store) rebooted(ctx context.Context, img Image, e entry) (string, error
 func (s *Store) pruneKept() {
 	now := s.cfg.Mono()
 	for k, at := range s.kept {
-		if now-at > s.cfg.FenceExpiry {
+		if now-at.mono > s.cfg.FenceExpiry {
 			delete(s.kept, k)
 		}
 	}
@@ -358,7 +389,7 @@ func (s *Store) UnfenceNode(ctx context.Context, node, why string, force bool) (
 					continue
 				}
 				nf := NodeFence{Image: r.Ref, Fence: f}
-				if nf.Rebooted, err = s.rebooted(ctx, r.Ref, entry{node: f.NodeID, addr: f.Addr, bootID: f.BootID}); err != nil {
+				if nf.Rebooted, err = s.rebooted(ctx, r.Ref, entry{node: f.NodeID, addr: f.Addr, bootID: f.BootID, inc: f.Incarnation}); err != nil {
 					return nil, fmt.Errorf("unfence node %s: %w", node, err)
 				}
 				res.Fences = append(res.Fences, nf)
@@ -385,9 +416,13 @@ func (s *Store) UnfenceNode(ctx context.Context, node, why string, force bool) (
 			reason += ": " + nf.Rebooted
 		}
 		_, err := s.update(ctx, nf.Image, func(cur *Record, _ uint64) (*Record, error) {
+			if cur == nil {
+				return nil, nil // removed meanwhile: nothing there to lift
+			}
 			changed := false
 			for i := range cur.Fences {
-				if f := &cur.Fences[i]; f.Live() && f.NodeID == node && f.Addr == nf.Fence.Addr {
+				// the very fence judged above: one made since (same address) is not lifted
+				if f := &cur.Fences[i]; f.Live() && f.NodeID == node && f.Addr == nf.Fence.Addr && f.At.Equal(nf.Fence.At) {
 					f.Gone, f.GoneAt, changed = reason, now, true
 				}
 			}
@@ -397,7 +432,7 @@ func (s *Store) UnfenceNode(ctx context.Context, node, why string, force bool) (
 			return cur, nil
 		})
 		if err != nil {
-			return nil, fmt.Errorf("unfence node %s: nothing lifted yet: %w", node, err)
+			return nil, fmt.Errorf("unfence node %s: its fence on %s could not be marked lifted, so no blocklist entry was removed (fences marked before it are no longer renewed; their entries expire by themselves, or remove them with `ceph osd blocklist rm`): %w", node, nf.Image, err)
 		}
 	}
 	seen := map[string]bool{}
@@ -407,7 +442,7 @@ func (s *Store) UnfenceNode(ctx context.Context, node, why string, force bool) (
 		}
 		seen[nf.Fence.Addr] = true
 		if err := s.b.Unblocklist(ctx, nf.Fence.Addr); err != nil {
-			return res, fmt.Errorf("unfence node %s: its fences are marked lifted in their claims, but removing the blocklist entry %s failed (run again to remove it): %w", node, nf.Fence.Addr, err)
+			return res, fmt.Errorf("unfence node %s: its fences are marked lifted in their claims, but removing the blocklist entry %s failed (no longer renewed, it expires by itself; or remove it with `ceph osd blocklist rm %s`): %w", node, nf.Fence.Addr, nf.Fence.Addr, err)
 		}
 		res.Lifted = append(res.Lifted, nf.Fence.Addr)
 	}

@@ -150,13 +150,13 @@ func (s *Store) fence(ctx context.Context, img Image, h Holder, now time.Time) (
 		return Fence{}, err
 	}
 	s.keepMu.Lock()
-	s.kept[keepKey(img, entry{node: h.NodeID, addr: addr})] = s.cfg.Mono()
+	s.markKept(keepKey(img, entry{node: h.NodeID, addr: addr}))
 	s.keepMu.Unlock()
 	if s.afterFence != nil {
 		s.afterFence()
 	}
 	return Fence{NodeID: h.NodeID, Addr: addr, Epoch: h.Epoch, At: now, Expires: until.UTC(), By: s.cfg.Node.ID,
-		BootID: h.BootID, RenewedAt: now, RenewedBy: s.cfg.Node.ID}, nil
+		BootID: h.BootID, Incarnation: h.Incarnation, RenewedAt: now, RenewedBy: s.cfg.Node.ID}, nil
 }
 
 // mine finds this node's live holder entry at epoch, or explains why there is none.
@@ -261,6 +261,29 @@ func (s *Store) List(ctx context.Context, pool string) ([]Record, error) {
 		out = append(out, *rec)
 	}
 	return out, nil
+}
+
+// ListReadable is List for the sweeps: a record that cannot be read or decoded (corrupt, or
+// of a newer format) is skipped and its error returned beside the others, so that one bad
+// object never stops the keeping of every other claim's fences.
+func (s *Store) ListReadable(ctx context.Context, pool string) ([]Record, []error) {
+	imgs, err := s.b.Objects(ctx, pool)
+	if err != nil {
+		return nil, []error{err}
+	}
+	var out []Record
+	var errs []error
+	for _, img := range imgs {
+		rec, err := s.Inspect(ctx, img)
+		switch {
+		case errors.Is(err, ErrNoClaim):
+		case err != nil:
+			errs = append(errs, err)
+		default:
+			out = append(out, *rec)
+		}
+	}
+	return out, errs
 }
 
 // FenceResult says what Fence blocklisted.
@@ -375,8 +398,8 @@ func (s *Store) removeOrphan(ctx context.Context, img Image, onlyFree bool) (boo
 		if err != nil || rec == nil {
 			return false, err
 		}
-		if onlyFree && !rec.Free() {
-			return false, nil
+		if onlyFree && (!rec.Free() || len(rec.Kept()) > 0) {
+			return false, nil // held, or it keeps fences: the image may only have been renamed or moved to the trash
 		}
 		exists, err := s.imageExists(ctx, img, rec.ImageID)
 		if err != nil {

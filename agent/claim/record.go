@@ -127,8 +127,12 @@ type Fence struct {
 	Expires time.Time `json:"expires"`
 	By      string    `json:"by"`
 	// BootID is the fenced node's boot id when it last wrote its hold ("" when its agent did
-	// not record one: then only an unmap report or an admin ends the fence).
-	BootID string `json:"boot_id,omitempty"`
+	// not record one: then only an unmap report or an admin ends the fence), and Incarnation
+	// its agent's incarnation then: another boot id counts only from a heartbeat of the same
+	// incarnation (a second machine given the same node id, or the node with its state lost,
+	// shows another one, and proves nothing about the fenced kernel).
+	BootID      string `json:"boot_id,omitempty"`
+	Incarnation string `json:"incarnation,omitempty"`
 	// RenewedAt and RenewedBy: the last re-blocklisting (wall clock, for people).
 	RenewedAt time.Time `json:"renewed_at,omitzero"`
 	RenewedBy string    `json:"renewed_by,omitempty"`

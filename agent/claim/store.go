@@ -72,7 +72,7 @@ type Store struct {
 	obs        *Observer
 	// kept is when (Mono) this store last re-blocklisted each live fence (see KeepFences)
 	keepMu sync.Mutex
-	kept   map[string]time.Duration
+	kept   map[string]keptAt
 }
 
 // NewStore returns a Store on a RADOS connection (owned by the caller).
@@ -105,7 +105,7 @@ func NewStoreOn(b Backend, cfg Config) (*Store, error) {
 		start := time.Now()
 		cfg.Mono = func() time.Duration { return time.Since(start) } // monotonic reading
 	}
-	return &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver(), kept: map[string]time.Duration{}}, nil
+	return &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver(), kept: map[string]keptAt{}}, nil
 }
 
 // FSID is the cluster's fsid.

@@ -206,12 +206,15 @@ func (c *cutBackend) Blocklist(ctx context.Context, addr string, expire time.Dur
 }
 
 // cutNode starts node-a's agent on f's cluster through a cutBackend, with boot id boot.
-func (f *fenceLife) cutNode(t *testing.T, boot string) (*memDaemon, *cutBackend) {
+func (f *fenceLife) cutNode(t *testing.T, boot string, stateDir ...string) (*memDaemon, *cutBackend) {
 	t.Helper()
 	cb := &cutBackend{Backend: f.c.m}
 	a := startMemDaemonWith(t, func(o *Options) {
 		o.Config.NodeID = "node-a"
 		o.BootID = boot
+		if len(stateDir) > 0 {
+			o.Config.StateDir = stateDir[0]
+		}
 		o.Connect = func(context.Context, config.Cluster) (Connection, error) {
 			return Connection{Backend: cb, Secret: memSecret}, nil
 		}
@@ -257,9 +260,9 @@ func TestFenceEndsOnceTheFencedNodeUnmaps(t *testing.T) {
 }
 
 // TestFenceEndsOnceTheFencedNodeRebooted: node-a is cut off with image mapped, node-b takes it
-// over; node-a reboots (its devices and agent state gone, a new boot id) and maps another image
-// of the pool, so that its heartbeat there shows the new boot: node-b marks the fence gone,
-// saying why, and no longer renews it.
+// over; node-a reboots (its devices gone, a new boot id, its state directory kept): its agent
+// finds the fenced mapping gone and records it, or node-b sees the new boot in its heartbeat;
+// either way the fence ends, saying why, and its entry runs out.
 func TestFenceEndsOnceTheFencedNodeRebooted(t *testing.T) {
 	f := newFenceLife(t, "00000000-0000-4000-8000-000000000028")
 	defer f.b.stop(t)
@@ -269,18 +272,40 @@ func TestFenceEndsOnceTheFencedNodeRebooted(t *testing.T) {
 	cb.cut.Store(true)
 	f.takeOver(t, "rebooted")
 	a.stop(t)
-	a2, _ := f.cutNode(t, "boot-a-2") // the same node after a reboot
+	a2, _ := f.cutNode(t, "boot-a-2", a.d.cfg.StateDir) // the same node after a reboot
 	defer a2.stop(t)
 	a2.mapImage(t, f.c, "other")
 	img := claim.Image{Pool: "rbd", Image: "rebooted"}
 	f.advance(f.expiry / 4) // node-b's next renewal of the fence is due
-	waitFor(t, "node-b to see node-a's reboot", func() bool { return !inspectMem(t, f.c, img).Fences[0].Live() })
-	fs := inspectMem(t, f.c, img).Fences
-	if !strings.Contains(fs[0].Gone, "rebooted") || !strings.Contains(fs[0].Gone, "boot-a-2") {
-		t.Fatalf("gone %q; want the reboot named", fs[0].Gone)
+	waitFor(t, "the fence to end", func() bool { return !inspectMem(t, f.c, img).Fences[0].Live() })
+	if g := inspectMem(t, f.c, img).Fences[0].Gone; !strings.Contains(g, "unmapped") && !strings.Contains(g, "boot-a-2") {
+		t.Fatalf("gone %q; want the unmap or the reboot named", g)
 	}
 	f.advance(f.expiry)
 	if f.c.m.Blocklisted(addr) {
 		t.Fatal("the entry of a rebooted node's fence did not run out")
 	}
 }
+
+// TestFenceIsKeptWhenAnotherAgentShowsTheNodesName: node-a is cut off with image mapped, node-b
+// takes it over; then an agent with another state directory (a second machine given node-a's
+// id, or node-a with its state lost) writes node-a's heartbeat with another boot id. That says
+// nothing of the fenced kernel: the fence stays live and is renewed.
+func TestFenceIsKeptWhenAnotherAgentShowsTheNodesName(t *testing.T) {
+	f := newFenceLife(t, "00000000-0000-4000-8000-000000000029")
+	defer f.b.stop(t)
+	a, cb := f.cutNode(t, "boot-a-1")
+	ra := a.mapImage(t, f.c, "kept")
+	addr := ra.Claim.Holders[0].ClientAddr
+	cb.cut.Store(true)
+	f.takeOver(t, "kept")
+	twin, _ := f.cutNode(t, "boot-twin") // a fresh state directory: another incarnation
+	defer twin.stop(t)
+	twin.mapImage(t, f.c, "twin")
+	f.outlive(t, addr)
+	if fs := inspectMem(t, f.c, claim.Image{Pool: "rbd", Image: "kept"}).Fences; !fs[0].Live() {
+		t.Fatalf("the fence ended: %q", fs[0].Gone)
+	}
+	a.stop(t)
+}
+

@@ -64,7 +64,12 @@ func (d *Daemon) keepFences(ctx context.Context, cl *cluster, store *claim.Store
 			Image: img.Image, Epoch: f.Epoch, OwnerNode: f.NodeID,
 			Message: fmt.Sprintf("fence of %s on %s is no longer renewed: %s; its blocklist entry expires %s", f.Addr, img, f.Gone, f.Expires.Format(time.RFC3339))})
 	}
-	d.noteKept(cl.cfg.ID, img, rep.Live)
+	for _, u := range rep.Unchecked {
+		d.log.WithError(u).WithField("image", img.String()).Warn("a fenced node's liveness record could not be read to see whether it rebooted; its fence was renewed all the same")
+	}
+	if err == nil || len(rep.Live) > 0 { // a failed read says nothing of the fences: the note stays
+		d.noteKept(cl.cfg.ID, img, rep.Live)
+	}
 	if err != nil {
 		d.metrics.FenceRenewed(cl.cfg.ID, err)
 		d.log.WithError(err).WithField("image", img.String()).
@@ -109,6 +114,15 @@ func (d *Daemon) keptSnapshot() []metrics.Fence {
 		}
 	}
 	return out
+}
+
+// rememberPool makes this node a sweeper of k's pool, so that the fences of its claims are kept
+// even once nothing of it is mapped here (an admin's fence or forced release); a failure to
+// persist it is logged: the pool is swept until the agent restarts.
+func (d *Daemon) rememberPool(k state.Key) {
+	if err := d.state.RememberPool(state.Pool{Cluster: k.Cluster, Pool: k.Pool}); err != nil {
+		d.log.WithError(err).WithField("pool", k.Pool).Warn("could not persist that this node sweeps this pool for the fences it made, so it does not; the holder and the other nodes that used the pool still do")
+	}
 }
 
 // fencedMappingGone reports that this node's mapping m, whose claim another node took (or an

@@ -410,6 +410,7 @@ func (d *Daemon) Fence(ctx context.Context, req api.ImageRequest, peer *peercred
 	if err != nil {
 		return nil, err
 	}
+	d.rememberPool(t.key)
 	out := &api.FenceResponse{}
 	for _, f := range res.Fences {
 		out.FencedAddrs = append(out.FencedAddrs, f.Addr)
@@ -471,6 +472,7 @@ func (d *Daemon) Release(ctx context.Context, req api.ImageRequest, peer *peercr
 	if err != nil && !errors.Is(err, claim.ErrNoClaim) {
 		return false, fmt.Errorf("release --force %s: reading the claim: %w", t.spec, err)
 	}
+	d.rememberPool(t.key) // the freed claim keeps its fences: this node sweeps their pool
 	ok, err := store.ForceRelease(ctx, t.img)
 	if err != nil {
 		return false, err

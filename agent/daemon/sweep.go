@@ -82,12 +82,10 @@ func (d *Daemon) sweepPool(ctx context.Context, p state.Pool) (removed int, err 
 		d.log.WithError(err).WithField("pool", p.Pool).Warn("pool sweep skipped: cluster unavailable; its fences and orphans wait for the next one")
 		return 0, err
 	}
-	recs, err := store.List(ctx, p.Pool)
-	if err != nil {
-		d.log.WithError(err).WithField("cluster", p.Cluster).WithField("pool", p.Pool).Warn("pool sweep: listing failed; retried at the next sweep")
-		return 0, err
+	recs, errs := store.ListReadable(ctx, p.Pool)
+	for _, err := range errs {
+		d.log.WithError(err).WithField("cluster", p.Cluster).WithField("pool", p.Pool).Warn("pool sweep: a claim could not be read (it is skipped; its fences, if any, are kept by its holder and at claims); retried at the next sweep")
 	}
-	var errs []error
 	for i := range recs {
 		o := &recs[i]
 		due, sweepable := store.Due(o.Ref, o), d.cfg.SweepsOrphans() && o.Free()
@@ -109,8 +107,15 @@ func (d *Daemon) sweepPool(ctx context.Context, p state.Pool) (removed int, err 
 			}
 			continue
 		}
-		// the image is gone: its fences need no keeping (a fenced mapping of it can only write
-		// to objects of a deleted image), and a free claim of it is removed
+		// its image is gone by name: but a renamed image, or one moved to the trash, keeps its id
+		// and its data, and a fenced mapping of it could write to them: its fences are kept as
+		// long as the record lists them live (only a record without any is removed)
+		if len(o.Kept()) > 0 {
+			if due {
+				d.keepFences(ctx, cl, store, o.Ref, o)
+			}
+			continue
+		}
 		if !sweepable {
 			continue
 		}

@@ -231,6 +231,18 @@ func (s *Store) Put(m Mapping) error {
 	})
 }
 
+// RememberPool adds p to the pools this node sweeps (ClaimPools), persisted: an admin's fence
+// or forced release on this node makes it a keeper of that pool's fences, mapping or not.
+func (s *Store) RememberPool(p Pool) error {
+	s.mu.Lock()
+	known := s.pools[p]
+	s.mu.Unlock()
+	if known {
+		return nil
+	}
+	return s.commit(func(n *next) { n.pools[p] = true })
+}
+
 // ClaimPools returns the pools this node holds or has held claims in, sorted.
 func (s *Store) ClaimPools() []Pool {
 	s.mu.Lock()
