@@ -211,6 +211,25 @@ type Claim struct {
 	Orphan bool `json:"orphan,omitempty"`
 	// Intruders are mappings made outside rbd-owner that were fenced (until unfenced).
 	Intruders []Intruder `json:"intruders,omitempty"`
+	// Fences are the takeovers' and admins' fences the claim records: live ones (Gone empty)
+	// are kept on the blocklist until their mappings are known gone.
+	Fences []Fence `json:"fences,omitempty"`
+}
+
+// Fence is one blocklisting a claim records (see the README, Fence lifetimes).
+type Fence struct {
+	NodeID    string    `json:"node_id"`
+	Addr      string    `json:"addr"`
+	Epoch     uint64    `json:"epoch"`
+	At        time.Time `json:"at"`
+	By        string    `json:"by"`
+	Expires   time.Time `json:"expires"`
+	BootID    string    `json:"boot_id,omitempty"`
+	RenewedAt time.Time `json:"renewed_at,omitzero"`
+	RenewedBy string    `json:"renewed_by,omitempty"`
+	// Gone says why the fenced mapping is known gone ("" while it is kept).
+	Gone   string    `json:"gone,omitempty"`
+	GoneAt time.Time `json:"gone_at,omitzero"`
 }
 
 // Device is a mapped rbd device on this node.

@@ -176,15 +176,25 @@ func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 			cur = rec
 		}
 	}
-	for _, f := range cur.Fences {
+	rep.Live = cur.Kept()
+	return rep, errors.Join(errs...)
+}
+
+// Kept lists the record's live fences and intruders: what must be kept on the blocklist.
+func (r *Record) Kept() []KeptFence {
+	if r == nil {
+		return nil
+	}
+	var out []KeptFence
+	for _, f := range r.Fences {
 		if f.Live() {
-			rep.Live = append(rep.Live, KeptFence{NodeID: f.NodeID, Addr: f.Addr, Expires: f.Expires})
+			out = append(out, KeptFence{NodeID: f.NodeID, Addr: f.Addr, Expires: f.Expires})
 		}
 	}
-	for _, in := range cur.Intruders {
-		rep.Live = append(rep.Live, KeptFence{NodeID: in.NodeID, Addr: in.Addr, Expires: in.Expires, Intruder: true})
+	for _, in := range r.Intruders {
+		out = append(out, KeptFence{NodeID: in.NodeID, Addr: in.Addr, Expires: in.Expires, Intruder: true})
 	}
-	return rep, errors.Join(errs...)
+	return out
 }
 
 // rebooted says why e's mapping is gone because its node rebooted since the fence ("" when that

@@ -47,6 +47,7 @@ func (d *Daemon) fenceExpiry() time.Duration {
 // renewals and the fences found gone are audited, a failure is logged at error priority and
 // counted (the renewal is tried again at the next check).
 func (d *Daemon) keepFences(ctx context.Context, cl *cluster, store *claim.Store, img claim.Image, rec *claim.Record) {
+	d.noteKept(cl.cfg.ID, img, rec.Kept()) // as the record says now, whoever renewed them
 	if !store.Due(img, rec) {
 		return
 	}

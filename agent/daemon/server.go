@@ -598,6 +598,10 @@ func apiClaim(clusterID string, r *claim.Record) *api.Claim {
 	for _, in := range r.Intruders {
 		c.Intruders = append(c.Intruders, apiIntruder(in))
 	}
+	for _, f := range r.Fences {
+		c.Fences = append(c.Fences, api.Fence{NodeID: f.NodeID, Addr: f.Addr, Epoch: f.Epoch, At: f.At, By: f.By, Expires: f.Expires,
+			BootID: f.BootID, RenewedAt: f.RenewedAt, RenewedBy: f.RenewedBy, Gone: f.Gone, GoneAt: f.GoneAt})
+	}
 	return c
 }
 

@@ -355,6 +355,17 @@ func runClaims(ctx context.Context, c *client.Client, args []string, stdout io.W
 			fmt.Fprintf(tw, "%s\t-\t-\t%s\t-\t%s\t%s\t%s\t%s\n", imageName(cl.Pool, cl.Namespace, cl.Image, ""), in.NodeID, in.ClientAddr, in.Device,
 				in.FencedAt.Format(time.RFC3339), "FENCED INTRUDER: mapped outside rbd-owner while "+in.Holders+" held it; blocklisted until "+in.Expires.Format(time.RFC3339))
 		}
+		for _, f := range cl.Fences {
+			state := "FENCE kept: blocklisted until " + f.Expires.Format(time.RFC3339) + ", renewed until its mapping is gone"
+			if f.RenewedBy != "" {
+				state += " (last by " + f.RenewedBy + ")"
+			}
+			if f.Gone != "" {
+				state = "fence ended: " + f.Gone
+			}
+			fmt.Fprintf(tw, "%s\t-\t%d\t%s\t-\t%s\t-\t%s\t%s\n", imageName(cl.Pool, cl.Namespace, cl.Image, ""), f.Epoch, f.NodeID, f.Addr,
+				f.At.Format(time.RFC3339), state)
+		}
 	}
 	return tw.Flush()
 }
