@@ -34,6 +34,9 @@ if [ ! -e /etc/systemd/network/10-lab.network ]; then
   printf '[global]\nmon_host = v1:%s\n' "$MON" > /etc/ceph/ceph.conf
   mkdir -p /etc/rbd-owner
   install -m 0644 $H/config.yaml /etc/rbd-owner/config.yaml
+  # the lab's short fence_expiry (tests/lab/lib.sh) is allowed only under this switch
+  mkdir -p /etc/systemd/system/rbd-owner.service.d
+  printf '[Service]\nEnvironment=RBD_OWNER_TEST_SHORT_FENCES=1\n' > /etc/systemd/system/rbd-owner.service.d/lab.conf
   a=$(date +%s%N)
   DEBIAN_FRONTEND=noninteractive dpkg -i --force-confdef --force-confold $H/rbd-owner.deb
   rc=$?

@@ -42,6 +42,11 @@ declare -A NODE_MAC=([node-a]=52:54:00:c0:71:11 [node-b]=52:54:00:c0:71:12)
 # renew_interval + min(renew_interval, 10s) + 20s (README, Configure: 30s for 5s)
 LEASE=${LEASE:-35s}
 RENEW=${RENEW:-5s}
+# the agents' fence_expiry: a minute, below the packages' floor of an hour, allowed by the
+# agent only under RBD_OWNER_TEST_SHORT_FENCES=1, which the guests set in a drop-in of
+# rbd-owner.service (tests/lab/guest.sh): so that a fence outlives its blocklist entry's life
+# within a lab run, and is kept only by renewals
+FENCE_EXPIRY=${FENCE_EXPIRY:-1m}
 GUEST_MEM=${GUEST_MEM:-512}
 BOOT_TIMEOUT=${BOOT_TIMEOUT:-300}
 CMD_TIMEOUT=${CMD_TIMEOUT:-120}
@@ -102,6 +107,12 @@ lab_refuse_if_running() {
 
 # ---- admin CLIs inside the namespace --------------------------------------------------------
 NSX() { ip netns exec "$NS" "$@"; }
+# tap_of NODE: the name of NODE's tap device on the lab's bridge
+tap_of() { NSX ip -o link show 2>/dev/null | grep -o "tl${1#node-}[0-9]*" | head -1 | grep .; }
+# cut_node NODE / heal_node NODE: NODE's link to the cluster down / up (its command channel is not
+# networked: the guest still runs commands)
+cut_node() { NSX ip link set dev "$(tap_of "$1")" down; }
+heal_node() { NSX ip link set dev "$(tap_of "$1")" up; }
 # CX CMD...: CMD inside the namespace with the cluster's own release's tools (in its chroot when
 # it has one)
 CX() { if [ -n "$CEPH_ROOT" ]; then NSX chroot "$CEPH_ROOT" "$@"; else NSX "$@"; fi; }
@@ -361,6 +372,7 @@ clusters:
     keyring: /etc/ceph/ceph.client.rbdowner.keyring
 lease_duration: $LEASE
 renew_interval: $RENEW
+fence_expiry: $FENCE_EXPIRY
 takeover_policy: manual
 map_timeout: 30s
 mount_timeout: 15s
@@ -382,7 +394,7 @@ EOF
     || { cat "$LAB_DIR/logs/ceph-up.log" >&2; die "ceph up failed"; }
   FSID=$(awk '$1=="fsid"{print $3}' "$CEPHDIR/ceph.conf")
   [[ $FSID =~ ^[0-9a-f-]{36}$ ]] || die "ceph up: no fsid in $CEPHDIR/ceph.conf (got '$FSID')"
-  local im; for im in img2 img3 ns1/img4 kimg1 ns1/kimg2 skew1 enf1 enf2 csi1 csi2; do rbd create --size 64M "rbd/$im" || die "rbd create $im"; done
+  local im; for im in img2 img3 ns1/img4 kimg1 ns1/kimg2 skew1 enf1 enf2 csi1 csi2 fence1; do rbd create --size 64M "rbd/$im" || die "rbd create $im"; done
   rbd snap create rbd/kimg1@s1 >/dev/null 2>&1 || die "rbd snap create kimg1@s1"
   if [ "$LAB_SLOW_POOL" = 1 ]; then lab_slow_pool || die "the slow pool (LAB_SLOW_POOL=1): osd.1 or pool slow failed"; fi
   lab_save_env
