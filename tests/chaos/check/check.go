@@ -209,12 +209,13 @@ type Fault struct {
 }
 
 // impairs says whether a fault may stop a node's agent from keeping its lease: a clock step or
-// an unmap does not; a freeze, a cut, a killed agent, a reboot or a paused cluster does. Neither
+// an unmap does not; a freeze, a cut (long-cut too: a cut past a fence's life, then maybe a
+// reboot), a killed agent, a reboot or a paused cluster does. Neither
 // idle-claim (a node idle in a namespace, then claiming) nor slow-pool (the OSD of another pool
 // stalled) impairs anyone: the node they are about must keep its leases through them.
 func (f Fault) impairs(node string) bool {
 	switch f.Kind {
-	case "freeze", "cut", "kill", "reboot":
+	case "freeze", "cut", "long-cut", "kill", "reboot":
 		return f.Node == node
 	case "pause-osd", "pause-mon":
 		return true

@@ -95,6 +95,7 @@ func TestCheckSamples(t *testing.T) {
 		{"two mappings, one fenced", []Sample{{T: 1, Image: "chaos1", Watchers: []string{"10.0.0.1:0/1", "10.0.0.2:0/2"}, Blocklist: []string{"10.0.0.1:0/1"}}}, nil, ""},
 		{"two unfenced mappings", []Sample{{T: 1, Image: "chaos1", Watchers: []string{"10.0.0.1:0/1", "10.0.0.2:0/2"}}}, nil, InvOneWriter},
 		{"fence of a frozen node", []Sample{fence("node-a")}, []Fault{{Kind: "freeze", Node: "node-a", Start: 80, End: 99}}, ""},
+		{"fence of a node cut off past a fence's life", []Sample{fence("node-a")}, []Fault{{Kind: "long-cut", Node: "node-a", Start: 50, End: 400}}, ""},
 		{"fence during a paused cluster", []Sample{fence("node-a")}, []Fault{{Kind: "pause-osd", Start: 70, End: 90}}, ""},
 		{"fence of a node whose clock was stepped only", []Sample{fence("node-a")}, []Fault{{Kind: "clock", Node: "node-a", Start: 90, End: 91}}, InvLiveKept},
 		{"fence of a node frozen long before", []Sample{fence("node-a")}, []Fault{{Kind: "freeze", Node: "node-a", Start: 10, End: 20}}, InvLiveKept},
