@@ -308,4 +308,3 @@ func TestFenceIsKeptWhenAnotherAgentShowsTheNodesName(t *testing.T) {
 	}
 	a.stop(t)
 }
-
