@@ -396,6 +396,12 @@ EOF
   [[ $FSID =~ ^[0-9a-f-]{36}$ ]] || die "ceph up: no fsid in $CEPHDIR/ceph.conf (got '$FSID')"
   local im; for im in img2 img3 ns1/img4 kimg1 ns1/kimg2 skew1 enf1 enf2 csi1 csi2 fence1; do rbd create --size 64M "rbd/$im" || die "rbd create $im"; done
   rbd snap create rbd/kimg1@s1 >/dev/null 2>&1 || die "rbd snap create kimg1@s1"
+  # every OSD's PG read lease outlasts the faults' stalls (5 x osd_heartbeat_grace, as osd.1's
+  # below): each pool lives on one OSD alone, and a PG whose lease ran out while its OSD was
+  # stopped may stay laggy, its ops "waiting for readable", until the next interval change (the
+  # rehearsal's trixie cell: after a 10 s SIGSTOP of osd.0, rbd create in pool rbd hung for
+  # minutes, as the CI run's closing chaos round had)
+  ceph config set osd osd_pool_default_read_lease_ratio 5 || die "ceph config set osd osd_pool_default_read_lease_ratio"
   if [ "$LAB_SLOW_POOL" = 1 ]; then lab_slow_pool || die "the slow pool (LAB_SLOW_POOL=1): osd.1 or pool slow failed"; fi
   lab_save_env
   for n in "${NODES[@]}"; do install -m 0600 "$CEPHDIR/client.rbdowner.keyring" "$(share "$n")/keyring"; done
