@@ -98,6 +98,10 @@ type Store struct {
 	pools   map[Pool]bool
 	inc     string
 	writing func() // when set (tests), called by a writer just before its disk write
+	fault   func() error // FailWrites (tests); guarded by wmu
+	aside   *SetAside    // the file Open could not use; set before the store is shared
+	werr    error        // the last write's error while writes fail; guarded by mu
+	wsince  time.Time    // when writes started failing; guarded by mu
 }
 
 // change is one writer's change, and where it learns its write's result.
@@ -114,25 +118,49 @@ func (s *Store) Incarnation() string {
 	return s.inc
 }
 
-// Open loads dir/mappings.json (creating dir when needed).
+// SetAside describes a state file this agent could not use at start (cut short, not JSON, a
+// format it does not read, unreadable): it was kept beside the new one under KeptAs, and the
+// store started empty, so that the agent rebuilds its view from the kernel and the clusters
+// instead of refusing to start (which would stop its heartbeats, and with them its leases).
+type SetAside struct {
+	// Path is the state file that could not be used; KeptAs where it is now ("" when it
+	// could not be moved: then it is overwritten by the next write).
+	Path, KeptAs string
+	// Reason is why it could not be used.
+	Reason error
+}
+
+// Open loads dir/mappings.json (creating dir when needed). A file that cannot be used does not
+// stop it: it is renamed to mappings.json.corrupt-<UTC time> and the store starts empty
+// (SetAside says so). Nor does a first write that fails (a full disk, a read-only file system):
+// the store works in memory and says so in WriteFailure until a write succeeds. Open fails only
+// when it cannot make the incarnation's random name.
 func Open(dir string) (*Store, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("state: %w", err)
-	}
 	s := &Store{path: filepath.Join(dir, "mappings.json"), m: map[Key]Mapping{}, pools: map[Pool]bool{}}
-	data, err := os.ReadFile(s.path)
-	if errors.Is(err, os.ErrNotExist) {
-		return s, s.newIncarnation()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		s.noteWrite(fmt.Errorf("create state directory: %w", err))
 	}
-	if err != nil {
-		return nil, fmt.Errorf("state: %w", err)
+	// a write cut short by a crash leaves its temporary file: it never holds the only copy
+	if err := os.Remove(s.path + ".tmp"); err != nil && !errors.Is(err, os.ErrNotExist) {
+		s.noteWrite(fmt.Errorf("remove %s: %w", s.path+".tmp", err))
+	}
+	data, err := os.ReadFile(s.path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return s, s.newIncarnation()
+	case err != nil:
+		// unreadable is as good as corrupt: start from the kernel and the clusters
+		s.setAside(err)
+		return s, s.newIncarnation()
 	}
 	var f file
 	if err := json.Unmarshal(data, &f); err != nil {
-		return nil, fmt.Errorf("state %s: corrupt: %w (move it away to start from the kernel and cluster state alone)", s.path, err)
+		s.setAside(fmt.Errorf("not valid JSON (%d bytes): %w", len(data), err))
+		return s, s.newIncarnation()
 	}
 	if f.Format != 1 {
-		return nil, fmt.Errorf("state %s: format %d, this agent reads 1", s.path, f.Format)
+		s.setAside(fmt.Errorf("format %d, this agent reads format 1", f.Format))
+		return s, s.newIncarnation()
 	}
 	for _, m := range f.Mappings {
 		s.m[m.Key] = m
@@ -146,12 +174,64 @@ func Open(dir string) (*Store, error) {
 	return s, nil
 }
 
+// setAside keeps an unusable state file as mappings.json.corrupt-<UTC time>.
+func (s *Store) setAside(reason error) {
+	sa := &SetAside{Path: s.path, Reason: reason}
+	kept := s.path + ".corrupt-" + time.Now().UTC().Format("20060102T150405Z")
+	if err := os.Rename(s.path, kept); err != nil {
+		sa.Reason = fmt.Errorf("%w; it could not be kept aside (%w) and is replaced at the next write", reason, err)
+	} else {
+		sa.KeptAs = kept
+	}
+	s.aside = sa
+}
+
+// SetAside returns the state file this store could not use at Open, or nil.
+func (s *Store) SetAside() *SetAside { return s.aside }
+
+// WriteFailure returns the error of the last write and since when writes have failed, when
+// the last write failed; nil once one succeeds.
+func (s *Store) WriteFailure() (error, time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.werr, s.wsince
+}
+
+// FailWrites makes every write call f first and fail with its error, as a full disk or a
+// read-only file system would (tests; nil: writes go to disk again).
+func (s *Store) FailWrites(f func() error) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.fault = f
+}
+
+// noteWrite records a write's result for WriteFailure.
+func (s *Store) noteWrite(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case err == nil:
+		s.werr, s.wsince = nil, time.Time{}
+	case s.werr == nil:
+		s.werr, s.wsince = err, time.Now()
+	default:
+		s.werr = err
+	}
+}
+
 func (s *Store) newIncarnation() error {
 	b := make([]byte, 8)
 	if _, err := rand.Read(b); err != nil {
 		return fmt.Errorf("state: incarnation: %w", err)
 	}
-	return s.commit(func(n *next) { n.inc = hex.EncodeToString(b) })
+	inc := hex.EncodeToString(b)
+	if err := s.commit(func(n *next) { n.inc = inc }); err != nil {
+		// not persisted (WriteFailure says why): kept in memory, written with the next change
+		s.mu.Lock()
+		s.inc = inc
+		s.mu.Unlock()
+	}
+	return nil
 }
 
 // next is the set a write is about to persist.
@@ -188,7 +268,14 @@ func (s *Store) commit(apply func(*next)) error {
 	if s.writing != nil {
 		s.writing()
 	}
-	err := save(s.path, n)
+	var err error
+	if s.fault != nil {
+		err = s.fault()
+	}
+	if err == nil {
+		err = save(s.path, n)
+	}
+	s.noteWrite(err)
 	if err == nil {
 		s.mu.Lock()
 		s.m, s.pools, s.inc = n.m, n.pools, n.inc
@@ -277,35 +364,63 @@ func save(path string, n next) error {
 	sort.Slice(f.Mappings, func(i, j int) bool { return f.Mappings[i].Key.String() < f.Mappings[j].Key.String() })
 	data, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {
-		return err
+		return fmt.Errorf("cannot write the state file %s: %w", path, err)
 	}
+	if err := replace(path, append(data, '\n')); err != nil {
+		return fmt.Errorf("cannot write the state file %s: %w", path, err)
+	}
+	return nil
+}
+
+// replace makes data path's content durably: a temporary file beside it, fsynced, renamed
+// over it, and the directory fsynced. A failure leaves path as it was and no temporary file.
+// Its errors name the step, not the paths (the caller names the file once).
+func replace(path string, data []byte) (err error) {
 	tmp := path + ".tmp"
 	fh, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
-		return fmt.Errorf("state: %w", err)
+		return fmt.Errorf("create %s: %w", filepath.Base(tmp), bare(err))
 	}
-	if _, err := fh.Write(append(data, '\n')); err != nil {
-		fh.Close()
-		return fmt.Errorf("state: write %s: %w", tmp, err)
+	defer func() {
+		if err != nil {
+			fh.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if _, err := fh.Write(data); err != nil {
+		return bare(err)
 	}
 	if err := fh.Sync(); err != nil {
-		fh.Close()
-		return fmt.Errorf("state: sync %s: %w", tmp, err)
+		return fmt.Errorf("fsync: %w", bare(err))
 	}
 	if err := fh.Close(); err != nil {
-		return fmt.Errorf("state: %w", err)
+		return bare(err)
 	}
 	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("state: %w", err)
+		return fmt.Errorf("rename: %w", bare(err))
 	}
 	// the rename is durable only once the directory is synced
 	d, err := os.Open(filepath.Dir(path))
 	if err != nil {
-		return fmt.Errorf("state: sync %s: %w", filepath.Dir(path), err)
+		return fmt.Errorf("open its directory to fsync it: %w", bare(err))
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {
-		return fmt.Errorf("state: sync %s: %w", filepath.Dir(path), err)
+		return fmt.Errorf("fsync its directory: %w", bare(err))
 	}
 	return nil
+}
+
+// bare drops the operation and paths an *os.PathError or *os.LinkError repeats, keeping the errno (errors.Is
+// still finds it): "no space left on device", not "write /x.tmp: no space left on device".
+func bare(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	var le *os.LinkError
+	if errors.As(err, &le) {
+		return le.Err
+	}
+	return err
 }

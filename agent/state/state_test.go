@@ -42,13 +42,124 @@ func TestPersistsAcrossOpen(t *testing.T) {
 	}
 }
 
-func TestCorruptFileIsAClearError(t *testing.T) {
+// TestUnusableFileIsSetAside: a state file cut short, not JSON, or of another format does not
+// stop the agent: it is kept as mappings.json.corrupt-<time> and the store starts empty, with a
+// new incarnation written to a fresh file.
+func TestUnusableFileIsSetAside(t *testing.T) {
+	for _, tc := range []struct{ name, content, reason string }{
+		{"truncated", `{"format": 1, "mappings": [{"cluster": "c", "pool": "rbd", "ima`, "not valid JSON (63 bytes): unexpected end of JSON input"},
+		{"empty", ``, "not valid JSON (0 bytes): unexpected end of JSON input"},
+		{"garbage", "\x00\x00\x00", "not valid JSON (3 bytes): invalid character"},
+		{"newer format", `{"format": 2, "mappings": []}`, "format 2, this agent reads format 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "mappings.json")
+			if err := os.WriteFile(path, []byte(tc.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			s, err := Open(dir)
+			if err != nil {
+				t.Fatalf("Open refused an unusable state file: %v", err)
+			}
+			sa := s.SetAside()
+			if sa == nil || sa.Path != path || !strings.Contains(sa.Reason.Error(), tc.reason) {
+				t.Fatalf("SetAside = %+v, want the reason %q", sa, tc.reason)
+			}
+			if !strings.HasPrefix(filepath.Base(sa.KeptAs), "mappings.json.corrupt-") {
+				t.Fatalf("kept as %q", sa.KeptAs)
+			}
+			if kept, err := os.ReadFile(sa.KeptAs); err != nil || string(kept) != tc.content {
+				t.Fatalf("the kept file holds %q (%v), want the original %q", kept, err, tc.content)
+			}
+			if len(s.All()) != 0 || s.Incarnation() == "" {
+				t.Fatalf("want an empty store with an incarnation: %+v %q", s.All(), s.Incarnation())
+			}
+			again, err := Open(dir)
+			if err != nil || again.SetAside() != nil || again.Incarnation() != s.Incarnation() {
+				t.Fatalf("the fresh file does not reopen cleanly: %v %+v %q", err, again.SetAside(), again.Incarnation())
+			}
+		})
+	}
+}
+
+// TestFailedWriteLeavesNoTemporaryFile: a write that fails after its temporary file was made
+// (here the rename: the state file's name is taken by a directory) removes it, and the error
+// names the state file once, then the cause.
+func TestFailedWriteLeavesNoTemporaryFile(t *testing.T) {
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "mappings.json"), []byte("{nope"), 0o600); err != nil {
+	s, err := Open(dir)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(dir); err == nil || !strings.Contains(err.Error(), "corrupt") {
-		t.Fatalf("want a corrupt-state error, got %v", err)
+	path := filepath.Join(dir, "mappings.json")
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(path, "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	err = s.Put(Mapping{Key: Key{Ref: image.Ref{Image: "x"}}})
+	if err == nil {
+		t.Fatal("a write whose rename fails succeeded")
+	}
+	if want := "cannot write the state file " + path + ": rename: "; !strings.HasPrefix(err.Error(), want) || strings.Count(err.Error(), path) != 1 {
+		t.Fatalf("error %q, want it to start %q and name the file once", err, want)
+	}
+	if _, err := os.Stat(path + ".tmp"); !os.IsNotExist(err) {
+		t.Fatalf("the temporary file is left behind: %v", err)
+	}
+	if werr, since := s.WriteFailure(); werr == nil || since.IsZero() {
+		t.Fatalf("WriteFailure = %v, %v", werr, since)
+	}
+	if err := os.RemoveAll(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(Mapping{Key: Key{Ref: image.Ref{Image: "x"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if werr, _ := s.WriteFailure(); werr != nil {
+		t.Fatalf("WriteFailure after a good write = %v", werr)
+	}
+}
+
+// TestStartsWhenTheFirstWriteFails: a full disk or a read-only state directory does not stop
+// Open: the incarnation lives in memory and is written with the first write that succeeds; a
+// temporary file left by a crash is removed.
+func TestStartsWhenTheFirstWriteFails(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "mappings.json")
+	if err := os.WriteFile(path+".tmp", []byte("{half"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path + ".tmp"); !os.IsNotExist(err) {
+		t.Fatalf("a crash's temporary file is left: %v", err)
+	}
+	dir = t.TempDir()
+	path = filepath.Join(dir, "mappings.json")
+	// the temporary file's name taken by a directory that cannot be removed: every write fails
+	if err := os.MkdirAll(filepath.Join(path+".tmp", "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatalf("Open with a failing first write: %v", err)
+	}
+	inc := s.Incarnation()
+	if werr, _ := s.WriteFailure(); inc == "" || werr == nil {
+		t.Fatalf("incarnation %q, WriteFailure %v", inc, werr)
+	}
+	if err := os.RemoveAll(path + ".tmp"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(Mapping{Key: Key{Ref: image.Ref{Image: "x"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := Open(dir); err != nil || again.Incarnation() != inc {
+		t.Fatalf("the incarnation was not written with the first good write: %q vs %q (%v)", again.Incarnation(), inc, err)
 	}
 }
 
