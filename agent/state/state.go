@@ -97,7 +97,7 @@ type Store struct {
 	m       map[Key]Mapping
 	pools   map[Pool]bool
 	inc     string
-	writing func() // when set (tests), called by a writer just before its disk write
+	writing func()       // when set (tests), called by a writer just before its disk write
 	fault   func() error // FailWrites (tests); guarded by wmu
 	aside   *SetAside    // the file Open could not use; set before the store is shared
 	werr    error        // the last write's error while writes fail; guarded by mu
