@@ -246,8 +246,10 @@ type Device struct {
 	// Managed is false for a device mapped behind the agent's back.
 	Managed bool   `json:"managed"`
 	Epoch   uint64 `json:"epoch,omitempty"`
-	// Problem explains what is wrong with this device's claim, if anything.
-	Problem string `json:"problem,omitempty"`
+	// Problem explains what is wrong with this device's claim, if anything, and ProblemSince
+	// says since when something has been.
+	Problem      string     `json:"problem,omitempty"`
+	ProblemSince *time.Time `json:"problem_since,omitempty"`
 	// FencedUntil is set on a device mapped outside rbd-owner that the agent fenced.
 	FencedUntil *time.Time `json:"fenced_until,omitempty"`
 }
@@ -257,8 +259,11 @@ type ClusterStatus struct {
 	ID        string `json:"id"`
 	FSID      string `json:"fsid,omitempty"`
 	Connected bool   `json:"connected"`
-	NodeAddr  string `json:"node_addr,omitempty"`
-	Error     string `json:"error,omitempty"`
+	// Connecting: not connected yet, and the attempt under way has not failed (just after the
+	// agent started, or while it reconnects).
+	Connecting bool   `json:"connecting,omitempty"`
+	NodeAddr   string `json:"node_addr,omitempty"`
+	Error      string `json:"error,omitempty"`
 	// LivenessWriteAge is how long this node's liveness record went unwritten in the stalest
 	// pool of the cluster where it holds claims (the metric rbd_owner_liveness_write_age_seconds);
 	// absent when it holds none there.
@@ -272,7 +277,10 @@ type Status struct {
 	Clusters   []ClusterStatus `json:"clusters"`
 	Devices    []Device        `json:"devices"`
 	ClaimsHeld int             `json:"claims_held"`
-	Problems   []string        `json:"problems"`
+	// Problems are every current problem, one line each, ending "(since <time>)": those of
+	// devices, of claims without a device, and of the node (its state file, clock skews).
+	// Each goes away when its cause does.
+	Problems []string `json:"problems"`
 }
 
 // Error codes, each with its HTTP status.

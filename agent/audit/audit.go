@@ -26,6 +26,7 @@ const (
 	DeviceLost      = "device_lost"
 	UnmanagedDevice = "unmanaged_device"
 	Denied          = "denied"
+	StateRebuilt    = "state_rebuilt"
 )
 
 // Results (RESULT).

@@ -237,9 +237,11 @@ func (s *Store) leases(ctx context.Context, img Image, cur *Record, recordVer ui
 		lease = max(lease, s.cfg.Lease)
 		v := s.obs.Look(Sighting{Place: poolNS(img), Image: img.Image, Node: h.NodeID, Hold: holdOf(h), Mark: mark}, s.cfg.Mono(), lease)
 		if v.Changed && hb != nil && s.cfg.OnSkew != nil {
-			if skew := hb.RenewedAt.Sub(s.cfg.Now()); skew > time.Second || -skew > lease/3 {
-				s.cfg.OnSkew(h.NodeID, skew)
+			skew := hb.RenewedAt.Sub(s.cfg.Now())
+			if skew <= time.Second && -skew <= lease/3 {
+				skew = 0 // within bounds: whatever skew was reported before is gone
 			}
+			s.cfg.OnSkew(h.NodeID, skew)
 		}
 		out[h.NodeID] = v
 	}

@@ -101,8 +101,15 @@ func TestLeaseIgnoresClockSkew(t *testing.T) {
 				if len(skews) == 0 || skews[0].node != "node-a" || (skews[0].by > 0) != (skew < 0) {
 					t.Errorf("skew %s not reported as it should be: %+v", skew, skews)
 				}
-			} else if len(skews) != 0 {
-				t.Errorf("skew %s reported: %+v", skew, skews)
+			} else {
+				if len(skews) == 0 {
+					t.Errorf("skew %s: no heartbeat heard (a skew in bounds is heard as 0, ending an earlier report)", skew)
+				}
+				for _, s := range skews {
+					if s.by != 0 { // 0: heard, and within bounds
+						t.Errorf("skew %s reported: %+v", skew, skews)
+					}
+				}
 			}
 			// node-a dies: node-b's look now, a lease of silence on node-b's clock, then it may
 			_, err := takeover(b, img)

@@ -50,8 +50,10 @@ type Config struct {
 	// Mono is this process's monotonic clock, the only clock a lease is judged on (tests give
 	// each node its own); default: the time since the store was made.
 	Mono func() time.Duration
-	// OnSkew, when set, hears of a holder whose heartbeat, just seen to change, carries a
-	// timestamp ahead of this node's wall clock, or behind it by more than a third of the lease.
+	// OnSkew, when set, hears of every holder's heartbeat just seen to change: skew is how far
+	// its timestamp is ahead of this node's wall clock, or behind it, when that is more than a
+	// second ahead or a third of the lease behind; 0 when within those bounds (a skew reported
+	// before is gone).
 	OnSkew func(node string, skew time.Duration)
 }
 

@@ -93,19 +93,23 @@ type Daemon struct {
 	locks keyedLocks
 
 	mu       sync.Mutex
-	problems map[state.Key]string // claims that cannot be renewed, devices that cannot be explained
-	lost     map[state.Key]bool   // claims this node knows it no longer holds (device kept)
+	problems map[state.Key]problem // claims that cannot be renewed, devices that cannot be explained
+	lost     map[state.Key]bool    // claims this node knows it no longer holds (device kept)
 	// selfFenced: when this node last re-blocklisted its own lost mapping
-	selfFenced   map[state.Key]time.Time
-	kept         map[string]keptFences   // the live fences of each claim this node keeps, as last seen (fences.go)
-	unmanaged    map[int]unmanagedDevice // devices mapped behind the agent's back, and their verdicts
-	skews        map[string]skew         // other nodes whose clocks are off, by "cluster/node"
-	beats        map[string]time.Time    // when each loop last beat (see loops.go)
-	watches      takeoverWatches         // images waiting to be taken over (watch.go)
-	renewed      atomic.Int64            // successful heartbeats (tests)
-	heartbeatErr sync.Map                // "cluster/pool/ns" → true while its heartbeat fails
-	beatEvery    time.Duration           // how often an idle loop beats (set by Run)
-	notifyOff    bool                    // sd_notify said there is no notify socket (logged once)
+	selfFenced map[state.Key]time.Time
+	kept       map[string]keptFences   // the live fences of each claim this node keeps, as last seen (fences.go)
+	unmanaged  map[int]unmanagedDevice // devices mapped behind the agent's back, and their verdicts
+	skews      map[string]skew         // other nodes whose clocks are off, by "cluster/node"
+	beats      map[string]time.Time    // when each loop last beat (see loops.go)
+	watches    takeoverWatches         // images waiting to be taken over (watch.go)
+	renewed    atomic.Int64            // successful heartbeats (tests)
+	judging    atomic.Int64            // judgements of devices under way off the executor (judgeAtOnce)
+	// rebootedBefore: the node rebooted after the state was last written, and before this
+	// time (when the agent started); zero when it did not (or nothing says so)
+	rebootedBefore time.Time
+	heartbeatErr   sync.Map      // "cluster/pool/ns" → true while its heartbeat fails
+	beatEvery      time.Duration // how often an idle loop beats (set by Run)
+	notifyOff      bool          // sd_notify said there is no notify socket (logged once)
 
 	ops *executor
 
@@ -139,17 +143,23 @@ func New(opts Options) (*Daemon, error) {
 	if opts.BootID == "" {
 		opts.BootID = readBootID()
 	}
-	st, err := state.Open(opts.Config.StateDir)
+	st, err := state.OpenAt(opts.Config.StateDir, opts.BootID)
 	if err != nil {
 		return nil, err
 	}
 	d := &Daemon{
 		opts: opts, cfg: opts.Config, log: opts.Log, audit: opts.Audit, kernel: opts.Kernel, state: st,
 		addrs: nodeaddr.New(), clusters: map[string]*cluster{},
-		beats: map[string]time.Time{}, problems: map[state.Key]string{}, lost: map[state.Key]bool{}, selfFenced: map[state.Key]time.Time{}, kept: map[string]keptFences{}, unmanaged: map[int]unmanagedDevice{}, skews: map[string]skew{},
+		beats: map[string]time.Time{}, problems: map[state.Key]problem{}, lost: map[state.Key]bool{}, selfFenced: map[state.Key]time.Time{}, kept: map[string]keptFences{}, unmanaged: map[int]unmanagedDevice{}, skews: map[string]skew{},
+	}
+	// the node rebooted since the state was last written: its devices went with the boot
+	d.rebootedBefore = time.Time{}
+	if prior := st.PriorBoot(); prior != "" && prior != opts.BootID {
+		d.rebootedBefore = time.Now()
 	}
 	d.ops = newExecutor(d)
 	d.metrics = d.newMetrics()
+	d.watchState()
 	if opts.Peers != nil {
 		d.peers = *opts.Peers
 	} else {
@@ -191,6 +201,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := d.serveMetrics(ctx); err != nil {
 		return err
 	}
+	// connecting starts first: no device found at recovery is judged before its claim is read
+	d.connectAll(ctx)
 	d.recover(ctx)
 
 	l, lcsi, err := d.listeners()
@@ -219,7 +231,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 			d.log.WithError(err).Warn("route changes are not followed; node address is looked up once")
 		}
 	}()
-	d.connectAll(ctx)
 	d.notify("READY=1\n" + d.statusLine())
 	d.log.WithField("socket", d.cfg.Socket).WithField("node", d.cfg.NodeID).Info("rbd-owner agent ready")
 	wd := d.watchdogInterval()
@@ -268,15 +279,32 @@ func (d *Daemon) watchConfig() devwatch.Config {
 	return devwatch.Config{Client: d.kernel, Resync: d.cfg.RenewInterval.D(), Logger: d.log}
 }
 
+// problem is what is wrong with one image's mapping or claim, and since when something has
+// been (the message may change while the trouble lasts; since is when it began).
+type problem struct {
+	msg   string
+	since time.Time
+}
+
+// setProblem records what is wrong with k, or ("") that nothing is any more.
 func (d *Daemon) setProblem(k state.Key, p string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if p == "" {
 		delete(d.problems, k)
 		delete(d.lost, k)
-	} else {
-		d.problems[k] = p
+		return
 	}
+	d.noteProblemLocked(k, p)
+}
+
+// noteProblemLocked sets k's problem to p, keeping since while one was already there.
+func (d *Daemon) noteProblemLocked(k state.Key, p string) {
+	old, had := d.problems[k]
+	if !had {
+		old.since = time.Now()
+	}
+	d.problems[k] = problem{msg: p, since: old.since}
 }
 
 // setLost records that this node's claim on k is gone (fenced or taken over).
@@ -286,7 +314,7 @@ func (d *Daemon) setLost(k state.Key, why string) {
 	if !d.lost[k] {
 		d.metrics.ClaimLost(k.Cluster)
 	}
-	d.problems[k] = why
+	d.noteProblemLocked(k, why)
 	d.lost[k] = true
 }
 
@@ -299,5 +327,17 @@ func (d *Daemon) isLost(k state.Key) bool {
 func (d *Daemon) problem(k state.Key) string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.problems[k]
+	return d.problems[k].msg
+}
+
+// problemSince is when k's problem began (zero when it has none).
+func (d *Daemon) problemSince(k state.Key) time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.problems[k].since
+}
+
+// sinceText is how a problem says since when it has held, in the cluster-neutral UTC.
+func sinceText(t time.Time) string {
+	return " (since " + t.UTC().Format(time.RFC3339) + ")"
 }

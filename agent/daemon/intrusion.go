@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -24,11 +25,20 @@ type unmanagedDevice struct {
 	why     string
 	// fencedAt is when this agent last blocklisted its client; fencedUntil when that ends.
 	fencedAt, fencedUntil time.Time
+	// pending: not judged yet, because its claim has not been read (its cluster is not
+	// connected yet, or did not answer): nothing is said about it but that, least of all
+	// advice to unmap it, which may be a healthy mapping this agent will adopt back.
+	pending  bool
+	inflight bool // a judgement of a pending device is under way (judgeAtOnce)
+	// since is when this device was first noted (kept while it stays noted).
+	since time.Time
 }
 
 // problem is the device's line in status.
 func (u unmanagedDevice) problem() string {
 	switch {
+	case u.pending:
+		return "not checked yet: mapped outside this agent's records, and its claim has not been read (" + u.why + "); the agent checks it once it can"
 	case u.verdict == claim.FenceIntruder && !u.fencedAt.IsZero():
 		return fmt.Sprintf("mapped outside rbd-owner and FENCED (client %s blocklisted until %s): %s; unmap it, then `rbd-owner unfence %s`",
 			u.dev.ClientAddr, u.fencedUntil.UTC().Format(time.RFC3339), u.why, u.dev.Spec().Head())
@@ -42,8 +52,11 @@ func (u unmanagedDevice) problem() string {
 // node holds its image: nothing queues it behind other images' work, and no backoff delays it.
 func (d *Daemon) judgeAtOnce(ctx context.Context, dv krbd.Device) {
 	d.bg.Add(1)
+	d.judging.Add(1)
 	go func() {
 		defer d.bg.Done()
+		defer d.judging.Add(-1)
+		defer d.judged(dv)
 		if err := d.judgeUnmanaged(ctx, dv, true); err != nil {
 			// the reconciler judges it again
 			d.log.WithError(err).WithField("device", dv.DevNode).Error("judging a device mapped outside rbd-owner failed; retrying at the next reconciliation")
@@ -56,7 +69,15 @@ func (d *Daemon) judgeAtOnce(ctx context.Context, dv krbd.Device) {
 func (d *Daemon) judgeLater(ctx context.Context, dv krbd.Device) {
 	cl := d.clusterOfDevice(dv)
 	if cl == nil {
-		d.noteUnmanaged(unmanagedDevice{dev: dv, why: "its cluster (fsid " + orNone(dv.ClusterFSID) + ") is not a connected configured cluster"})
+		if waiting := d.unconnected(); len(waiting) > 0 {
+			// its cluster may be one not connected yet: judged once connected (judgeAtOnce
+			// connects first), never before its claim is read; one attempt at a time
+			if d.notePending(dv, "cluster "+strings.Join(waiting, ", ")+" not connected yet") {
+				d.judgeAtOnce(ctx, dv)
+			}
+			return
+		}
+		d.noteUnmanaged(unmanagedDevice{dev: dv, why: "its cluster (fsid " + orNone(dv.ClusterFSID) + ") is none of the configured clusters"})
 		return
 	}
 	key := state.Key{Cluster: cl.cfg.ID, Ref: dv.Spec()}
@@ -100,7 +121,11 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 		cancel()
 	}
 	if cl == nil {
-		d.noteUnmanaged(unmanagedDevice{dev: dv, why: "its cluster (fsid " + orNone(dv.ClusterFSID) + ") is not a connected configured cluster"})
+		if waiting := d.unconnected(); len(waiting) > 0 {
+			d.notePending(dv, "cluster "+strings.Join(waiting, ", ")+" not connected")
+			return nil // the reconciler tries again
+		}
+		d.noteUnmanaged(unmanagedDevice{dev: dv, why: "its cluster (fsid " + orNone(dv.ClusterFSID) + ") is none of the configured clusters"})
 		return nil
 	}
 	key := state.Key{Cluster: cl.cfg.ID, Ref: dv.Spec()}
@@ -144,14 +169,14 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 	}
 	store, err := cl.claims(ctx)
 	if err != nil {
-		d.noteUnmanaged(unmanagedDevice{dev: dv, cluster: cl.cfg.ID, why: "its claim could not be read: " + err.Error()})
+		d.notePending(dv, err.Error())
 		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*cephconn.DefaultTimeout)
 	defer cancel()
 	res, err := store.Unmanaged(cctx, u, claim.UnmanagedPolicy(d.cfg.Unmanaged))
 	if err != nil && (res == nil || res.Intruder == nil) {
-		d.noteUnmanaged(unmanagedDevice{dev: dv, cluster: cl.cfg.ID, why: "its claim could not be judged: " + err.Error()})
+		d.notePending(dv, "reading its claim failed: "+err.Error())
 		return err
 	}
 	entry := unmanagedDevice{dev: dv, cluster: cl.cfg.ID, verdict: res.Action, why: res.Why}
@@ -240,15 +265,63 @@ func (d *Daemon) unmanagedOf(dv krbd.Device) (unmanagedDevice, bool) {
 func (d *Daemon) noteUnmanaged(u unmanagedDevice) {
 	d.mu.Lock()
 	old, seen := d.unmanaged[u.dev.ID]
+	seen = seen && old.dev.ClientAddr == u.dev.ClientAddr
+	u.since = time.Now()
+	if seen {
+		u.since = old.since
+	}
 	d.unmanaged[u.dev.ID] = u
 	d.mu.Unlock()
-	if u.verdict != claim.Report || (seen && old.dev.ClientAddr == u.dev.ClientAddr && old.why == u.why) {
+	if u.pending || u.verdict != claim.Report || (seen && !old.pending && old.why == u.why) {
 		return // fences and adoptions are audited where they happen; a report once
 	}
 	d.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.Reported, Cluster: u.cluster, Pool: u.dev.Pool,
 		Namespace: u.dev.Namespace, Image: u.dev.Image, Device: u.dev.DevNode, OwnerNode: u.owner, Warning: true,
 		Message: fmt.Sprintf("%s maps %s but was not mapped by rbd-owner: no claim protects it (%s); unmap it and map through rbd-owner",
 			u.dev.DevNode, u.dev.Spec(), orNone(u.why))})
+}
+
+// notePending notes a device whose claim has not been read yet, and why (a judgement already
+// made stands meanwhile). It says whether to start a judgement: not while one is in flight.
+func (d *Daemon) notePending(dv krbd.Device, why string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	old, seen := d.unmanaged[dv.ID]
+	seen = seen && old.dev.ClientAddr == dv.ClientAddr
+	if seen && !old.pending {
+		return false // judged before: that stands until its cluster answers again
+	}
+	if seen && old.inflight {
+		return false
+	}
+	u := unmanagedDevice{dev: dv, pending: true, why: why, inflight: true, since: time.Now()}
+	if seen {
+		u.since = old.since
+	}
+	d.unmanaged[dv.ID] = u
+	return true
+}
+
+// judged ends the judgement in flight of a device (notePending).
+func (d *Daemon) judged(dv krbd.Device) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if u, ok := d.unmanaged[dv.ID]; ok && u.dev.ClientAddr == dv.ClientAddr {
+		u.inflight = false
+		d.unmanaged[dv.ID] = u
+	}
+}
+
+// unconnected names the configured clusters not connected now, sorted.
+func (d *Daemon) unconnected() []string {
+	var out []string
+	for id, c := range d.clusters {
+		if _, _, ok := c.connected(); !ok {
+			out = append(out, id)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 func (d *Daemon) forgetUnmanaged(id int) {

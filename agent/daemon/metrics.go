@@ -50,6 +50,9 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 		lost[k] = v
 	}
 	for _, u := range d.unmanaged {
+		if u.pending {
+			continue // not judged yet
+		}
 		v := metrics.VerdictReported
 		if u.verdict == claim.FenceIntruder {
 			v = metrics.VerdictFenced

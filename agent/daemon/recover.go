@@ -40,6 +40,7 @@ func (d *Daemon) recover(ctx context.Context) {
 	case <-time.After(d.cfg.RenewInterval.D()):
 		d.log.Warn("recovery: lease renewals still wait for a cluster; going on in the background")
 	}
+	d.reportRebuild()
 	d.metrics.Recovered(time.Since(start))
 	d.mu.Lock()
 	problems, unmanaged := len(d.problems), len(d.unmanaged)
@@ -258,10 +259,18 @@ func (d *Daemon) dropState(m state.Mapping) {
 // released (no device, no claim) and device_lost is audited.
 func (d *Daemon) deviceGone(ctx context.Context, m state.Mapping, how string) error {
 	cl := d.clusters[m.Cluster]
-	d.metrics.DeviceLost(m.Cluster)
-	d.audit.Record(audit.Entry{Event: audit.DeviceLost, Result: audit.OK, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace,
-		Image: m.Image, Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, Error: true,
-		Message: fmt.Sprintf("%s (%s) was unmapped outside rbd-owner (%s); releasing its claim", m.Device, m.Key, how)})
+	e := audit.Entry{Event: audit.DeviceLost, Result: audit.OK, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace,
+		Image: m.Image, Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID}
+	if !d.rebootedBefore.IsZero() && m.UpdatedAt.Before(d.rebootedBefore) {
+		// a reboot removes every krbd device: nothing was done behind the agent's back
+		e.Warning = true
+		e.Message = fmt.Sprintf("%s (%s) is gone: this node rebooted since it was mapped; releasing its claim", m.Device, m.Key)
+	} else {
+		d.metrics.DeviceLost(m.Cluster)
+		e.Error = true
+		e.Message = fmt.Sprintf("%s (%s) was unmapped outside rbd-owner (%s); releasing its claim", m.Device, m.Key, how)
+	}
+	d.audit.Record(e)
 	if m.Claimed && cl != nil {
 		if err := d.release(ctx, cl, m); err != nil {
 			d.setProblem(m.Key, "device lost; claim release failed, will retry: "+err.Error())

@@ -528,10 +528,13 @@ func (d *Daemon) Status() api.Status {
 			cs.LivenessWriteAge = new(age.Seconds())
 		}
 		c.mu.Lock()
-		if c.store != nil {
+		switch {
+		case c.store != nil:
 			cs.Connected, cs.FSID = true, c.store.FSID()
-		} else if c.lastErr != nil {
+		case c.lastErr != nil:
 			cs.Error = c.lastErr.Error()
+		default: // not tried yet, or the first attempt is under way
+			cs.Connecting = true
 		}
 		c.mu.Unlock()
 		var err error
@@ -552,15 +555,23 @@ func (d *Daemon) Status() api.Status {
 		if m.Phase != state.Mapped {
 			continue
 		}
-		st.Devices = append(st.Devices, api.Device{Device: m.Device, Link: linkOf(m.Ref, m.FSID), Cluster: m.Cluster, FSID: m.FSID,
+		ad := api.Device{Device: m.Device, Link: linkOf(m.Ref, m.FSID), Cluster: m.Cluster, FSID: m.FSID,
 			Pool: m.Pool, Namespace: m.Namespace, Image: m.Image, Snapshot: m.Snap, ClientAddr: m.ClientAddr, Managed: true,
-			Epoch: m.Epoch, Problem: d.problem(m.Key)})
+			Epoch: m.Epoch, Problem: d.problem(m.Key)}
+		if since := d.problemSince(m.Key); ad.Problem != "" && !since.IsZero() {
+			ad.ProblemSince = &since
+		}
+		st.Devices = append(st.Devices, ad)
 	}
 	d.mu.Lock()
 	for _, u := range d.unmanaged {
 		dv := u.dev
 		ad := api.Device{Device: dv.DevNode, Cluster: u.cluster, FSID: dv.ClusterFSID, Pool: dv.Pool, Namespace: dv.Namespace,
 			Image: dv.Image, Snapshot: dv.Snap, ClientAddr: dv.ClientAddr, Problem: u.problem()}
+		if !u.since.IsZero() {
+			since := u.since
+			ad.ProblemSince = &since
+		}
 		if u.verdict == claim.FenceIntruder && !u.fencedAt.IsZero() {
 			until := u.fencedUntil
 			ad.FencedUntil = &until
@@ -568,13 +579,20 @@ func (d *Daemon) Status() api.Status {
 		st.Devices = append(st.Devices, ad)
 	}
 	for k, p := range d.problems {
-		st.Problems = append(st.Problems, k.String()+": "+p)
+		st.Problems = append(st.Problems, k.String()+": "+p.msg+sinceText(p.since))
 	}
 	d.mu.Unlock()
 	for _, dv := range st.Devices {
 		if !dv.Managed {
-			st.Problems = append(st.Problems, dv.Device+": "+dv.Problem)
+			line := dv.Device + ": " + dv.Problem
+			if dv.ProblemSince != nil {
+				line += sinceText(*dv.ProblemSince)
+			}
+			st.Problems = append(st.Problems, line)
 		}
+	}
+	if err, since := d.state.WriteFailure(); err != nil {
+		st.Problems = append(st.Problems, d.stateWriteProblem(err)+sinceText(since))
 	}
 	st.Problems = append(st.Problems, d.skewProblems()...)
 	sort.Strings(st.Problems)

@@ -78,13 +78,21 @@ func startMemDaemon(t *testing.T, clusters ...*memCluster) *memDaemon {
 // startMemDaemonWith is startMemDaemon with a change to the options (and config) first.
 func startMemDaemonWith(t *testing.T, change func(*Options), clusters ...*memCluster) *memDaemon {
 	t.Helper()
-	fsid := clusters[0].m.FSID()
-	k, err := fakekernel.New(t.TempDir(), fakekernel.Options{FSID: fsid})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := k.AddUser("u", memSecret); err != nil {
-		t.Fatal(err)
+	return startMemDaemonOn(t, nil, change, clusters...)
+}
+
+// startMemDaemonOn is startMemDaemonWith on the fake kernel k (nil: a new one), as an agent
+// restarted on the same node.
+func startMemDaemonOn(t *testing.T, k *fakekernel.Kernel, change func(*Options), clusters ...*memCluster) *memDaemon {
+	t.Helper()
+	if k == nil {
+		var err error
+		if k, err = fakekernel.New(t.TempDir(), fakekernel.Options{FSID: clusters[0].m.FSID()}); err != nil {
+			t.Fatal(err)
+		}
+		if err := k.AddUser("u", memSecret); err != nil {
+			t.Fatal(err)
+		}
 	}
 	byID := map[string]*memCluster{}
 	var ccfg []config.Cluster

@@ -136,6 +136,9 @@ type Metrics struct {
 	devicesLost              *prometheus.CounterVec
 	fenceRenewals            *prometheus.CounterVec
 	recovery                 prometheus.Gauge
+	stateSetAside            prometheus.Counter
+	stateWriteFailures       prometheus.Counter
+	stateRebuilt             *prometheus.GaugeVec
 
 	mu        sync.Mutex
 	lastWrite map[[2]string]time.Time // cluster, place → last successful liveness write
@@ -178,6 +181,12 @@ func New(o Options) *Metrics {
 	m.fenceRenewals = counter("fence_renewals_total", "Re-blocklistings of live fences (claims' fences and intruders whose mappings may still exist) before they expire, by result: ok, or the error code.", labelCluster, labelResult)
 	m.recovery = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "recovery_duration_seconds",
 		Help: "How long the recovery at the agent's start took."})
+	m.stateSetAside = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "state_set_aside_total",
+		Help: "State files the agent could not use at start (cut short, not JSON, another format), kept as mappings.json.corrupt-<time>; the agent then rebuilt its state from the kernel and the clusters."})
+	m.stateWriteFailures = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "state_write_failures_total",
+		Help: "Writes of the state file that failed (a full disk, a read-only file system); maps are refused while they fail."})
+	m.stateRebuilt = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "state_rebuilt_devices",
+		Help: "After a state file was set aside at start: the rbd devices found in the kernel, by outcome: adopted (back under the agent, its claim names it), not_adopted (reported, fenced, or not checked yet)."}, []string{"outcome"})
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "build_info", Help: "The agent's version; always 1.",
 		ConstLabels: prometheus.Labels{labelVersion: o.Version, labelGo: runtime.Version()}})
 	build.Set(1)
@@ -190,6 +199,7 @@ func New(o Options) *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.mapSeconds, m.unmapSeconds, m.maps, m.unmaps, m.refusals, m.takeovers, m.fences, m.intruders, m.adoptions,
 		m.liveness, m.claimsLost, m.devicesLost, m.fenceRenewals, m.recovery, build, lease, renew,
+		m.stateSetAside, m.stateWriteFailures, m.stateRebuilt,
 		stateCollector{m},
 	)
 	for _, c := range o.Clusters {
@@ -323,6 +333,32 @@ func (m *Metrics) FenceRenewed(cluster string, err error) {
 		return
 	}
 	m.fenceRenewals.WithLabelValues(cl(cluster), Result(err)).Inc()
+}
+
+// StateSetAside records a state file set aside at start.
+func (m *Metrics) StateSetAside() {
+	if m == nil {
+		return
+	}
+	m.stateSetAside.Inc()
+}
+
+// StateWriteFailed records a failed write of the state file.
+func (m *Metrics) StateWriteFailed() {
+	if m == nil {
+		return
+	}
+	m.stateWriteFailures.Inc()
+}
+
+// StateRebuilt records what the rebuild after a set-aside state found: devices adopted back,
+// and devices not adopted.
+func (m *Metrics) StateRebuilt(adopted, notAdopted int) {
+	if m == nil {
+		return
+	}
+	m.stateRebuilt.WithLabelValues("adopted").Set(float64(adopted))
+	m.stateRebuilt.WithLabelValues("not_adopted").Set(float64(notAdopted))
 }
 
 // Recovered records how long the recovery at start took.

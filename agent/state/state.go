@@ -75,6 +75,9 @@ type file struct {
 	ClaimPools []Pool `json:"claim_pools,omitempty"`
 	// Incarnation names this state: a node whose state is lost comes back with a new one.
 	Incarnation string `json:"incarnation,omitempty"`
+	// BootID is the kernel's boot id when the file was written: another one at start means
+	// the node rebooted since, which took every device with it.
+	BootID string `json:"boot_id,omitempty"`
 }
 
 // Pool is one pool of one cluster.
@@ -100,8 +103,12 @@ type Store struct {
 	writing func()       // when set (tests), called by a writer just before its disk write
 	fault   func() error // FailWrites (tests); guarded by wmu
 	aside   *SetAside    // the file Open could not use; set before the store is shared
-	werr    error        // the last write's error while writes fail; guarded by mu
-	wsince  time.Time    // when writes started failing; guarded by mu
+	boot    string       // the boot id written with every write
+	// priorBoot is the boot id the file had at Open ("" when none was recorded)
+	priorBoot string
+	onFail    func(error) // OnWriteFailure; guarded by mu
+	werr      error       // the last write's error while writes fail; guarded by mu
+	wsince    time.Time   // when writes started failing; guarded by mu
 }
 
 // change is one writer's change, and where it learns its write's result.
@@ -130,13 +137,17 @@ type SetAside struct {
 	Reason error
 }
 
-// Open loads dir/mappings.json (creating dir when needed). A file that cannot be used does not
+// Open is OpenAt with no boot id.
+func Open(dir string) (*Store, error) { return OpenAt(dir, "") }
+
+// OpenAt loads dir/mappings.json (creating dir when needed); bootID is the kernel's boot id,
+// written with every write (PriorBoot is the one the file had). A file that cannot be used does not
 // stop it: it is renamed to mappings.json.corrupt-<UTC time> and the store starts empty
 // (SetAside says so). Nor does a first write that fails (a full disk, a read-only file system):
 // the store works in memory and says so in WriteFailure until a write succeeds. Open fails only
 // when it cannot make the incarnation's random name.
-func Open(dir string) (*Store, error) {
-	s := &Store{path: filepath.Join(dir, "mappings.json"), m: map[Key]Mapping{}, pools: map[Pool]bool{}}
+func OpenAt(dir, bootID string) (*Store, error) {
+	s := &Store{path: filepath.Join(dir, "mappings.json"), m: map[Key]Mapping{}, pools: map[Pool]bool{}, boot: bootID}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		s.noteWrite(fmt.Errorf("create state directory: %w", err))
 	}
@@ -162,6 +173,7 @@ func Open(dir string) (*Store, error) {
 		s.setAside(fmt.Errorf("format %d, this agent reads format 1", f.Format))
 		return s, s.newIncarnation()
 	}
+	s.priorBoot = f.BootID
 	for _, m := range f.Mappings {
 		s.m[m.Key] = m
 	}
@@ -186,6 +198,13 @@ func (s *Store) setAside(reason error) {
 	s.aside = sa
 }
 
+// PriorBoot is the kernel's boot id the state file was last written in, as found at Open (""
+// when it recorded none: a new or set-aside file, or one from an older agent).
+func (s *Store) PriorBoot() string { return s.priorBoot }
+
+// Path is the state file's path.
+func (s *Store) Path() string { return s.path }
+
 // SetAside returns the state file this store could not use at Open, or nil.
 func (s *Store) SetAside() *SetAside { return s.aside }
 
@@ -197,18 +216,29 @@ func (s *Store) WriteFailure() (error, time.Time) {
 	return s.werr, s.wsince
 }
 
-// FailWrites makes every write call f first and fail with its error, as a full disk or a
-// read-only file system would (tests; nil: writes go to disk again).
+// FailWrites makes every write call f first and fail with its error (an errno such as
+// syscall.ENOSPC), as a full disk or a read-only file system would (tests; nil: writes go to
+// disk again).
 func (s *Store) FailWrites(f func() error) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	s.fault = f
 }
 
+// OnWriteFailure makes f hear of every write that fails (to count and log it).
+func (s *Store) OnWriteFailure(f func(error)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onFail = f
+}
+
 // noteWrite records a write's result for WriteFailure.
 func (s *Store) noteWrite(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err != nil && s.onFail != nil {
+		defer s.onFail(err) // after the lock is released (deferred calls run last in, first out)
+	}
 	switch {
 	case err == nil:
 		s.werr, s.wsince = nil, time.Time{}
@@ -270,10 +300,12 @@ func (s *Store) commit(apply func(*next)) error {
 	}
 	var err error
 	if s.fault != nil {
-		err = s.fault()
+		if ferr := s.fault(); ferr != nil {
+			err = fmt.Errorf("cannot write the state file %s: %w", s.path, ferr)
+		}
 	}
 	if err == nil {
-		err = save(s.path, n)
+		err = save(s.path, s.boot, n)
 	}
 	s.noteWrite(err)
 	if err == nil {
@@ -349,9 +381,9 @@ func (s *Store) Delete(k Key) error {
 	return s.commit(func(n *next) { delete(n.m, k) })
 }
 
-// save writes n to path durably (temp file, fsync, rename, directory fsync).
-func save(path string, n next) error {
-	f := file{Format: 1, Mappings: make([]Mapping, 0, len(n.m)), Incarnation: n.inc}
+// save writes n (and the boot id) to path durably (temp file, fsync, rename, directory fsync).
+func save(path, bootID string, n next) error {
+	f := file{Format: 1, Mappings: make([]Mapping, 0, len(n.m)), Incarnation: n.inc, BootID: bootID}
 	for _, m := range n.m {
 		f.Mappings = append(f.Mappings, m)
 	}

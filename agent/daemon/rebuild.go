@@ -1,0 +1,85 @@
+package daemon
+
+import (
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/audit"
+	"github.com/rbd-owner/rbd-owner/agent/state"
+)
+
+// The agent's own state file going wrong: set aside when it cannot be used at start, and the
+// view rebuilt from the kernel and the clusters (as kubelet's volume manager reconstructs from
+// the mount table); writes that fail later. Neither stops the agent: its heartbeats, and with
+// them its leases, go on; only maps are refused while the state cannot be written.
+
+// watchState reports the state file's trouble: the file set aside at start, and every write
+// that fails from now on.
+func (d *Daemon) watchState() {
+	d.state.OnWriteFailure(func(err error) {
+		d.metrics.StateWriteFailed()
+		d.log.WithError(err).Error("the state file cannot be written; maps are refused until it can, leases are kept")
+	})
+	sa := d.state.SetAside()
+	if sa == nil {
+		return
+	}
+	d.metrics.StateSetAside()
+	d.log.WithField("kept_as", sa.KeptAs).WithError(sa.Reason).
+		Warn("the state file could not be used and is set aside; rebuilding this node's view from the kernel and the clusters")
+}
+
+// stateWriteProblem is status's line for a state file that cannot be written.
+func (d *Daemon) stateWriteProblem(err error) string {
+	return fmt.Sprintf("%v; maps are refused until it can be written (free space in %s, or make it writable); leases are kept",
+		err, filepath.Dir(d.state.Path()))
+}
+
+// reportRebuild says, once recovery is over, what the rebuild after a set-aside state found:
+// the devices adopted back (their claims name them), those not, and that this node's holds
+// without a device could not be checked (nothing lists a node's claims yet).
+func (d *Daemon) reportRebuild() {
+	sa := d.state.SetAside()
+	if sa == nil {
+		return
+	}
+	// the judgements of the devices recovery found run beside it: wait for them (bounded)
+	deadline := time.Now().Add(d.cfg.MapTimeout.D())
+	for d.judging.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	var adopted []string
+	for _, m := range d.state.All() {
+		if m.Phase == state.Mapped {
+			adopted = append(adopted, m.Device+" ("+m.Key.String()+")")
+		}
+	}
+	d.mu.Lock()
+	var others []string
+	for _, u := range d.unmanaged {
+		others = append(others, u.dev.DevNode+" ("+u.dev.Spec().String()+"): "+u.problem())
+	}
+	d.mu.Unlock()
+	sort.Strings(adopted)
+	sort.Strings(others)
+	d.metrics.StateRebuilt(len(adopted), len(others))
+	kept := "could not be kept aside"
+	if sa.KeptAs != "" {
+		kept = "is kept as " + sa.KeptAs
+	}
+	msg := fmt.Sprintf("state rebuilt: %s could not be used (%v) and %s; from the kernel and the clusters: %d rbd device(s) adopted back%s, %d not%s; "+
+		"claims of this node that have no device here could not be checked (nothing lists a node's claims yet): find them with `rbd-owner claims` and release those not in use with `rbd-owner release --force`",
+		sa.Path, sa.Reason, kept, len(adopted), listText(adopted), len(others), listText(others))
+	d.audit.Record(audit.Entry{Event: audit.StateRebuilt, Result: audit.OK, OwnerNode: d.cfg.NodeID, Warning: true, Message: msg})
+}
+
+// listText is ": a, b" or "".
+func listText(items []string) string {
+	if len(items) == 0 {
+		return ""
+	}
+	return ": " + strings.Join(items, ", ")
+}

@@ -1,0 +1,256 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/api"
+	"github.com/rbd-owner/rbd-owner/agent/audit"
+	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/image"
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
+	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/state"
+)
+
+// mappedOnce maps image on a first agent with its state in stateDir and stops that agent,
+// leaving the device mapped in its fake kernel (returned with the daemon, for a restart on it).
+func mappedOnce(t *testing.T, c *memCluster, stateDir, bootID, image string) (*memDaemon, *api.MapResponse) {
+	t.Helper()
+	a := startMemDaemonWith(t, func(o *Options) { o.Config.StateDir = stateDir; o.BootID = bootID }, c)
+	addImage(a, c, image) // the kernel and the cluster agree on the image's id
+	resp, err := a.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: image}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.stop(t)
+	return a, resp
+}
+
+// restarted starts an agent again on a's kernel with the state in stateDir, recording its audit.
+func restarted(t *testing.T, a *memDaemon, c *memCluster, stateDir, bootID string, change func(*Options)) (*memDaemon, *auditLog) {
+	t.Helper()
+	al := &auditLog{}
+	b := startMemDaemonOn(t, a.k, func(o *Options) {
+		o.Config.StateDir, o.BootID = stateDir, bootID
+		o.Audit = audit.NewWithSink(o.Log, al.sink)
+		if change != nil {
+			change(o)
+		}
+	}, c)
+	t.Cleanup(func() { b.stop(t) })
+	return b, al
+}
+
+// TestCorruptStateIsSetAsideAndRebuilt: an agent whose state file was cut short starts anyway,
+// keeps the bad file as mappings.json.corrupt-<time>, adopts its device back from the kernel
+// and the claim, says so at warning priority with a metric, and keeps renewing.
+func TestCorruptStateIsSetAsideAndRebuilt(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000031")
+	stateDir := t.TempDir()
+	a, resp := mappedOnce(t, c, stateDir, "boot-1", "img")
+	path := filepath.Join(stateDir, "mappings.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data[:len(data)/2], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, al := restarted(t, a, c, stateDir, "boot-1", nil)
+
+	ms := b.d.state.All()
+	if len(ms) != 1 || ms[0].Phase != state.Mapped || ms[0].Device != resp.Device || ms[0].Image != "img" {
+		t.Fatalf("state after the rebuild: %+v, want %s adopted back; status %+v", ms, resp.Device, b.d.Status())
+	}
+	kept, _ := filepath.Glob(path + ".corrupt-*")
+	if len(kept) != 1 {
+		t.Fatalf("kept files: %v", kept)
+	}
+	if got, _ := os.ReadFile(kept[0]); string(got) != string(data[:len(data)/2]) {
+		t.Fatal("the kept file is not the bad state file")
+	}
+	es := al.find(audit.StateRebuilt, "")
+	if len(es) != 1 || !es[0].Warning {
+		t.Fatalf("state_rebuilt audit entries: %+v", es)
+	}
+	for _, want := range []string{
+		"state rebuilt: " + path + " could not be used (not valid JSON",
+		"is kept as " + kept[0],
+		"1 rbd device(s) adopted back: " + resp.Device + " (c1:rbd/img), 0 not;",
+		"claims of this node that have no device here could not be checked",
+	} {
+		if !strings.Contains(es[0].Message, want) {
+			t.Errorf("the rebuild's report %q does not say %q", es[0].Message, want)
+		}
+	}
+	_, fams := scrape(t, b.d, peercred.RoleAdmin)
+	if v, _ := sample(fams, "rbd_owner_state_set_aside_total", nil); v != 1 {
+		t.Errorf("rbd_owner_state_set_aside_total = %v, want 1", v)
+	}
+	if v, _ := sample(fams, "rbd_owner_state_rebuilt_devices", lbl{"outcome": "adopted"}); v != 1 {
+		t.Errorf("rbd_owner_state_rebuilt_devices{adopted} = %v, want 1", v)
+	}
+	w := c.writes.Load()
+	waitFor(t, "heartbeats after the rebuild", func() bool { return c.writes.Load() >= w+3 })
+}
+
+// TestFailingStateWriteKeepsTheAgentRenewing: with the state file unwritable (a full disk),
+// maps are refused with the reason, status says since when, the heartbeats go on, no
+// temporary file is left, and all of it ends once the disk has room again.
+func TestFailingStateWriteKeepsTheAgentRenewing(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000032")
+	n := startMemDaemon(t, c)
+	defer n.stop(t)
+	n.mapImage(t, c, "kept")
+	n.d.state.FailWrites(func() error { return syscall.ENOSPC })
+
+	c.m.AddImage(claimRef(c, "new"), "id-new")
+	n.k.AddImage(c.pool, "", "new", 16<<20)
+	_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: "new"}, nil)
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("map with the disk full: %v", err)
+	}
+	stateProblem := func() string {
+		for _, p := range n.d.Status().Problems {
+			if strings.Contains(p, "cannot write the state file") {
+				return p
+			}
+		}
+		return ""
+	}
+	p := stateProblem()
+	for _, want := range []string{"cannot write the state file " + n.d.state.Path() + ": no space left on device",
+		"maps are refused until it can be written (free space in " + filepath.Dir(n.d.state.Path()), "leases are kept", "(since "} {
+		if !strings.Contains(p, want) {
+			t.Errorf("status's problem %q does not say %q", p, want)
+		}
+	}
+	w := c.writes.Load()
+	waitFor(t, "heartbeats while the state cannot be written", func() bool { return c.writes.Load() >= w+3 })
+	if _, err := os.Stat(n.d.state.Path() + ".tmp"); !os.IsNotExist(err) {
+		t.Errorf("a temporary state file is left: %v", err)
+	}
+	_, fams := scrape(t, n.d, peercred.RoleAdmin)
+	if v, _ := sample(fams, "rbd_owner_state_write_failures_total", nil); v < 1 {
+		t.Errorf("rbd_owner_state_write_failures_total = %v", v)
+	}
+
+	n.d.state.FailWrites(nil)
+	if _, err := n.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: "new"}, nil); err != nil {
+		t.Fatalf("map once the disk has room: %v", err)
+	}
+	if p := stateProblem(); p != "" {
+		t.Errorf("the state problem stays after a good write: %q", p)
+	}
+}
+
+// TestNoJudgementBeforeTheClaimIsRead: an agent that lost its state starts while its cluster
+// is still connecting. Its healthy device is shown as not checked yet (no verdict, no audit,
+// no advice to unmap it) and the cluster as connecting; once connected, the device is adopted
+// back and was never reported.
+func TestNoJudgementBeforeTheClaimIsRead(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000033")
+	stateDir := t.TempDir()
+	a, resp := mappedOnce(t, c, stateDir, "boot-1", "img")
+	if err := os.Remove(filepath.Join(stateDir, "mappings.json")); err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{})
+	b, al := restarted(t, a, c, stateDir, "boot-1", func(o *Options) {
+		o.Connect = func(ctx context.Context, _ config.Cluster) (Connection, error) {
+			select {
+			case <-gate:
+				return Connection{Backend: c.m, Secret: memSecret}, nil
+			case <-ctx.Done():
+				return Connection{}, ctx.Err()
+			}
+		}
+	})
+	st := b.d.Status()
+	if len(st.Clusters) != 1 || !st.Clusters[0].Connecting || st.Clusters[0].Connected || st.Clusters[0].Error != "" {
+		t.Fatalf("cluster status while connecting: %+v", st.Clusters)
+	}
+	var dev *api.Device
+	for i := range st.Devices {
+		if st.Devices[i].Device == resp.Device {
+			dev = &st.Devices[i]
+		}
+	}
+	if dev == nil || dev.Managed || !strings.HasPrefix(dev.Problem, "not checked yet: ") || strings.Contains(dev.Problem, "unmap") {
+		t.Fatalf("device while its claim is unread: %+v", dev)
+	}
+	if es := al.find(audit.UnmanagedDevice, ""); len(es) != 0 {
+		t.Fatalf("judged before its claim was read: %+v", es)
+	}
+	close(gate)
+	waitFor(t, "the device adopted back", func() bool {
+		m, ok := b.d.state.Get(state.Key{Cluster: c.id, Ref: claimRef(c, "img")})
+		return ok && m.Phase == state.Mapped && m.Device == resp.Device
+	})
+	if es := al.find(audit.UnmanagedDevice, audit.Reported); len(es) != 0 {
+		t.Fatalf("a healthy device was reported: %+v", es)
+	}
+	if es := al.find(audit.UnmanagedDevice, audit.Adopted); len(es) != 1 {
+		t.Fatalf("adoptions: %+v", es)
+	}
+	waitFor(t, "no problem left", func() bool { return len(b.d.Status().Problems) == 0 })
+}
+
+// TestDeviceGoneAfterARebootIsSaidSo: a mapping whose device is gone because the node
+// rebooted (the state was written in another boot) is released with a warning that says so,
+// not as a device unmapped behind the agent's back.
+func TestDeviceGoneAfterARebootIsSaidSo(t *testing.T) {
+	for _, tc := range []struct {
+		boot, want, not string
+		warning         bool
+	}{
+		{"boot-2", "is gone: this node rebooted since it was mapped; releasing its claim", "outside rbd-owner", true},
+		{"boot-1", "was unmapped outside rbd-owner (not present at reconciliation); releasing its claim", "rebooted", false},
+	} {
+		t.Run(tc.boot, func(t *testing.T) {
+			c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000034")
+			stateDir := t.TempDir()
+			a, resp := mappedOnce(t, c, stateDir, "boot-1", "img")
+			id, err := strconv.Atoi(resp.Device[strings.LastIndex(resp.Device, "rbd")+3:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			handUnmap(t, a, krbd.Device{ID: id})
+			b, al := restarted(t, a, c, stateDir, tc.boot, nil)
+			es := al.find(audit.DeviceLost, "")
+			if len(es) != 1 || !strings.Contains(es[0].Message, tc.want) || strings.Contains(es[0].Message, tc.not) ||
+				es[0].Warning != tc.warning || es[0].Error == tc.warning {
+				t.Fatalf("device_lost entries: %+v, want one saying %q", es, tc.want)
+			}
+			if len(b.d.state.All()) != 0 {
+				t.Fatalf("state: %+v", b.d.state.All())
+			}
+		})
+	}
+}
+
+// TestSkewReportEndsWhenTheClockAgrees: a clock skew is shown with since when, and goes from
+// status as soon as that node's heartbeat is seen within bounds again.
+func TestSkewReportEndsWhenTheClockAgrees(t *testing.T) {
+	d := &Daemon{log: quietLog(), skews: map[string]skew{}}
+	d.noteSkew("c1", "node-a", 90*time.Second)
+	d.noteSkew("c1", "node-a", 91*time.Second)
+	ps := d.skewProblems()
+	if len(ps) != 1 || !strings.HasPrefix(ps[0], "clock skew: node node-a's clock is 1m31s ahead of this node's (cluster c1) (since ") {
+		t.Fatalf("skew problems: %q", ps)
+	}
+	d.noteSkew("c1", "node-a", 0)
+	if ps := d.skewProblems(); len(ps) != 0 {
+		t.Fatalf("the skew is gone but status still says %q", ps)
+	}
+}
+
+func claimRef(c *memCluster, name string) image.Ref { return image.Ref{Pool: c.pool, Image: name} }
