@@ -29,6 +29,9 @@ const (
 	exitUsage       = 2
 	exitClaimed     = 3
 	exitUnreachable = 4
+	// exitProblems: `status` got the agent's answer, and it reports problems (a device with a
+	// problem, a lost claim, or a node-level problem such as a clock skew).
+	exitProblems = 5
 )
 
 const usage = `usage: rbd-owner [--socket PATH] <command> [flags]
@@ -46,7 +49,8 @@ commands:
   unfence [--cluster ID] --node NODE [--force]              lift a node's whole-node fences once it rebooted (admin)
   version                                                   print the version
 
-exit codes: 0 done, 1 failed, 2 usage error, 3 held by another node, 4 agent not reachable
+exit codes: 0 done, 1 failed, 2 usage error, 3 held by another node, 4 agent not reachable,
+            5 status: the agent answers but reports problems (listed as "problem:" lines)
 `
 
 func main() {
@@ -57,6 +61,10 @@ func main() {
 type usageError struct{ msg string }
 
 func (e usageError) Error() string { return e.msg }
+
+// errProblems: `status` printed the agent's answer, which reports problems (exit 5, nothing more
+// on stderr: the answer lists them).
+var errProblems = errors.New("the agent reports problems")
 
 func run(args []string, stdout, stderr io.Writer) int {
 	global := flag.NewFlagSet("rbd-owner", flag.ContinueOnError)
@@ -111,6 +119,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 func report(cmd string, err error, stderr io.Writer) int {
 	if err == nil {
 		return exitOK
+	}
+	if errors.Is(err, errProblems) {
+		return exitProblems
 	}
 	var ue usageError
 	if errors.As(err, &ue) {
@@ -262,6 +273,10 @@ func runUnmap(ctx context.Context, c *client.Client, args []string, stdout io.Wr
 	return nil
 }
 
+// runStatus prints this node's status. It exits 5 (errProblems) when the agent reports
+// problems, with --json too. Each problem is printed once, as a "problem:" line: the agent's
+// list already names each device's problem (by image, or by device when it is unmanaged), so
+// the device table only marks the devices that have one.
 func runStatus(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
 	fs := flags("status")
 	asJSON := fs.Bool("json", false, "JSON output")
@@ -272,10 +287,45 @@ func runStatus(ctx context.Context, c *client.Client, args []string, stdout io.W
 	if err != nil {
 		return err
 	}
+	problems := statusProblems(st)
 	if *asJSON {
-		return printJSON(stdout, st)
+		if err := printJSON(stdout, st); err != nil {
+			return err
+		}
+	} else {
+		printStatus(stdout, st, problems)
 	}
-	fmt.Fprintf(stdout, "node %s, rbd-owner %s: %d devices, %d claims, %d problems\n", st.Node, st.Version, len(st.Devices), st.ClaimsHeld, len(st.Problems))
+	if len(problems) > 0 {
+		return errProblems
+	}
+	return nil
+}
+
+// statusProblems is every problem of a status once: the agent's list, and the problem of any
+// device the list does not name (an agent that lists only node-level problems).
+func statusProblems(st *api.Status) []string {
+	problems := append([]string(nil), st.Problems...)
+	for _, d := range st.Devices {
+		if d.Problem == "" {
+			continue
+		}
+		img := imageName(d.Pool, d.Namespace, d.Image, d.Snapshot)
+		listed := false
+		for _, p := range st.Problems {
+			if strings.Contains(p, d.Problem) && (strings.Contains(p, d.Device) || strings.Contains(p, img)) {
+				listed = true
+				break
+			}
+		}
+		if !listed {
+			problems = append(problems, d.Device+" ("+img+"): "+d.Problem)
+		}
+	}
+	return problems
+}
+
+func printStatus(out io.Writer, st *api.Status, problems []string) {
+	fmt.Fprintf(out, "node %s, rbd-owner %s: %d devices, %d claims, %d problems\n", st.Node, st.Version, len(st.Devices), st.ClaimsHeld, len(problems))
 	for _, cl := range st.Clusters {
 		state := "connected"
 		if !cl.Connected {
@@ -287,20 +337,23 @@ func runStatus(ctx context.Context, c *client.Client, args []string, stdout io.W
 		if cl.LivenessWriteAge != nil {
 			state += fmt.Sprintf("; last liveness write %.0fs ago", *cl.LivenessWriteAge)
 		}
-		fmt.Fprintf(stdout, "cluster %s (fsid %s, node address %s): %s\n", cl.ID, dash(cl.FSID), dash(cl.NodeAddr), state)
+		fmt.Fprintf(out, "cluster %s (fsid %s, node address %s): %s\n", cl.ID, dash(cl.FSID), dash(cl.NodeAddr), state)
 	}
 	if len(st.Devices) > 0 {
-		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+		tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "DEVICE\tIMAGE\tEPOCH\tCLIENT\tMANAGED\tPROBLEM")
 		for _, d := range st.Devices {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%v\t%s\n", d.Device, imageName(d.Pool, d.Namespace, d.Image, d.Snapshot), d.Epoch, d.ClientAddr, d.Managed, dash(d.Problem))
+			problem := "-"
+			if d.Problem != "" {
+				problem = "see below"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%v\t%s\n", d.Device, imageName(d.Pool, d.Namespace, d.Image, d.Snapshot), d.Epoch, d.ClientAddr, d.Managed, problem)
 		}
 		tw.Flush()
 	}
-	for _, p := range st.Problems {
-		fmt.Fprintf(stdout, "problem: %s\n", p)
+	for _, p := range problems {
+		fmt.Fprintf(out, "problem: %s\n", p)
 	}
-	return nil
 }
 
 func runClaims(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {

@@ -101,3 +101,54 @@ func TestUnmapByDeviceAndJSON(t *testing.T) {
 		t.Fatalf("exit %d out %q seen %q", code, out, *seen)
 	}
 }
+
+// statusWith is a status as the agent builds it: each device's problem is in the problems list
+// too (a managed device's by its image, an unmanaged device's by its device).
+func statusWith(devices []api.Device, problems ...string) api.Status {
+	return api.Status{Node: "node-a", Version: "test", Clusters: []api.ClusterStatus{{ID: "c1", Connected: true}},
+		Devices: devices, Problems: problems}
+}
+
+func TestStatusExitsFiveOnProblemsAndPrintsEachOnce(t *testing.T) {
+	lost := "claim lost: fenced by node-b at epoch 4"
+	fenced := "mapped outside rbd-owner and FENCED (client 10.0.0.1:0/1 blocklisted until 2026-12-02T06:00:00Z): no claim; unmap it, then `rbd-owner unfence rbd/img3`"
+	renew := "lease not renewed: cluster c1 did not answer within 5s"
+	skew := "clock skew: node node-b's clock is 9s ahead of this node's (cluster c1)"
+	mapped := api.Device{Device: "/dev/rbd0", Cluster: "c1", Pool: "rbd", Image: "img1", Managed: true, Epoch: 3}
+	withProblem := func(d api.Device, p string) api.Device { d.Problem = p; return d }
+	for _, tc := range []struct {
+		name    string
+		st      api.Status
+		code    int
+		problem string // printed exactly once
+	}{
+		{"no problem", statusWith([]api.Device{mapped}), exitOK, ""},
+		{"no device", statusWith(nil), exitOK, ""},
+		{"device problem", statusWith([]api.Device{withProblem(mapped, renew)}, "c1:rbd/img1: "+renew), exitProblems, renew},
+		{"lost claim", statusWith([]api.Device{withProblem(mapped, lost)}, "c1:rbd/img1: "+lost), exitProblems, lost},
+		{"fenced unmanaged device", statusWith([]api.Device{mapped, {Device: "/dev/rbd1", Pool: "rbd", Image: "img3", Problem: fenced}}, "/dev/rbd1: "+fenced), exitProblems, fenced},
+		{"node-level problem", statusWith([]api.Device{mapped}, skew), exitProblems, skew},
+		{"device problem the list omits", statusWith([]api.Device{withProblem(mapped, renew)}), exitProblems, renew},
+	} {
+		sock, _ := serve(t, 200, tc.st)
+		code, out, errs := cli("--socket", sock, "status")
+		if code != tc.code || errs != "" {
+			t.Errorf("%s: exit %d stderr %q, want %d and no stderr; stdout:\n%s", tc.name, code, errs, tc.code, out)
+		}
+		if tc.problem != "" {
+			if n := strings.Count(out, tc.problem); n != 1 {
+				t.Errorf("%s: the problem is printed %d times, want once:\n%s", tc.name, n, out)
+			}
+			if !strings.Contains(out, "\nproblem: ") || !strings.Contains(out, ", 1 problems\n") {
+				t.Errorf("%s: want one problem line and the count in the first line:\n%s", tc.name, out)
+			}
+		} else if strings.Contains(out, "problem:") || !strings.Contains(out, ", 0 problems\n") {
+			t.Errorf("%s: no problem expected:\n%s", tc.name, out)
+		}
+		code, out, errs = cli("--socket", sock, "status", "--json")
+		var got api.Status
+		if err := json.Unmarshal([]byte(out), &got); err != nil || code != tc.code || errs != "" || got.Node != "node-a" {
+			t.Errorf("%s --json: exit %d stderr %q decode %v, want %d; stdout:\n%s", tc.name, code, errs, err, tc.code, out)
+		}
+	}
+}
