@@ -21,6 +21,10 @@ import (
 // ErrUnreachable: nothing answers on the socket (agent not running, or no access to it).
 var ErrUnreachable = errors.New("rbd-owner agent not reachable")
 
+// CodeUnreachable is Code's answer for ErrUnreachable. It is not one of the agent's codes (no
+// agent answered); the CLI's --json error objects carry it.
+const CodeUnreachable = "unreachable"
+
 // Client talks to one agent. It is safe for concurrent use.
 type Client struct {
 	socket string
@@ -154,11 +158,24 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	return nil
 }
 
-// Code returns the API error code carried by err ("" when it is not an API error).
+// Code returns the code of a call's error: "" only when err is nil; the agent's code (api.Code*)
+// when the agent answered with an error; CodeUnreachable when nothing answered on the socket;
+// api.CodeTimeout when the call's context or the client's backstop ran out; else api.CodeInternal.
+// So a caller's `case "":` is reached on success alone.
 func Code(err error) string {
+	if err == nil {
+		return ""
+	}
 	var ae *api.Error
 	if errors.As(err, &ae) {
 		return ae.Code
 	}
-	return ""
+	if errors.Is(err, ErrUnreachable) {
+		return CodeUnreachable
+	}
+	var te interface{ Timeout() bool }
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &te) && te.Timeout()) {
+		return api.CodeTimeout
+	}
+	return api.CodeInternal
 }

@@ -422,7 +422,7 @@ EOF
 
   step "agents started by systemd (rbd-owner.socket + rbd-owner.service) and answering"
   for n in "${NODES[@]}"; do
-    on -t 90 "$n" 'for i in $(seq 600); do systemctl is-active -q rbd-owner.service && rbd-owner status >/dev/null 2>&1 && exit 0; sleep 0.1; done
+    on -t 90 "$n" 'for i in $(seq 600); do systemctl is-active -q rbd-owner.service && { rbd-owner status >/dev/null 2>&1 || [ $? = 5 ]; } && exit 0; sleep 0.1; done
       systemctl status --no-pager rbd-owner; journalctl -b -u rbd-owner --no-pager | tail -20; exit 1' > "$LAB_DIR/logs/$n.agent-start.log" 2>&1 \
       || { cat "$LAB_DIR/logs/$n.agent-start.log" >&2; die "$n: rbd-owner did not become active"; }
   done

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -29,6 +30,9 @@ const (
 	exitUsage       = 2
 	exitClaimed     = 3
 	exitUnreachable = 4
+	// exitProblems: `status` got the agent's answer, and it reports problems (a device with a
+	// problem, a lost claim, or a node-level problem such as a clock skew).
+	exitProblems = 5
 )
 
 const usage = `usage: rbd-owner [--socket PATH] <command> [flags]
@@ -46,7 +50,10 @@ commands:
   unfence [--cluster ID] --node NODE [--force]              lift a node's whole-node fences once it rebooted (admin)
   version                                                   print the version
 
-exit codes: 0 done, 1 failed, 2 usage error, 3 held by another node, 4 agent not reachable
+exit codes: 0 done, 1 failed, 2 usage error, 3 held by another node, 4 agent not reachable,
+            5 status: the agent answers but reports problems (listed as "problem:" lines)
+with --json, stdout is one JSON document: the answer, or the error as {"error": {"code", "message", ...}}
+(code "unreachable" when no agent answers); stderr stays empty; the exit codes are the same
 `
 
 func main() {
@@ -57,6 +64,21 @@ func main() {
 type usageError struct{ msg string }
 
 func (e usageError) Error() string { return e.msg }
+
+// errProblems: `status` printed the agent's answer, which reports problems (exit 5, nothing more
+// on stderr: the answer lists them).
+var errProblems = errors.New("the agent reports problems")
+
+// output is where a command prints its answer. json says its errors are printed there too, as
+// the API's error object: set from a scan of the arguments before the command parses them (so
+// that a usage error after --json is JSON too), then from the parsed flag.
+type output struct {
+	io.Writer
+	json bool
+}
+
+// takesJSON: the commands with a --json flag.
+var takesJSON = map[string]bool{"map": true, "unmap": true, "status": true, "claims": true, "fence": true, "unfence": true, "release": true}
 
 func run(args []string, stdout, stderr io.Writer) int {
 	global := flag.NewFlagSet("rbd-owner", flag.ContinueOnError)
@@ -72,6 +94,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	cmd, rest := args[0], args[1:]
+	out := &output{Writer: stdout, json: takesJSON[cmd] && jsonRequested(rest)}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var err error
@@ -87,39 +110,76 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "check-config":
 		err = runCheckConfig(rest, stdout)
 	case "map":
-		err = runMap(ctx, client.New(*socket), rest, stdout)
+		err = runMap(ctx, client.New(*socket), rest, out)
 	case "unmap":
-		err = runUnmap(ctx, client.New(*socket), rest, stdout)
+		err = runUnmap(ctx, client.New(*socket), rest, out)
 	case "status":
-		err = runStatus(ctx, client.New(*socket), rest, stdout)
+		err = runStatus(ctx, client.New(*socket), rest, out)
 	case "claims":
-		err = runClaims(ctx, client.New(*socket), rest, stdout)
+		err = runClaims(ctx, client.New(*socket), rest, out)
 	case "fence":
-		err = runFence(ctx, client.New(*socket), rest, stdout)
+		err = runFence(ctx, client.New(*socket), rest, out)
 	case "unfence":
-		err = runUnfence(ctx, client.New(*socket), rest, stdout)
+		err = runUnfence(ctx, client.New(*socket), rest, out)
 	case "release":
-		err = runRelease(ctx, client.New(*socket), rest, stdout)
+		err = runRelease(ctx, client.New(*socket), rest, out)
 	default:
 		fmt.Fprintf(stderr, "rbd-owner: unknown command %q\n%s", cmd, usage)
 		return exitUsage
 	}
-	return report(cmd, err, stderr)
+	return report(cmd, err, out, stderr)
 }
 
-// report prints one line a person can act on and picks the exit code.
-func report(cmd string, err error, stderr io.Writer) int {
+// jsonRequested says whether the arguments ask for --json (-json, --json=BOOL; the last one
+// wins), before they are parsed.
+func jsonRequested(args []string) bool {
+	on := false
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if !strings.HasPrefix(a, "-") {
+			continue
+		}
+		name, val, hasVal := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
+		if name != "json" {
+			continue
+		}
+		b, err := strconv.ParseBool(val)
+		on = !hasVal || err != nil || b
+	}
+	return on
+}
+
+// report picks the exit code and reports the error: one line a person can act on, on stderr;
+// or, under --json, the error object alone on stdout.
+func report(cmd string, err error, out *output, stderr io.Writer) int {
 	if err == nil {
 		return exitOK
 	}
+	if errors.Is(err, errProblems) {
+		return exitProblems
+	}
+	code, obj, msg := classify(err)
+	if out.json {
+		if printJSON(out, api.ErrorBody{Error: obj}) == nil {
+			return code
+		}
+	}
+	fmt.Fprintf(stderr, "rbd-owner %s: %s\n", cmd, msg)
+	return code
+}
+
+// classify returns an error's exit code, its error object (the agent's own, or one made here
+// with the same fields) and the line a person reads.
+func classify(err error) (int, *api.Error, string) {
 	var ue usageError
 	if errors.As(err, &ue) {
-		fmt.Fprintf(stderr, "rbd-owner %s: %s\n", cmd, ue.msg)
-		return exitUsage
+		return exitUsage, &api.Error{Code: api.CodeInvalidArgument, Message: ue.msg}, ue.msg
 	}
 	if errors.Is(err, client.ErrUnreachable) {
-		fmt.Fprintf(stderr, "rbd-owner %s: %v (is the agent running? systemctl status rbd-owner)\n", cmd, err)
-		return exitUnreachable
+		msg := fmt.Sprintf("%v (is the agent running? systemctl status rbd-owner)", err)
+		return exitUnreachable, &api.Error{Code: client.CodeUnreachable, Message: msg}, msg
 	}
 	var ae *api.Error
 	if errors.As(err, &ae) {
@@ -145,17 +205,13 @@ func report(cmd string, err error, stderr io.Writer) int {
 					msg += " (live: if that node is dead, run `rbd-owner fence` and `rbd-owner release --force` first)"
 				}
 			}
-			fmt.Fprintf(stderr, "rbd-owner %s: %s\n", cmd, msg)
-			return exitClaimed
+			return exitClaimed, ae, msg
 		case api.CodePermissionDenied:
-			fmt.Fprintf(stderr, "rbd-owner %s: %s\n", cmd, msg)
-			return exitFailed
+			return exitFailed, ae, msg
 		}
-		fmt.Fprintf(stderr, "rbd-owner %s: %s (%s)\n", cmd, msg, ae.Code)
-		return exitFailed
+		return exitFailed, ae, fmt.Sprintf("%s (%s)", msg, ae.Code)
 	}
-	fmt.Fprintf(stderr, "rbd-owner %s: %v\n", cmd, err)
-	return exitFailed
+	return exitFailed, &api.Error{Code: client.Code(err), Message: err.Error()}, err.Error()
 }
 
 func flags(name string) *flag.FlagSet {
@@ -195,7 +251,7 @@ func parseSpec(s string, snapOK bool) (krbd.Spec, error) {
 	return spec, nil
 }
 
-func runMap(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
+func runMap(ctx context.Context, c *client.Client, args []string, out *output) error {
 	fs := flags("map")
 	cluster := fs.String("cluster", "", "cluster id from the config")
 	access := fs.String("access", "rwo", "rwo, rox or rwx")
@@ -208,6 +264,7 @@ func runMap(ctx context.Context, c *client.Client, args []string, stdout io.Writ
 	if err != nil {
 		return err
 	}
+	out.json = *asJSON
 	spec, err := parseSpec(pos[0], true)
 	if err != nil {
 		return err
@@ -221,14 +278,14 @@ func runMap(ctx context.Context, c *client.Client, args []string, stdout io.Writ
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		return printJSON(stdout, resp)
+	if out.json {
+		return printJSON(out, resp)
 	}
-	fmt.Fprintln(stdout, resp.Device)
+	fmt.Fprintln(out, resp.Device)
 	return nil
 }
 
-func runUnmap(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
+func runUnmap(ctx context.Context, c *client.Client, args []string, out *output) error {
 	fs := flags("unmap")
 	cluster := fs.String("cluster", "", "cluster id from the config")
 	force := fs.Bool("force", false, "unmap even if the device is open (I/O in flight fails)")
@@ -237,6 +294,7 @@ func runUnmap(ctx context.Context, c *client.Client, args []string, stdout io.Wr
 	if err != nil {
 		return err
 	}
+	out.json = *asJSON
 	req := api.UnmapRequest{Cluster: *cluster, Force: *force}
 	if strings.HasPrefix(pos[0], "/dev/") {
 		req.Device = pos[0]
@@ -251,31 +309,71 @@ func runUnmap(ctx context.Context, c *client.Client, args []string, stdout io.Wr
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		return printJSON(stdout, resp)
+	if out.json {
+		return printJSON(out, resp)
 	}
 	if resp.Unmapped {
-		fmt.Fprintf(stdout, "unmapped %s\n", pos[0])
+		fmt.Fprintf(out, "unmapped %s\n", pos[0])
 	} else {
-		fmt.Fprintf(stdout, "%s was not mapped\n", pos[0])
+		fmt.Fprintf(out, "%s was not mapped\n", pos[0])
 	}
 	return nil
 }
 
-func runStatus(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
+// runStatus prints this node's status. It exits 5 (errProblems) when the agent reports
+// problems, with --json too. Each problem is printed once, as a "problem:" line: the agent's
+// list already names each device's problem (by image, or by device when it is unmanaged), so
+// the device table only marks the devices that have one.
+func runStatus(ctx context.Context, c *client.Client, args []string, out *output) error {
 	fs := flags("status")
 	asJSON := fs.Bool("json", false, "JSON output")
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
 	}
+	out.json = *asJSON
 	st, err := c.Status(ctx)
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		return printJSON(stdout, st)
+	problems := statusProblems(st)
+	if out.json {
+		if err := printJSON(out, st); err != nil {
+			return err
+		}
+	} else {
+		printStatus(out, st, problems)
 	}
-	fmt.Fprintf(stdout, "node %s, rbd-owner %s: %d devices, %d claims, %d problems\n", st.Node, st.Version, len(st.Devices), st.ClaimsHeld, len(st.Problems))
+	if len(problems) > 0 {
+		return errProblems
+	}
+	return nil
+}
+
+// statusProblems is every problem of a status once: the agent's list, and the problem of any
+// device the list does not name (an agent that lists only node-level problems).
+func statusProblems(st *api.Status) []string {
+	problems := append([]string(nil), st.Problems...)
+	for _, d := range st.Devices {
+		if d.Problem == "" {
+			continue
+		}
+		img := imageName(d.Pool, d.Namespace, d.Image, d.Snapshot)
+		listed := false
+		for _, p := range st.Problems {
+			if strings.Contains(p, d.Problem) && (strings.Contains(p, d.Device) || strings.Contains(p, img)) {
+				listed = true
+				break
+			}
+		}
+		if !listed {
+			problems = append(problems, d.Device+" ("+img+"): "+d.Problem)
+		}
+	}
+	return problems
+}
+
+func printStatus(out io.Writer, st *api.Status, problems []string) {
+	fmt.Fprintf(out, "node %s, rbd-owner %s: %d devices, %d claims, %d problems\n", st.Node, st.Version, len(st.Devices), st.ClaimsHeld, len(problems))
 	for _, cl := range st.Clusters {
 		state := "connected"
 		if !cl.Connected {
@@ -287,23 +385,26 @@ func runStatus(ctx context.Context, c *client.Client, args []string, stdout io.W
 		if cl.LivenessWriteAge != nil {
 			state += fmt.Sprintf("; last liveness write %.0fs ago", *cl.LivenessWriteAge)
 		}
-		fmt.Fprintf(stdout, "cluster %s (fsid %s, node address %s): %s\n", cl.ID, dash(cl.FSID), dash(cl.NodeAddr), state)
+		fmt.Fprintf(out, "cluster %s (fsid %s, node address %s): %s\n", cl.ID, dash(cl.FSID), dash(cl.NodeAddr), state)
 	}
 	if len(st.Devices) > 0 {
-		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+		tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "DEVICE\tIMAGE\tEPOCH\tCLIENT\tMANAGED\tPROBLEM")
 		for _, d := range st.Devices {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%v\t%s\n", d.Device, imageName(d.Pool, d.Namespace, d.Image, d.Snapshot), d.Epoch, d.ClientAddr, d.Managed, dash(d.Problem))
+			problem := "-"
+			if d.Problem != "" {
+				problem = "see below"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%v\t%s\n", d.Device, imageName(d.Pool, d.Namespace, d.Image, d.Snapshot), d.Epoch, d.ClientAddr, d.Managed, problem)
 		}
 		tw.Flush()
 	}
-	for _, p := range st.Problems {
-		fmt.Fprintf(stdout, "problem: %s\n", p)
+	for _, p := range problems {
+		fmt.Fprintf(out, "problem: %s\n", p)
 	}
-	return nil
 }
 
-func runClaims(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
+func runClaims(ctx context.Context, c *client.Client, args []string, out *output) error {
 	fs := flags("claims")
 	cluster := fs.String("cluster", "", "cluster id from the config")
 	pool := fs.String("pool", "", "only this pool")
@@ -312,28 +413,29 @@ func runClaims(ctx context.Context, c *client.Client, args []string, stdout io.W
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
 	}
+	out.json = *asJSON
 	if *prune {
 		resp, err := c.RemoveOrphans(ctx, api.OrphansRequest{Cluster: *cluster, Pool: *pool})
 		if err != nil {
 			return err
 		}
-		if *asJSON {
-			return printJSON(stdout, resp)
+		if out.json {
+			return printJSON(out, resp)
 		}
 		for _, r := range resp.Removed {
-			fmt.Fprintf(stdout, "removed the orphaned claim of %s\n", r)
+			fmt.Fprintf(out, "removed the orphaned claim of %s\n", r)
 		}
-		fmt.Fprintf(stdout, "%d orphaned claims removed\n", len(resp.Removed))
+		fmt.Fprintf(out, "%d orphaned claims removed\n", len(resp.Removed))
 		return nil
 	}
 	claims, err := c.Claims(ctx, *cluster, *pool)
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		return printJSON(stdout, claims)
+	if out.json {
+		return printJSON(out, claims)
 	}
-	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "IMAGE\tACCESS\tEPOCH\tNODE\tHOST\tCLIENT\tDEVICE\tRENEWED\tNOTE")
 	for _, cl := range claims {
 		note := ""
@@ -371,29 +473,30 @@ func runClaims(ctx context.Context, c *client.Client, args []string, stdout io.W
 }
 
 // imageCommand parses the arguments of a command that names one image (fence, unfence):
-// --cluster, --json and POOL[/NAMESPACE]/IMAGE.
-func imageCommand(name string, args []string) (req api.ImageRequest, arg string, asJSON bool, err error) {
+// --cluster, --json (deciding out.json) and POOL[/NAMESPACE]/IMAGE.
+func imageCommand(name string, args []string, out *output) (req api.ImageRequest, arg string, err error) {
 	fs := flags(name)
 	cluster := fs.String("cluster", "", "cluster id from the config")
 	j := fs.Bool("json", false, "JSON output")
 	pos, err := parse(fs, args, 1)
 	if err != nil {
-		return req, "", false, err
+		return req, "", err
 	}
+	out.json = *j
 	spec, err := parseSpec(pos[0], false)
 	if err != nil {
-		return req, "", false, err
+		return req, "", err
 	}
-	return api.ImageRequest{Cluster: *cluster, Pool: spec.Pool, Namespace: spec.Namespace, Image: spec.Image}, pos[0], *j, nil
+	return api.ImageRequest{Cluster: *cluster, Pool: spec.Pool, Namespace: spec.Namespace, Image: spec.Image}, pos[0], nil
 }
 
-func runUnfence(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
+func runUnfence(ctx context.Context, c *client.Client, args []string, out *output) error {
 	for _, a := range args {
 		if a == "--node" || a == "-node" || strings.HasPrefix(a, "--node=") || strings.HasPrefix(a, "-node=") {
-			return runUnfenceNode(ctx, c, args, stdout)
+			return runUnfenceNode(ctx, c, args, out)
 		}
 	}
-	req, _, asJSON, err := imageCommand("unfence", args)
+	req, _, err := imageCommand("unfence", args, out)
 	if err != nil {
 		return err
 	}
@@ -401,17 +504,17 @@ func runUnfence(ctx context.Context, c *client.Client, args []string, stdout io.
 	if err != nil {
 		return err
 	}
-	if asJSON {
-		return printJSON(stdout, resp)
+	if out.json {
+		return printJSON(out, resp)
 	}
 	for _, in := range resp.Unfenced {
-		fmt.Fprintf(stdout, "unfenced %s (client %s, fenced %s)\n", in.Device, in.ClientAddr, in.FencedAt.Format(time.RFC3339))
+		fmt.Fprintf(out, "unfenced %s (client %s, fenced %s)\n", in.Device, in.ClientAddr, in.FencedAt.Format(time.RFC3339))
 	}
 	return nil
 }
 
 // runUnfenceNode is `unfence --node NODE [--force]`: the whole-node fences of NODE.
-func runUnfenceNode(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
+func runUnfenceNode(ctx context.Context, c *client.Client, args []string, out *output) error {
 	fs := flags("unfence")
 	cluster := fs.String("cluster", "", "cluster id from the config")
 	node := fs.String("node", "", "the node whose whole-node fences to lift")
@@ -420,6 +523,7 @@ func runUnfenceNode(ctx context.Context, c *client.Client, args []string, stdout
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
 	}
+	out.json = *j
 	if *node == "" {
 		return usageError{"unfence --node: name the node"}
 	}
@@ -427,21 +531,21 @@ func runUnfenceNode(ctx context.Context, c *client.Client, args []string, stdout
 	if err != nil {
 		return err
 	}
-	if *j {
-		return printJSON(stdout, resp)
+	if out.json {
+		return printJSON(out, resp)
 	}
 	for _, f := range resp.Fences {
 		how := "FORCED (not seen rebooted)"
 		if f.Rebooted != "" {
 			how = f.Rebooted
 		}
-		fmt.Fprintf(stdout, "lifted %s on %s (fenced %s by %s): %s\n", f.Addr, f.Ref, f.FencedAt.Format(time.RFC3339), f.FencedBy, how)
+		fmt.Fprintf(out, "lifted %s on %s (fenced %s by %s): %s\n", f.Addr, f.Ref, f.FencedAt.Format(time.RFC3339), f.FencedBy, how)
 	}
 	return nil
 }
 
-func runFence(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
-	req, arg, asJSON, err := imageCommand("fence", args)
+func runFence(ctx context.Context, c *client.Client, args []string, out *output) error {
+	req, arg, err := imageCommand("fence", args, out)
 	if err != nil {
 		return err
 	}
@@ -449,14 +553,14 @@ func runFence(ctx context.Context, c *client.Client, args []string, stdout io.Wr
 	if err != nil {
 		return err
 	}
-	if asJSON {
-		return printJSON(stdout, resp)
+	if out.json {
+		return printJSON(out, resp)
 	}
-	fmt.Fprintf(stdout, "fenced %s until %s; next: rbd-owner release --force %s\n", strings.Join(resp.FencedAddrs, ", "), resp.Expires.Format(time.RFC3339), arg)
+	fmt.Fprintf(out, "fenced %s until %s; next: rbd-owner release --force %s\n", strings.Join(resp.FencedAddrs, ", "), resp.Expires.Format(time.RFC3339), arg)
 	return nil
 }
 
-func runRelease(ctx context.Context, c *client.Client, args []string, stdout io.Writer) error {
+func runRelease(ctx context.Context, c *client.Client, args []string, out *output) error {
 	fs := flags("release")
 	cluster := fs.String("cluster", "", "cluster id from the config")
 	force := fs.Bool("force", false, "drop another (fenced) node's claim")
@@ -465,6 +569,7 @@ func runRelease(ctx context.Context, c *client.Client, args []string, stdout io.
 	if err != nil {
 		return err
 	}
+	out.json = *asJSON
 	if !*force {
 		return usageError{"release drops a dead owner's claim: say --force (and fence it first)"}
 	}
@@ -476,13 +581,13 @@ func runRelease(ctx context.Context, c *client.Client, args []string, stdout io.
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		return printJSON(stdout, resp)
+	if out.json {
+		return printJSON(out, resp)
 	}
 	if resp.Released {
-		fmt.Fprintf(stdout, "released %s\n", pos[0])
+		fmt.Fprintf(out, "released %s\n", pos[0])
 	} else {
-		fmt.Fprintf(stdout, "%s had no claim to release\n", pos[0])
+		fmt.Fprintf(out, "%s had no claim to release\n", pos[0])
 	}
 	return nil
 }
