@@ -376,7 +376,11 @@ func printStatus(out io.Writer, st *api.Status, problems []string) {
 	fmt.Fprintf(out, "node %s, rbd-owner %s: %d devices, %d claims, %d problems\n", st.Node, st.Version, len(st.Devices), st.ClaimsHeld, len(problems))
 	for _, cl := range st.Clusters {
 		state := "connected"
-		if !cl.Connected {
+		switch {
+		case cl.Connected:
+		case cl.Connecting:
+			state = "connecting"
+		default:
 			state = "not connected"
 			if cl.Error != "" {
 				state += ": " + cl.Error

@@ -154,6 +154,19 @@ func TestStatusExitsFiveOnProblemsAndPrintsEachOnce(t *testing.T) {
 	}
 }
 
+// TestStatusSaysConnecting: a cluster whose first connection is under way is "connecting",
+// not "not connected" (which is for one that failed, with its error).
+func TestStatusSaysConnecting(t *testing.T) {
+	st := statusWith(nil)
+	st.Clusters = []api.ClusterStatus{{ID: "c1", Connecting: true}, {ID: "c2", Error: "cannot reach the monitors"}}
+	sock, _ := serve(t, 200, st)
+	code, out, _ := cli("--socket", sock, "status")
+	if code != exitOK || !strings.Contains(out, "cluster c1 (fsid -, node address -): connecting\n") ||
+		!strings.Contains(out, "cluster c2 (fsid -, node address -): not connected: cannot reach the monitors\n") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+}
+
 // oneErrorObject decodes stdout as exactly one JSON document, the API's error object.
 func oneErrorObject(t *testing.T, what, out string) *api.Error {
 	t.Helper()
