@@ -100,6 +100,7 @@ func TestCorruptStateIsSetAsideAndRebuilt(t *testing.T) {
 	}
 	w := c.writes.Load()
 	waitFor(t, "heartbeats after the rebuild", func() bool { return c.writes.Load() >= w+3 })
+	waitFor(t, "claim checks without a problem", func() bool { return len(b.d.Status().Problems) == 0 })
 }
 
 // TestFailingStateWriteKeepsTheAgentRenewing: with the state file unwritable (a full disk),
