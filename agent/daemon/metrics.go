@@ -102,6 +102,8 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 		s.Clusters = append(s.Clusters, c)
 	}
 	s.Fences = d.keptSnapshot()
+	werr, _ := d.state.WriteFailure()
+	s.StateWriteFailing = werr != nil
 	return s
 }
 

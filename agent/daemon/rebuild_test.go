@@ -143,6 +143,9 @@ func TestFailingStateWriteKeepsTheAgentRenewing(t *testing.T) {
 	if v, _ := sample(fams, "rbd_owner_state_write_failures_total", nil); v < 1 {
 		t.Errorf("rbd_owner_state_write_failures_total = %v", v)
 	}
+	if v, ok := sample(fams, "rbd_owner_state_write_failing", nil); v != 1 || !ok {
+		t.Errorf("rbd_owner_state_write_failing = %v (%v) while writes fail", v, ok)
+	}
 
 	n.d.state.FailWrites(nil)
 	if _, err := n.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: "new"}, nil); err != nil {
@@ -150,6 +153,10 @@ func TestFailingStateWriteKeepsTheAgentRenewing(t *testing.T) {
 	}
 	if p := stateProblem(); p != "" {
 		t.Errorf("the state problem stays after a good write: %q", p)
+	}
+	_, fams = scrape(t, n.d, peercred.RoleAdmin)
+	if v, ok := sample(fams, "rbd_owner_state_write_failing", nil); v != 0 || !ok {
+		t.Errorf("rbd_owner_state_write_failing = %v (%v) after a good write", v, ok)
 	}
 }
 

@@ -72,6 +72,8 @@ type Snapshot struct {
 	// Fences are the live fences (blocklist entries whose mappings may still exist) of the
 	// claims this node keeps, as it last saw them.
 	Fences []Fence
+	// StateWriteFailing: the last write of the state file failed.
+	StateWriteFailing bool
 }
 
 // Fence is one live fence a claim records, and when its blocklist entry expires.
@@ -429,16 +431,18 @@ var (
 		[]string{labelCluster}, nil)
 	descClaimInfo = prometheus.NewDesc(ns+"_claim_info", "One series per claim this node has (only with per_image_metrics: true).",
 		[]string{labelCluster, "pool", "namespace", "image", "device", labelState}, nil)
+	descStateFailing = prometheus.NewDesc(ns+"_state_write_failing", "1 while the last write of the state file failed (maps are refused), else 0.", nil, nil)
 )
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descClaims, descUnmanaged, descConnected, descLivenessAge, descExpiring, descClaimInfo} {
+	for _, d := range []*prometheus.Desc{descClaims, descUnmanaged, descConnected, descLivenessAge, descExpiring, descClaimInfo, descStateFailing} {
 		ch <- d
 	}
 }
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.m.snapshot()
+	ch <- prometheus.MustNewConstMetric(descStateFailing, prometheus.GaugeValue, b2f(s.StateWriteFailing))
 	claims := map[[2]string]int{}
 	unmanaged := map[[2]string]int{}
 	for _, k := range s.Clusters {
