@@ -330,7 +330,8 @@ func (c *Config) validate() error {
 		case cl.Keyring == "":
 			return fieldErr(key+".keyring", "missing; add the path of the file that holds the user's key, e.g. keyring: /etc/ceph/ceph.client.rbd-owner.keyring")
 		case !strings.HasPrefix(cl.Keyring, "/"):
-			return fieldErr(key+".keyring", "%q must be an absolute path", cl.Keyring)
+			// not echoed: it may be the key itself, pasted in the wrong place
+			return fieldErr(key+".keyring", "must be the absolute path of the keyring file (not the key), e.g. /etc/ceph/ceph.client.rbd-owner.keyring")
 		}
 		for j, m := range cl.Monitors {
 			if m == "" || strings.ContainsAny(m, " \t\n\x00") {

@@ -262,6 +262,10 @@ func decodeValue(n *yaml.Node, path string, out reflect.Value) error {
 	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String:
 		switch n.Kind {
 		case yaml.ScalarNode:
+			if strings.HasSuffix(path, "map_options") {
+				// never echoed: a misplaced secret must not reach a log
+				return bad("a single value is not a list; put the option in brackets, e.g. [queue_depth=128]")
+			}
 			return bad(fmt.Sprintf("%s is not a list; write [%s]", describe(n), n.Value))
 		case yaml.MappingNode:
 			return bad("a mapping is not a list; write [a, b], or one \"- a\" per line")
