@@ -150,6 +150,8 @@ func resolve(n *yaml.Node) *yaml.Node {
 	return n
 }
 
+func isMerge(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!merge" }
+
 func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" }
 
 // describe names a node as the reader wrote it: its value quoted, or "a list", "a mapping".
@@ -194,9 +196,30 @@ func decodeStruct(n *yaml.Node, path string, out reflect.Value) error {
 	for i, f := range fields {
 		names[i] = f.name
 	}
+	// YAML merge keys (<<: *common) first: the mapping's own keys override what they bring
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if k := resolve(n.Content[i]); isMerge(k) {
+			v := resolve(n.Content[i+1])
+			from := []*yaml.Node{v}
+			if v.Kind == yaml.SequenceNode {
+				from = v.Content
+			}
+			for _, m := range from {
+				if m = resolve(m); m.Kind != yaml.MappingNode {
+					return &keyError{line: k.Line, path: join(path, "<<"), msg: describe(m) + " cannot be merged; merge a mapping, e.g. <<: *common"}
+				}
+				if err := decodeStruct(m, path, out); err != nil {
+					return err
+				}
+			}
+		}
+	}
 	seen := map[string]int{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := resolve(n.Content[i]), resolve(n.Content[i+1])
+		if isMerge(k) {
+			continue
+		}
 		if k.Kind != yaml.ScalarNode {
 			return &keyError{line: k.Line, path: path, msg: fmt.Sprintf("%s is not a key; write one \"key: value\" per line", describe(k))}
 		}

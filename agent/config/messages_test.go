@@ -133,6 +133,25 @@ per_image_metrics: true
 		c.MetricsListen != "127.0.0.1:9283" || !c.PerImageMetrics {
 		t.Fatalf("decoded: %+v", c)
 	}
+	// anchors, aliases and merge keys, as yaml.v3 decodes them; a mapping's own keys win
+	c, err = Parse([]byte(`clusters:
+  - &common
+    id: ceph-a
+    monitors: [203.0.113.1:6789]
+    user: rbd-owner
+    keyring: /etc/ceph/k
+  - <<: *common
+    id: ceph-b
+    map_options: &opts [queue_depth=128]
+map_options: *opts
+`), machineID(t))
+	if err != nil || len(c.Clusters) != 2 || c.Clusters[1].ID != "ceph-b" || c.Clusters[1].User != "rbd-owner" ||
+		c.Clusters[1].Monitors[0] != "203.0.113.1:6789" || c.Clusters[0].MapOptions != nil || c.MapOptions[0] != "queue_depth=128" {
+		t.Fatalf("merge keys: %v %+v", err, c)
+	}
+	if _, err := Parse([]byte("clusters:\n  - <<: [a]\n"), machineID(t)); err == nil || err.Error() != `line 2: clusters[0].<<: "a" cannot be merged; merge a mapping, e.g. <<: *common` {
+		t.Fatalf("merge of a list of words: %v", err)
+	}
 	// null is the default, as before
 	c, err = Parse([]byte("clusters:\nlease_duration:\norphan_sweep:\n"), machineID(t))
 	if err != nil || c.LeaseDuration.D().String() != "1m0s" || !c.SweepsOrphans() || len(c.Clusters) != 0 {
