@@ -3,14 +3,11 @@
 package config
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -97,15 +94,16 @@ type Cluster struct {
 // Duration is a time.Duration written as "60s", "5m", "168h".
 type Duration time.Duration
 
-// UnmarshalYAML parses a Go duration string.
+// UnmarshalYAML parses a Go duration string (Parse decodes durations itself, with the same
+// message).
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	var s string
 	if err := n.Decode(&s); err != nil {
 		return err
 	}
-	v, err := time.ParseDuration(s)
+	v, err := parseDuration(s)
 	if err != nil {
-		return fmt.Errorf("line %d: %q is not a duration (write e.g. 60s, 5m, 168h)", n.Line, s)
+		return fmt.Errorf("line %d: %w", n.Line, err)
 	}
 	*d = Duration(v)
 	return nil
@@ -171,7 +169,7 @@ func (c *Config) checkLease() error {
 	default:
 		next += fmt.Sprintf(" or lower renew_interval below %s", rest-MaxHeartbeatTimeout)
 	}
-	return fmt.Errorf("lease_duration: %s is too short for renew_interval %s: a lease must exceed renew_interval (%s) + "+
+	return fieldErr("lease_duration", "%s is too short for renew_interval %s: a lease must exceed renew_interval (%s) + "+
 		"the heartbeat's deadline (%s) + its write's answer (%s) + a read's answer (%s) = %s; %s",
 		c.LeaseDuration.D(), c.RenewInterval.D(), c.RenewInterval.D(), c.HeartbeatTimeout(), ClusterCallTimeout,
 		ClusterCallTimeout, bound, next)
@@ -191,42 +189,28 @@ func Load(path, machineID string) (*Config, error) {
 	return c, nil
 }
 
-// Parse decodes and validates a config document and fills in the defaults.
+// Parse decodes and validates a config document and fills in the defaults. An error is one
+// line in the file's terms: the line (when the key is in the file), the key's path, what is
+// wrong and what to write instead ("line 3: lease_duraton: unknown key; did you mean
+// lease_duration?").
 func Parse(data []byte, machineID string) (*Config, error) {
 	var c Config
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return nil, withKey(data, err)
+	doc, err := parseDocument(data, &c)
+	if err != nil {
+		return nil, err
+	}
+	if !doc.has("clusters") {
+		return nil, &keyError{path: "clusters", msg: "missing; add the Ceph clusters this node maps images from, e.g. " +
+			"clusters: [{id: ceph-a, monitors: [10.0.0.1:6789], user: rbd-owner, keyring: /etc/ceph/ceph.client.rbd-owner.keyring}] " +
+			"(or clusters: [] for none yet)"}
 	}
 	if err := c.fill(machineID); err != nil {
-		return nil, err
+		return nil, doc.withLine(err)
 	}
 	if err := c.validate(); err != nil {
-		return nil, err
+		return nil, doc.withLine(err)
 	}
 	return &c, nil
-}
-
-var lineRe = regexp.MustCompile(`line (\d+): `)
-var keyRe = regexp.MustCompile(`^\s*(?:-\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*:`)
-
-// withKey rewrites a YAML error so that it starts with the key on the line it names.
-func withKey(data []byte, err error) error {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	msg = strings.ReplaceAll(msg, "unmarshal errors:\n  ", "")
-	m := lineRe.FindStringSubmatch(msg)
-	if m == nil {
-		return errors.New(msg)
-	}
-	n, _ := strconv.Atoi(m[1])
-	lines := strings.Split(string(data), "\n")
-	if n >= 1 && n <= len(lines) {
-		if k := keyRe.FindStringSubmatch(lines[n-1]); k != nil {
-			return fmt.Errorf("%s: %s", k[1], msg)
-		}
-	}
-	return errors.New(msg)
 }
 
 func (c *Config) fill(machineID string) error {
@@ -269,11 +253,11 @@ func (c *Config) fill(machineID string) error {
 		}
 		b, err := os.ReadFile(machineID)
 		if err != nil {
-			return fmt.Errorf("node_id: not set and %s unreadable: %w", machineID, err)
+			return fieldErr("node_id", "not set and %s unreadable: %v", machineID, err)
 		}
 		c.NodeID = strings.TrimSpace(string(b))
 		if c.NodeID == "" {
-			return fmt.Errorf("node_id: not set and %s is empty", machineID)
+			return fieldErr("node_id", "not set and %s is empty", machineID)
 		}
 	}
 	return nil
@@ -281,50 +265,46 @@ func (c *Config) fill(machineID string) error {
 
 func (c *Config) validate() error {
 	if strings.ContainsAny(c.NodeID, " \t\n\x00/") || len(c.NodeID) > 128 {
-		return fmt.Errorf("node_id: %q must be a single word of at most 128 characters", c.NodeID)
+		return fieldErr("node_id", "%q must be a single word of at most 128 characters", c.NodeID)
 	}
 	if !strings.HasPrefix(c.Socket, "/") {
-		return fmt.Errorf("socket: %q must be an absolute path", c.Socket)
+		return fieldErr("socket", "%q must be an absolute path", c.Socket)
 	}
 	if c.CSISocket != "none" && !strings.HasPrefix(c.CSISocket, "/") {
-		return fmt.Errorf("csi_socket: %q must be an absolute path (or none)", c.CSISocket)
+		return fieldErr("csi_socket", "%q must be an absolute path (or none)", c.CSISocket)
 	}
 	if c.CSISocket == c.Socket || filepath.Dir(c.CSISocket) == filepath.Dir(c.Socket) {
-		return fmt.Errorf("csi_socket: %q must be in a directory of its own, not beside socket %q (a pod mounts that directory)", c.CSISocket, c.Socket)
+		return fieldErr("csi_socket", "%q must be in a directory of its own, not beside socket %q (a pod mounts that directory)", c.CSISocket, c.Socket)
 	}
 	if c.OrphanSweepInterval.D() < time.Minute {
-		return fmt.Errorf("orphan_sweep_interval: %s is shorter than a minute (each sweep lists every claim of a pool)", c.OrphanSweepInterval.D())
+		return fieldErr("orphan_sweep_interval", "%s is shorter than a minute (each sweep lists every claim of a pool)", c.OrphanSweepInterval.D())
 	}
 	if err := checkListen(c.MetricsListen); err != nil {
 		return err
 	}
 	if !strings.HasPrefix(c.StateDir, "/") {
-		return fmt.Errorf("state_dir: %q must be an absolute path", c.StateDir)
+		return fieldErr("state_dir", "%q must be an absolute path", c.StateDir)
 	}
 	if c.RenewInterval.D() <= 0 || c.RenewInterval.D()*2 > c.LeaseDuration.D() {
-		return fmt.Errorf("renew_interval: %s must be positive and at most half of lease_duration (%s)", c.RenewInterval.D(), c.LeaseDuration.D())
+		return fieldErr("renew_interval", "%s must be positive and at most half of lease_duration (%s)", c.RenewInterval.D(), c.LeaseDuration.D())
 	}
 	if err := c.checkLease(); err != nil {
 		return err
 	}
-	switch c.TakeoverPolicy {
-	case TakeoverManual, TakeoverAfterLeaseExpiry:
-	default:
-		return fmt.Errorf("takeover_policy: %q: want %s or %s", c.TakeoverPolicy, TakeoverManual, TakeoverAfterLeaseExpiry)
+	if err := oneOf("takeover_policy", c.TakeoverPolicy, TakeoverManual, TakeoverAfterLeaseExpiry); err != nil {
+		return err
 	}
-	switch c.Unmanaged {
-	case UnmanagedFenceIfClaimed, UnmanagedAdoptOrFence, UnmanagedReport:
-	default:
-		return fmt.Errorf("unmanaged: %q: want %s, %s or %s", c.Unmanaged, UnmanagedFenceIfClaimed, UnmanagedAdoptOrFence, UnmanagedReport)
+	if err := oneOf("unmanaged", c.Unmanaged, UnmanagedFenceIfClaimed, UnmanagedAdoptOrFence, UnmanagedReport); err != nil {
+		return err
 	}
 	if floor := fenceExpiryFloor(); c.FenceExpiry.D() < floor {
-		return fmt.Errorf("fence_expiry: %s is too short (at least %s): a fence is renewed every quarter of it while its mapping may exist, so a short one only adds blocklist calls", c.FenceExpiry.D(), floor)
+		return fieldErr("fence_expiry", "%s is too short (at least %s): a fence is renewed every quarter of it while its mapping may exist, so a short one only adds blocklist calls", c.FenceExpiry.D(), floor)
 	}
 	if c.MapTimeout.D() < time.Second {
-		return fmt.Errorf("map_timeout: %s is too short (at least 1s)", c.MapTimeout.D())
+		return fieldErr("map_timeout", "%s is too short (at least 1s)", c.MapTimeout.D())
 	}
 	if c.MountTimeout.D() < time.Second {
-		return fmt.Errorf("mount_timeout: %s is too short (at least 1s)", c.MountTimeout.D())
+		return fieldErr("mount_timeout", "%s is too short (at least 1s)", c.MountTimeout.D())
 	}
 	if err := checkOptions("map_options", c.MapOptions); err != nil {
 		return err
@@ -333,24 +313,29 @@ func (c *Config) validate() error {
 	for i, cl := range c.Clusters {
 		key := fmt.Sprintf("clusters[%d]", i)
 		switch {
-		case cl.ID == "" || strings.ContainsAny(cl.ID, " \t\n\x00/,="):
-			return fmt.Errorf("%s.id: %q must be a non-empty word without '/', ',' or '='", key, cl.ID)
+		case cl.ID == "":
+			return fieldErr(key+".id", "missing; add a name of your choice, e.g. id: ceph-a")
+		case strings.ContainsAny(cl.ID, " \t\n\x00/,="):
+			return fieldErr(key+".id", "%q must be a non-empty word without '/', ',' or '='", cl.ID)
 		case seen[cl.ID]:
-			return fmt.Errorf("%s.id: %q is listed twice", key, cl.ID)
+			return fieldErr(key+".id", "%q is listed twice", cl.ID)
 		case len(cl.Monitors) == 0:
-			return fmt.Errorf("%s.monitors: at least one monitor address is needed", key)
+			return fieldErr(key+".monitors", "missing; add the cluster's monitor addresses, e.g. monitors: [10.0.0.1:6789]")
 		case cl.User == "":
-			return fmt.Errorf("%s.user: the agent's cephx id is needed", key)
+			return fieldErr(key+".user", "missing; add the agent's cephx id, e.g. user: rbd-owner")
 		case strings.HasPrefix(cl.User, "client."):
-			return fmt.Errorf("%s.user: %q: give the id without the \"client.\" prefix", key, cl.User)
+			return fieldErr(key+".user", "%q: give the id without the \"client.\" prefix", cl.User)
 		case strings.ContainsAny(cl.User, " \t\n\x00,="):
-			return fmt.Errorf("%s.user: %q is not a valid cephx id", key, cl.User)
+			return fieldErr(key+".user", "%q is not a valid cephx id", cl.User)
+		case cl.Keyring == "":
+			return fieldErr(key+".keyring", "missing; add the path of the file that holds the user's key, e.g. keyring: /etc/ceph/ceph.client.rbd-owner.keyring")
 		case !strings.HasPrefix(cl.Keyring, "/"):
-			return fmt.Errorf("%s.keyring: %q must be an absolute path", key, cl.Keyring)
+			// not echoed: it may be the key itself, pasted in the wrong place
+			return fieldErr(key+".keyring", "must be the absolute path of the keyring file (not the key), e.g. /etc/ceph/ceph.client.rbd-owner.keyring")
 		}
 		for j, m := range cl.Monitors {
 			if m == "" || strings.ContainsAny(m, " \t\n\x00") {
-				return fmt.Errorf("%s.monitors[%d]: %q is not a monitor address", key, j, m)
+				return fieldErr(fmt.Sprintf("%s.monitors[%d]", key, j), "%q is not a monitor address", m)
 			}
 		}
 		if err := checkOptions(key+".map_options", cl.MapOptions); err != nil {
@@ -368,10 +353,10 @@ func checkListen(addr string) error {
 	}
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("metrics_listen: %q is not host:port (e.g. 127.0.0.1:9283): %v", addr, err)
+		return fieldErr("metrics_listen", "%q is not host:port (e.g. 127.0.0.1:9283): %v", addr, err)
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("metrics_listen: %q: the port must be a number from 1 to 65535", addr)
+		return fieldErr("metrics_listen", "%q: the port must be a number from 1 to 65535", addr)
 	}
 	return nil
 }
@@ -390,10 +375,10 @@ func checkOptions(key string, opts []string) error {
 		name, _, _ := strings.Cut(o, "=")
 		// errors name the option, never its value: a misplaced secret must not reach a log
 		if o == "" || strings.ContainsAny(o, " \t\n\x00,") {
-			return fmt.Errorf("%s[%d]: option %q: one option per entry, without spaces or commas", key, i, name)
+			return fieldErr(fmt.Sprintf("%s[%d]", key, i), "option %q: one option per entry, without spaces or commas", name)
 		}
 		if why, ok := reservedOptions[name]; ok {
-			return fmt.Errorf("%s[%d]: option %q is not allowed: %s", key, i, name, why)
+			return fieldErr(fmt.Sprintf("%s[%d]", key, i), "option %q is not allowed: %s", name, why)
 		}
 	}
 	return nil

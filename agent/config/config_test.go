@@ -73,7 +73,7 @@ func TestNodeIDFromMachineID(t *testing.T) {
 	if c.NodeID != "0123456789abcdef0123456789abcdef" || c.TakeoverPolicy != TakeoverManual {
 		t.Fatalf("defaults: %+v", c)
 	}
-	if _, err := Parse([]byte(""), filepath.Join(t.TempDir(), "absent")); err == nil || !strings.Contains(err.Error(), "node_id") {
+	if _, err := Parse([]byte("clusters: []\n"), filepath.Join(t.TempDir(), "absent")); err == nil || !strings.Contains(err.Error(), "node_id") {
 		t.Fatalf("no node id anywhere: %v", err)
 	}
 }
@@ -91,7 +91,7 @@ func TestShippedConfigParses(t *testing.T) {
 
 func TestBadConfigNamesTheKey(t *testing.T) {
 	cl := "clusters:\n  - id: c\n    monitors: [m:6789]\n    user: u\n    keyring: /k\n"
-	if _, err := Parse([]byte("node_id: n\nmap_options: [\"secret=AQBsecretvalue==\"]\n"), machineID(t)); err == nil || strings.Contains(err.Error(), "AQBsecretvalue") {
+	if _, err := Parse([]byte("node_id: n\nclusters: []\nmap_options: [\"secret=AQBsecretvalue==\"]\n"), machineID(t)); err == nil || strings.Contains(err.Error(), "AQBsecretvalue") {
 		t.Errorf("a refused option's value must not be echoed: %v", err)
 	}
 	for _, tc := range []struct{ doc, key string }{
@@ -123,7 +123,11 @@ func TestBadConfigNamesTheKey(t *testing.T) {
 		{"metrics_listen: \"[::1]:70000\"\n", "metrics_listen"},
 		{"per_image_metrics: maybe\n", "per_image_metrics"},
 	} {
-		_, err := Parse([]byte("node_id: n\n"+tc.doc), machineID(t))
+		doc := "node_id: n\n" + tc.doc
+		if !strings.Contains(doc, "clusters:") {
+			doc += "clusters: []\n"
+		}
+		_, err := Parse([]byte(doc), machineID(t))
 		if err == nil || !strings.Contains(err.Error(), tc.key) {
 			t.Errorf("%q: want an error naming %q, got %v", tc.doc, tc.key, err)
 		}
@@ -133,7 +137,7 @@ func TestBadConfigNamesTheKey(t *testing.T) {
 // TestShortFencesOnlyWithTheTestSwitch: fence_expiry below an hour is refused unless the test
 // labs' switch is set, and then only down to a minute.
 func TestShortFencesOnlyWithTheTestSwitch(t *testing.T) {
-	parse := func(doc string) error { _, err := Parse([]byte(doc), machineID(t)); return err }
+	parse := func(doc string) error { _, err := Parse([]byte("clusters: []\n"+doc), machineID(t)); return err }
 	t.Setenv(ShortFencesEnv, "")
 	if err := parse("fence_expiry: 2m\n"); err == nil || !strings.Contains(err.Error(), "at least 1h") {
 		t.Fatalf("2m without the switch: %v", err)

@@ -43,7 +43,7 @@ func TestLeaseMustCoverTheBound(t *testing.T) {
 		{name: "renew_interval over half the lease: still its own error", doc: "lease_duration: 100s\nrenew_interval: 60s\n",
 			err: []string{"renew_interval: 1m0s must be positive and at most half of lease_duration"}},
 	} {
-		c, err := Parse([]byte("node_id: n\n"+tc.doc), machineID(t))
+		c, err := Parse([]byte("node_id: n\nclusters: []\n"+tc.doc), machineID(t))
 		if tc.err == nil {
 			if err != nil {
 				t.Errorf("%s: refused: %v", tc.name, err)

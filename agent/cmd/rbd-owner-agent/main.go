@@ -21,6 +21,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/daemon"
+	"github.com/rbd-owner/rbd-owner/agent/internal/abortdump"
 )
 
 func main() {
@@ -42,31 +43,68 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *path, os.Stderr); err != nil {
-		fmt.Fprintf(os.Stderr, "rbd-owner daemon: %v\n", err)
+	underJournal, jerr := journal.StderrIsJournalStream()
+	if err := run(ctx, *path, os.Stderr, underJournal, jerr); err != nil {
+		// the agent's one line, as `rbd-owner check-config` prints it; at error priority in the
+		// journal (journald reads the "<3>" and drops it)
+		fmt.Fprintf(os.Stderr, "%srbd-owner daemon: %v\n", priorityPrefix(underJournal, logrus.ErrorLevel), err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, path string, stderr io.Writer) error {
+func run(ctx context.Context, path string, stderr io.Writer, underJournal bool, journalErr error) error {
 	log := logrus.New()
 	log.SetOutput(stderr)
-	underJournal, err := journal.StderrIsJournalStream()
-	if err != nil {
+	if journalErr != nil {
 		// not knowing only changes the log format: say so and go on with timestamps
-		log.WithError(err).Warn("cannot tell whether stderr is the journal")
+		log.WithError(journalErr).Warn("cannot tell whether stderr is the journal")
 	}
 	if underJournal {
-		// systemd adds the time and the unit; keep the lines short
-		log.SetFormatter(&logrus.TextFormatter{DisableTimestamp: true})
+		// systemd adds the time and the unit; keep the lines short, each at its level's priority
+		log.SetFormatter(journalFormatter{&logrus.TextFormatter{DisableTimestamp: true}})
 	}
 	cfg, err := config.Load(path, "")
 	if err != nil {
 		return err
 	}
+	// systemd's watchdog aborts a hung agent with SIGABRT: its goroutines' stacks go to a file
+	// in the state directory, the journal gets one line naming it
+	abortdump.Watch(cfg.StateDir, log)
 	d, err := daemon.New(daemon.Options{Config: cfg, Log: log, Audit: audit.New(log, underJournal || os.Getenv("INVOCATION_ID") != "")})
 	if err != nil {
 		return err
 	}
 	return d.Run(ctx)
+}
+
+// journalFormatter prefixes each line with the syslog priority of its level ("<3>" for an
+// error), which journald takes as the line's PRIORITY and removes from the message: `journalctl
+// -p err -u rbd-owner` then shows the agent's errors.
+type journalFormatter struct{ logrus.Formatter }
+
+func (f journalFormatter) Format(e *logrus.Entry) ([]byte, error) {
+	b, err := f.Formatter.Format(e)
+	if err != nil {
+		return nil, err
+	}
+	return append([]byte(priorityPrefix(true, e.Level)), b...), nil
+}
+
+// priorityPrefix is the journal's priority prefix for level, "" when stderr is not the journal.
+func priorityPrefix(underJournal bool, level logrus.Level) string {
+	if !underJournal {
+		return ""
+	}
+	p := 6 // info
+	switch level {
+	case logrus.PanicLevel, logrus.FatalLevel:
+		p = 2
+	case logrus.ErrorLevel:
+		p = 3
+	case logrus.WarnLevel:
+		p = 4
+	case logrus.DebugLevel, logrus.TraceLevel:
+		p = 7
+	}
+	return fmt.Sprintf("<%d>", p)
 }

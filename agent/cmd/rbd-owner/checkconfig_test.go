@@ -9,7 +9,7 @@ import (
 
 // TestCheckConfig: `rbd-owner check-config [--config PATH]` loads the file as the agent would
 // and exits 0 when the agent would start with it, 1 with the agent's own error (one line,
-// naming the file) when it would not, 2 on a usage mistake. The packages run it before they
+// naming the file, the line and the key) when it would not, 2 on a usage mistake. The packages run it before they
 // restart the agent on an upgrade.
 func TestCheckConfig(t *testing.T) {
 	dir := t.TempDir()
@@ -24,6 +24,8 @@ func TestCheckConfig(t *testing.T) {
 	good := write("good.yaml", node+"lease_duration: 60s\n")
 	short := write("short.yaml", node+"lease_duration: 5s\nrenew_interval: 2s\n")
 	typo := write("typo.yaml", node+"lease_duraton: 60s\n")
+	nested := write("nested.yaml", strings.Replace(node, "keyring:", "keyrng:", 1))
+	noClusters := write("noclusters.yaml", "node_id: node-a\n")
 	for _, tc := range []struct {
 		args         []string
 		code         int
@@ -32,8 +34,12 @@ func TestCheckConfig(t *testing.T) {
 		{[]string{"check-config", "--config", good}, exitOK, good + ": the agent accepts it (node node-a, clusters lab; lease_duration 1m0s exceeds the lease bound 50s for renew_interval 20s)", ""},
 		{[]string{"check-config", "--config=" + good}, exitOK, "the agent accepts it", ""},
 		{[]string{"check-config", "--config", short}, exitFailed, "",
-			"rbd-owner check-config: config " + short + ": lease_duration: 5s is too short for renew_interval 2s: a lease must exceed renew_interval (2s) + the heartbeat's deadline (2s) + its write's answer (10s) + a read's answer (10s) = 24s; raise lease_duration above 24s"},
-		{[]string{"check-config", "--config", typo}, exitFailed, "", "rbd-owner check-config: config " + typo + ": lease_duraton: "},
+			"rbd-owner check-config: config " + short + ": line 7: lease_duration: 5s is too short for renew_interval 2s: a lease must exceed renew_interval (2s) + " +
+				"the heartbeat's deadline (2s) + its write's answer (10s) + a read's answer (10s) = 24s; raise lease_duration above 24s (no renew_interval makes a lease of 20s or less safe)\n"},
+		{[]string{"check-config", "--config", typo}, exitFailed, "", "rbd-owner check-config: config " + typo + ": line 7: lease_duraton: unknown key; did you mean lease_duration?\n"},
+		{[]string{"check-config", "--config", nested}, exitFailed, "", "rbd-owner check-config: config " + nested + ": line 6: clusters[0].keyrng: unknown key; did you mean keyring?\n"},
+		{[]string{"check-config", "--config", noClusters}, exitFailed, "", "rbd-owner check-config: config " + noClusters + ": clusters: missing; add the Ceph clusters this node maps images from, " +
+			"e.g. clusters: [{id: ceph-a, monitors: [10.0.0.1:6789], user: rbd-owner, keyring: /etc/ceph/ceph.client.rbd-owner.keyring}] (or clusters: [] for none yet)\n"},
 		{[]string{"check-config", "--config", filepath.Join(dir, "absent.yaml")}, exitFailed, "", "absent.yaml"},
 		{[]string{"check-config", "--config", good, "extra"}, exitUsage, "", "want 0 argument(s)"},
 		{[]string{"check-config", "--bogus"}, exitUsage, "", "bogus"},
@@ -41,6 +47,9 @@ func TestCheckConfig(t *testing.T) {
 		code, out, errs := cli(tc.args...)
 		if code != tc.code || !strings.Contains(out, tc.stdout) || !strings.Contains(errs, tc.errs) {
 			t.Errorf("%q: exit %d stdout %q stderr %q; want exit %d, stdout with %q, stderr with %q", tc.args, code, out, errs, tc.code, tc.stdout, tc.errs)
+		}
+		if strings.HasPrefix(tc.errs, "rbd-owner check-config: ") && errs != tc.errs {
+			t.Errorf("%q: stderr\n %q\nwant exactly\n %q", tc.args, errs, tc.errs)
 		}
 		if code == exitFailed && strings.Count(strings.TrimSpace(errs), "\n") != 0 {
 			t.Errorf("%q: the error is not one line: %q", tc.args, errs)
