@@ -19,6 +19,10 @@ type Request struct {
 	// blocklisted and marked fenced in the record), without waiting for their leases. It is
 	// what a map may do whoever asks; Takeover is the admin's, or the policy's.
 	TakeFenced bool
+	// NextStep, when set, phrases what the one reading a refusal may do next when this request
+	// may not take the image over (no Takeover) and it is held: the caller knows who reads
+	// (an admin, or ceph-csi) and under which policy. Given the holders.
+	NextStep func(holders []Holder) string
 }
 
 // Result is the outcome of Acquire.
@@ -49,7 +53,7 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 		return nil, fmt.Errorf("acquire %s: %w", req.Image, err)
 	}
 	in := acquireInput{Self: s.cfg.Node.ID, FSID: s.fsid, Image: req.Image, Access: access, ReadOnly: req.ReadOnly,
-		Takeover: req.Takeover, TakeFenced: req.TakeFenced, Info: info, Me: s.me(), Fenced: map[string]bool{}}
+		Takeover: req.Takeover, TakeFenced: req.TakeFenced, NextStep: req.NextStep, Info: info, Me: s.me(), Fenced: map[string]bool{}}
 	var res Result
 	fences := map[string]Fence{}      // holders this call has blocklisted (see acquireInput.Fenced)
 	renewed := map[string]time.Time{} // the record's live fences this call blocklisted again

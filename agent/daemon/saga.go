@@ -178,7 +178,8 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 			return nil, s.fail(err)
 		}
 		res, err = store.Acquire(ctx, claim.Request{Image: t.img, Access: access, ReadOnly: readOnly,
-			Takeover: req.Takeover || d.cfg.TakeoverPolicy == config.TakeoverAfterLeaseExpiry, TakeFenced: true})
+			Takeover: req.Takeover || d.cfg.TakeoverPolicy == config.TakeoverAfterLeaseExpiry, TakeFenced: true,
+			NextStep: func(hs []claim.Holder) string { return d.nextStepWhenHeld(ctx, t, hs) }})
 		var held *claim.HeldError
 		if errors.As(err, &held) {
 			d.watches.add(t.key, time.Now().Add(watchFor(d.cfg.LeaseDuration.D())))
@@ -279,6 +280,26 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 	steps.mark("persist")
 	d.log.WithFields(logrus.Fields{"image": t.key.String(), "requester": req.Requester}).WithFields(steps.fields()).Info("map steps")
 	return resp, nil
+}
+
+// nextStepWhenHeld is the next step of the one reading a refusal by a map that may not take
+// the image over (takeover_policy manual, no takeover asked), phrased for its caller: an admin
+// may fence the holder and release its claim, a CSI-role caller (ceph-csi) can do neither and
+// has to ask an admin, or have the policy changed.
+func (d *Daemon) nextStepWhenHeld(ctx context.Context, t target, holders []claim.Holder) string {
+	who := "its holders are"
+	if len(holders) == 1 {
+		who = "node " + holders[0].NodeID + " is"
+	}
+	cluster := ""
+	if len(d.cfg.Clusters) > 1 {
+		cluster = "--cluster " + t.key.Cluster + " "
+	}
+	fence := fmt.Sprintf("`rbd-owner fence %s%s` then `rbd-owner release --force %s%s`", cluster, t.img, cluster, t.img)
+	if c, _ := callerFrom(ctx); c.role >= peercred.RoleAdmin {
+		return fmt.Sprintf("if %s dead: map with --takeover once its lease has expired, or run %s", who, fence)
+	}
+	return fmt.Sprintf("this caller (CSI role) may not take it over under takeover_policy: manual: if %s dead, ask an admin to run %s on any node, or set takeover_policy: after-lease-expiry to let maps take over an expired lease", who, fence)
 }
 
 // stepTimer notes how long each step of a saga took.
