@@ -40,6 +40,9 @@ func (r *Rados) FSID() string { return r.fsid }
 // sharing one between goroutines would mix up versions.
 func (r *Rados) ioctx(img Image) (*rados.IOContext, error) {
 	io, err := r.conn.OpenIOContext(img.Pool)
+	if cephconn.Code(err) == -int(syscall.ENOENT) {
+		return nil, notFound("pool "+img.Pool, "rados", err)
+	}
 	if err != nil {
 		return nil, cephconn.Classify(fmt.Errorf("open pool %s: %w", img.Pool, err), "open pool "+img.Pool, osdCap)
 	}
@@ -188,6 +191,9 @@ func (r *Rados) ImageInfo(ctx context.Context, img Image) (imageInfo, error) {
 // openImageInfo opens the image read-only for its id and watchers.
 func openImageInfo(io *rados.IOContext, img Image) (imageInfo, error) {
 	im, err := rbd.OpenImageReadOnly(io, img.Image, rbd.NoSnapshot)
+	if cephconn.Code(err) == -int(syscall.ENOENT) {
+		return imageInfo{}, notFound("image "+img.String(), "rbd", err)
+	}
 	if err != nil {
 		return imageInfo{}, cephconn.Classify(fmt.Errorf("open image %s: %w", img, err), "open image "+img.String(), osdCap)
 	}
@@ -205,6 +211,11 @@ func openImageInfo(io *rados.IOContext, img Image) (imageInfo, error) {
 		info.Watchers = append(info.Watchers, w.Addr)
 	}
 	return info, nil
+}
+
+// notFound is the cluster's ENOENT for what, said once: "image rbd/x not found (rbd: ret=-2)".
+func notFound(what, source string, err error) error {
+	return &NotFoundError{What: what, Code: fmt.Sprintf("%s: ret=%d", source, cephconn.Code(err)), Err: err}
 }
 
 // ImageID reads rbd_id.<name>: the id of the image that has that name now.
