@@ -2,10 +2,13 @@ package daemon
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
@@ -48,5 +51,72 @@ func TestMissingImageIsSaidOnce(t *testing.T) {
 	}
 	if len(refused) != 1 || refused[0] != "map refused: "+want {
 		t.Fatalf("audited refusals %q, want one saying %q", refused, want)
+	}
+}
+
+// TestUnmapOfALostClaimSaysWhatHappened: unmapping a device whose claim an admin fenced and
+// force-released, or another node took over, says so and that nothing was released: never
+// "claim released".
+func TestUnmapOfALostClaimSaysWhatHappened(t *testing.T) {
+	for _, how := range []string{"force-released", "taken over"} {
+		t.Run(how, func(t *testing.T) {
+			c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000042")
+			n, _, audited := nodeB(t, c, "manual")
+			defer n.stop(t)
+			admin, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }},
+				Lease: 30 * time.Second, FenceExpiry: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			img := claim.Image{Pool: "rbd", Image: "lost"}
+			c.m.AddImage(img, "id-lost")
+			n.k.AddImage("rbd", "", "lost", 16<<20)
+			resp, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "lost"}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := admin.Fence(context.Background(), img); err != nil {
+				t.Fatal(err)
+			}
+			// the fence as the record keeps it (a takeover blocklists again, and records when)
+			fence := func() (addr, at string) {
+				rec, err := admin.Inspect(context.Background(), img)
+				if err != nil || len(rec.Fences) != 1 {
+					t.Fatalf("record after the fence: %+v %v", rec, err)
+				}
+				return rec.Fences[0].Addr, rec.Fences[0].At.UTC().Format(time.RFC3339)
+			}
+			var want string
+			switch how {
+			case "force-released":
+				if _, err := admin.ForceRelease(context.Background(), img); err != nil {
+					t.Fatal(err)
+				}
+				addr, at := fence()
+				want = fmt.Sprintf("unmapped rbd/lost (%s); its claim was already lost: an admin force-released it (rbd-owner release --force) after node node-a fenced this node's mapping %s at %s; nothing to release", resp.Device, addr, at)
+			default:
+				r, err := admin.Acquire(context.Background(), claim.Request{Image: img, TakeFenced: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				addr, at := fence()
+				want = fmt.Sprintf("unmapped rbd/lost (%s); its claim was already lost: node node-a fenced this node's mapping %s at %s and node node-a holds it now (epoch %d); nothing to release", resp.Device, addr, at, r.Holder.Epoch)
+			}
+			if _, err := n.d.Unmap(context.Background(), api.UnmapRequest{Cluster: "c1", Pool: "rbd", Image: "lost"}, nil); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, e := range audited() {
+				if e.Event == audit.Unmap {
+					got = append(got, e.Message)
+				}
+				if e.Event == audit.Release {
+					t.Errorf("a release was audited though nothing was released: %+v", e)
+				}
+			}
+			if len(got) != 1 || got[0] != want {
+				t.Fatalf("unmap audited as %q, want %q", got, want)
+			}
+		})
 	}
 }

@@ -461,12 +461,18 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 		d.forgetUnmanaged(dv.ID)
 	}
 	// from here on the device is gone: failures are retried by the reconciler, never undone
+	claimNote := ""
 	if managed && m.Claimed {
 		if err := s.step("release"); err != nil {
 			return false, err
 		}
-		if err := d.release(ctx, t.cl, m); err != nil {
+		notHeld, err := d.releaseClaim(ctx, t.cl, m)
+		if err != nil {
 			return false, d.unmapFailed(t, peer, fmt.Errorf("unmapped, but releasing the claim failed (will retry): %w", err))
+		}
+		claimNote = ", claim released"
+		if notHeld != "" {
+			claimNote = "; its claim was already lost: " + notHeld + "; nothing to release"
 		}
 	}
 	if err := s.step("persist"); err != nil {
@@ -484,7 +490,7 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 	}
 	d.audit.Record(audit.Entry{Event: audit.Unmap, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
 		Image: t.spec.Image, Device: devName, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
-		Message: fmt.Sprintf("unmapped %s (%s)%s", t.spec, devName, map[bool]string{true: ", claim released", false: ""}[managed && m.Claimed])})
+		Message: fmt.Sprintf("unmapped %s (%s)%s", t.spec, devName, claimNote)})
 	return len(devs) > 0, nil
 }
 
@@ -510,24 +516,30 @@ func (d *Daemon) claimingEpoch(ctx context.Context, cl *cluster, m state.Mapping
 
 // release drops the claim of a mapping and audits it.
 func (d *Daemon) release(ctx context.Context, cl *cluster, m state.Mapping) error {
+	_, err := d.releaseClaim(ctx, cl, m)
+	return err
+}
+
+// releaseClaim is release, saying why nothing was released when the claim was no longer this
+// node's ("" when it was released): who took it, or that an admin force-released it.
+func (d *Daemon) releaseClaim(ctx context.Context, cl *cluster, m state.Mapping) (notHeld string, err error) {
 	store, err := cl.claims(ctx)
 	if err != nil {
-		return err
+		return "", err
 	}
 	img := m.Ref.Head()
-	ok, err := store.Release(ctx, img, m.Epoch)
+	res, err := store.ReleaseHold(ctx, img, m.Epoch)
 	if err != nil {
-		return err
+		return "", err
 	}
-	if !ok {
+	if !res.Released {
 		// not ours any more: another node took it, fencing this mapping, which is gone now
 		d.fencedMappingGone(ctx, store, m)
+		return res.NotHeld, nil
 	}
-	if ok {
-		d.audit.Record(audit.Entry{Event: audit.Release, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace, Image: m.Image,
-			Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID})
-	}
-	return nil
+	d.audit.Record(audit.Entry{Event: audit.Release, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace, Image: m.Image,
+		Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID})
+	return "", nil
 }
 
 // unmapTarget resolves an unmap request: by image spec, or by /dev path.
