@@ -3,10 +3,11 @@ package daemon
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,4 +120,60 @@ func TestUnmapOfALostClaimSaysWhatHappened(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLostMappingShowsTheMonitorsFenceExpiry: a node whose claim was taken over keeps its own
+// mapping blocklisted, and its audit entry and status problem say until when as the monitors
+// recorded it, on their clock, not this node's (here years apart).
+func TestLostMappingShowsTheMonitorsFenceExpiry(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000043")
+	monitors := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
+	c.m.SetClock(func() time.Time { return monitors })
+	n, _, audited := nodeB(t, c, "manual")
+	defer n.stop(t)
+	other, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }},
+		Lease: 30 * time.Second, FenceExpiry: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := claim.Image{Pool: "rbd", Image: "kept"}
+	c.m.AddImage(img, "id-kept")
+	n.k.AddImage("rbd", "", "kept", 16<<20)
+	resp, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "kept"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Fence(context.Background(), img); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Acquire(context.Background(), claim.Request{Image: img, TakeFenced: true}); err != nil {
+		t.Fatal(err)
+	}
+	var addr string
+	for _, m := range n.d.state.All() {
+		addr = m.ClientAddr
+	}
+	// the fence expiry is an hour (testConfig) from the monitors' clock
+	want := fmt.Sprintf("its client %s is kept blocklisted until 2031-01-02T04:04:05Z (the monitors' expiry); unmap %s", addr, resp.Device)
+	var entry string
+	waitFor(t, "node-b's own fence of its lost mapping", func() bool {
+		for _, e := range audited() {
+			if e.Event == audit.Fence && e.OwnerNode == "node-b" {
+				entry = e.Message
+				return true
+			}
+		}
+		return false
+	})
+	if entry != resp.Device+" lost its claim and stays mapped: "+want {
+		t.Fatalf("audit entry %q, want it to end %q", entry, want)
+	}
+	waitFor(t, "the status problem naming the monitors' expiry", func() bool {
+		for _, p := range n.d.Status().Problems {
+			if strings.HasSuffix(p, "; "+want) && strings.Contains(p, "is lost: ") {
+				return true
+			}
+		}
+		return false
+	})
 }
