@@ -7,9 +7,15 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sirupsen/logrus"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
@@ -176,4 +182,89 @@ func TestLostMappingShowsTheMonitorsFenceExpiry(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// lockedBuffer is a log output safe for the daemon's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+
+// TestMapRefusedForAFullDiskIsAuditedCountedAndLogged: a map whose state cannot be written
+// (no space left on the state file's disk) is refused with the next step (free space in the
+// state directory), audited, counted and logged at error priority, at every state write of
+// the saga; and nothing is left claimed or mapped.
+func TestMapRefusedForAFullDiskIsAuditedCountedAndLogged(t *testing.T) {
+	for _, step := range []string{"persist-intent", "persist-claim", "persist"} {
+		t.Run(step, func(t *testing.T) {
+			c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000044")
+			var mu sync.Mutex
+			var entries []audit.Entry
+			logs := &lockedBuffer{}
+			var stateDir string
+			n := startMemDaemonWith(t, func(o *Options) {
+				o.Log = logrus.New()
+				o.Log.SetOutput(logs)
+				o.Audit = audit.NewWithSink(quietLog(), func(e audit.Entry) { mu.Lock(); entries = append(entries, e); mu.Unlock() })
+				stateDir = o.Config.StateDir
+				o.Fault = func(saga, s string) error {
+					if saga == "map" && s == step { // the state write fails as on a full disk
+						return &os.PathError{Op: "write", Path: filepath.Join(stateDir, "mappings.json.tmp"), Err: syscall.ENOSPC}
+					}
+					return nil
+				}
+			}, c)
+			defer n.stop(t)
+			img := claim.Image{Pool: "rbd", Image: "full"}
+			c.m.AddImage(img, "id-full")
+			n.k.AddImage("rbd", "", "full", 16<<20)
+			code, e := mapOverAPI(t, n.d, peercred.RoleCSI, socketCSI, api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "full", Requester: "test"})
+			want := fmt.Sprintf("cannot write the state file: write %s/mappings.json.tmp: no space left on device; free space in %s, then retry", stateDir, stateDir)
+			if code == http.StatusOK || e == nil || e.Message != want {
+				t.Fatalf("map on a full disk: %d %+v, want %q", code, e, want)
+			}
+			mu.Lock()
+			var audited []string
+			for _, en := range entries {
+				if en.Image == "full" && en.Result != audit.OK {
+					audited = append(audited, en.Message)
+				}
+			}
+			mu.Unlock()
+			verb := "map refused: "
+			if step == "persist" { // the device was made, then undone
+				verb = "map failed: "
+			}
+			if len(audited) != 1 || audited[0] != verb+want {
+				t.Errorf("audited %q, want one entry %q", audited, verb+want)
+			}
+			if !strings.Contains(logs.String(), "level=error msg=\"cannot write the state file: free space in "+stateDir+", then retry\"") ||
+				!strings.Contains(logs.String(), "no space left on device") {
+				t.Errorf("no error line in the log naming the state file and the next step:\n%s", logs)
+			}
+			_, fams := scrape(t, n.d, peercred.RoleCSI)
+			if v, _ := sample(fams, "rbd_owner_maps_total", lbl{"cluster": "c1", "result": "internal"}); v != 1 {
+				t.Errorf("maps_total{result=internal} = %v, want 1", v)
+			}
+			refusals, _ := sample(fams, "rbd_owner_map_refusals_total", lbl{"cluster": "c1", "reason": "internal"})
+			if want := map[bool]float64{true: 0, false: 1}[step == "persist"]; refusals != want {
+				t.Errorf("map_refusals_total{reason=internal} = %v, want %v", refusals, want)
+			}
+			if rec, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "observer"}}); err != nil {
+				t.Fatal(err)
+			} else if r, err := rec.Inspect(context.Background(), img); err == nil && !r.Free() {
+				t.Errorf("a refused map left a claim: %+v", r.Holders)
+			}
+			if devs, _ := n.d.kernel.List(); len(devs) != 0 {
+				t.Errorf("a refused map left a device: %+v", devs)
+			}
+		})
+	}
 }

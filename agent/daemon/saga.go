@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -166,11 +167,8 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 	// claim (snapshots are immutable: mapping one needs no claim)
 	var res *claim.Result
 	if m.Claimed {
-		if err := s.step("persist-intent"); err != nil {
-			return nil, s.fail(err)
-		}
-		if err := d.state.Put(m); err != nil {
-			return nil, s.fail(err)
+		if err := d.persist(s, "persist-intent", m); err != nil {
+			return nil, d.refused(req, peer, s.fail(err))
 		}
 		s.onFail(func(context.Context) error { return d.state.Delete(t.key) })
 		steps.mark("intent")
@@ -207,11 +205,8 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 		}
 		m.Epoch, m.Phase = epoch, state.Claimed
 		steps.mark("claim")
-		if err := s.step("persist-claim"); err != nil {
-			return nil, s.fail(err)
-		}
-		if err := d.state.Put(m); err != nil {
-			return nil, s.fail(err)
+		if err := d.persist(s, "persist-claim", m); err != nil {
+			return nil, d.refused(req, peer, s.fail(err))
 		}
 	}
 
@@ -260,10 +255,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 
 	// persist
 	m.Phase, m.DeviceID, m.Device, m.ClientAddr = state.Mapped, dev.ID, dev.DevNode, dev.ClientAddr
-	if err := s.step("persist"); err != nil {
-		return nil, s.fail(err)
-	}
-	if err := d.state.Put(m); err != nil {
+	if err := d.persist(s, "persist", m); err != nil {
 		return nil, d.failed(req, peer, s.fail(err))
 	}
 	d.setProblem(t.key, "")
@@ -300,6 +292,39 @@ func (d *Daemon) nextStepWhenHeld(ctx context.Context, t target, holders []claim
 		return fmt.Sprintf("if %s dead: map with --takeover once its lease has expired, or run %s", who, fence)
 	}
 	return fmt.Sprintf("this caller (CSI role) may not take it over under takeover_policy: manual: if %s dead, ask an admin to run %s on any node, or set takeover_policy: after-lease-expiry to let maps take over an expired lease", who, fence)
+}
+
+// persist writes m to the state file at a saga step. A write that fails (a full disk, a
+// read-only file system) is said in words a person acts on and logged at error priority; a
+// fault injected at the step (Options.Fault, tests) stands in for the write.
+func (d *Daemon) persist(s *saga, step string, m state.Mapping) error {
+	var err error
+	if d.opts.Fault != nil {
+		err = d.opts.Fault(s.name, step)
+	}
+	if err == nil {
+		err = d.state.Put(m)
+	}
+	if err == nil || errors.Is(err, ErrCrash) {
+		return err
+	}
+	return d.stateUnwritable(m.Key, err)
+}
+
+// stateUnwritable is a failed write of the state file as one line naming the next step, also
+// logged (the journal, at error priority): nothing is claimed or mapped that the state does not
+// record, so the operation is refused.
+func (d *Daemon) stateUnwritable(k state.Key, err error) error {
+	dir := d.cfg.StateDir
+	next := "check that " + dir + " is writable, then retry"
+	switch {
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		next = "free space in " + dir + ", then retry"
+	case errors.Is(err, syscall.EROFS):
+		next = "its file system is read-only: remount " + dir + " read-write, then retry"
+	}
+	d.log.WithError(err).WithField("image", k.String()).Error("cannot write the state file: " + next)
+	return fmt.Errorf("cannot write the state file: %w; %s", err, next)
 }
 
 // stepTimer notes how long each step of a saga took.
@@ -447,7 +472,7 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 		}
 		m.Phase = state.Unmapping
 		if err := d.state.Put(m); err != nil {
-			return false, err
+			return false, d.unmapFailed(t, peer, d.stateUnwritable(t.key, err))
 		}
 		s.onFail(func(context.Context) error { return d.state.Put(prev) })
 	}
@@ -480,7 +505,8 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 	}
 	if managed {
 		if err := d.state.Delete(t.key); err != nil {
-			return false, err
+			// the device is gone and the claim released: the reconciler drops the entry later
+			return false, d.unmapFailed(t, peer, d.stateUnwritable(t.key, err))
 		}
 	}
 	d.setProblem(t.key, "")
