@@ -268,3 +268,38 @@ func TestMapRefusedForAFullDiskIsAuditedCountedAndLogged(t *testing.T) {
 		})
 	}
 }
+
+// TestUnmapOfAMountedDeviceNamesTheMountPoint: an unmap the kernel refuses because the device
+// is mounted names where, in one line, as the caller reads it and as it is audited.
+func TestUnmapOfAMountedDeviceNamesTheMountPoint(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000045")
+	n, _, audited := nodeB(t, c, "manual")
+	defer n.stop(t)
+	c.m.AddImage(claim.Image{Pool: "rbd", Image: "mounted"}, "id-mounted")
+	n.k.AddImage("rbd", "", "mounted", 16<<20)
+	resp, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "mounted"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := n.d.kernel.FindByPath(resp.Device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.k.Mount(dev.ID, 0, "/mnt/x"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = n.d.Unmap(context.Background(), api.UnmapRequest{Cluster: "c1", Pool: "rbd", Image: "mounted"}, nil)
+	want := fmt.Sprintf("unmap rbd/mounted (rbd%d): %s is mounted at /mnt/x: unmount it first (or unmap --force)", dev.ID, resp.Device)
+	if e := apiError(err); e.Code != api.CodeBusy || e.Message != want {
+		t.Fatalf("unmap of a mounted device: %+v, want busy %q", e, want)
+	}
+	var got []string
+	for _, e := range audited() {
+		if e.Event == audit.Unmap {
+			got = append(got, e.Message)
+		}
+	}
+	if len(got) != 1 || got[0] != "unmap failed: "+want {
+		t.Fatalf("audited %q, want one %q", got, "unmap failed: "+want)
+	}
+}
