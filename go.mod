@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/ceph/go-ceph v0.41.0
 	github.com/coreos/go-systemd/v22 v22.7.0
+	github.com/moby/sys/mountinfo v0.7.2
 	github.com/pilebones/go-udev v0.9.1
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3

@@ -36,7 +36,7 @@ type Backend interface {
 	// ImageID returns the id of the image named img now ("", false when there is none).
 	ImageID(ctx context.Context, img Image) (string, bool, error)
 	// Blocklist adds a client address to the cluster's blocklist for expire, and returns when
-	// it ends.
+	// it ends as the monitors recorded it, on their clock (what `osd blocklist ls` shows).
 	Blocklist(ctx context.Context, addr string, expire time.Duration) (time.Time, error)
 	// Unblocklist removes a client address from the blocklist (no error when it is not listed).
 	Unblocklist(ctx context.Context, addr string) error

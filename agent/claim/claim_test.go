@@ -200,6 +200,15 @@ func TestMissingImagePoolAndClaim(t *testing.T) {
 			t.Errorf("acquire %s: want ErrNotFound, got %v", img, err)
 		}
 	}
+	// said once, with the cluster's code, not its words after the agent's
+	for img, want := range map[Image]string{
+		{Pool: cephtest.Pool, Image: "no-such-image"}: "acquire " + cephtest.Pool + "/no-such-image: image " + cephtest.Pool + "/no-such-image not found (rbd: ret=-2)",
+		{Pool: "no-such-pool", Image: "x"}:            "acquire no-such-pool/x: pool no-such-pool not found (rados: ret=-2)",
+	} {
+		if _, err := a.Acquire(ctx(t), Request{Image: img}); err == nil || err.Error() != want {
+			t.Errorf("acquire %s:\n got %v\nwant %s", img, err, want)
+		}
+	}
 	img := testImage(t, "")
 	if _, err := a.Inspect(ctx(t), img); !errors.Is(err, ErrNoClaim) {
 		t.Errorf("inspect unclaimed: want ErrNoClaim, got %v", err)

@@ -19,8 +19,11 @@ type acquireInput struct {
 	Takeover bool
 	// TakeFenced: holders an admin fenced may be taken over (see Request.TakeFenced)
 	TakeFenced bool
-	Info       imageInfo // the image's id and the watchers of its header other than this client
-	Now        time.Time // this node's wall clock: only written into records, never compared
+	// NextStep phrases the reader's next step when this request may not take over (see
+	// Request.NextStep); nil: the claim layer's own words
+	NextStep func(holders []Holder) string
+	Info     imageInfo // the image's id and the watchers of its header other than this client
+	Now      time.Time // this node's wall clock: only written into records, never compared
 	// Leases is what this node's observer knows of each other holder's lease (by node id),
 	// judged on this node's monotonic clock alone. A holder without one counts as live.
 	Leases map[string]LeaseView
@@ -113,6 +116,9 @@ func decideAcquire(cur *Record, in acquireInput) (acquirePlan, error) {
 	var evict []Holder
 	if !cur.Free() && !(cur.Access == in.Access && in.Access != RWO) {
 		if !in.Takeover && !(in.TakeFenced && allFenced(cur.Holders)) {
+			if in.NextStep != nil {
+				return acquirePlan{}, held(in.NextStep(cur.Holders))
+			}
 			if in.TakeFenced {
 				return acquirePlan{}, held("an admin may fence it (`rbd-owner fence`), after which a map takes it over; or map with takeover (the admin role, or takeover_policy after-lease-expiry) once its lease has expired")
 			}
@@ -123,8 +129,12 @@ func decideAcquire(cur *Record, in acquireInput) (acquirePlan, error) {
 				continue // blocklisted already, by this call or by an admin (fenced again below)
 			}
 			lv, ok := in.Leases[h.NodeID]
-			if !ok || !lv.Expired {
-				return acquirePlan{}, held(fmt.Sprintf("takeover refused: node %s's lease is live as far as this node has seen; retry after %s", h.NodeID, ceilSeconds(lv.RetryAfter)))
+			if !ok {
+				return acquirePlan{}, held(fmt.Sprintf("takeover refused: this node has no look at node %s's lease yet (a takeover needs a whole lease of it unchanged on this node's clock): retry", h.NodeID))
+			}
+			if !lv.Expired {
+				// the holder's entry says when a takeover is possible (HeldError.Error): once
+				return acquirePlan{}, held(fmt.Sprintf("takeover refused while node %s's lease is live as far as this node has seen: retry then", h.NodeID))
 			}
 			if h.fenceAddr() == "" {
 				return acquirePlan{}, held(fmt.Sprintf("takeover refused: node %s recorded no address to fence", h.NodeID))

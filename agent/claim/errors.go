@@ -95,6 +95,24 @@ func (e *HeldError) Error() string {
 	return b.String()
 }
 
+// NotFoundError says once that an image (or its pool) does not exist: "image rbd/x not found
+// (rbd: ret=-2)", the cluster's code in brackets, not its whole text after the agent's.
+type NotFoundError struct {
+	What string // "image rbd/x", "pool rbd"
+	Code string // the cluster's answer in short ("rbd: ret=-2"); "" when there is none
+	Err  error  // the cluster's error (nil in memory)
+}
+
+func (e *NotFoundError) Error() string {
+	if e.Code == "" {
+		return e.What + " not found"
+	}
+	return e.What + " not found (" + e.Code + ")"
+}
+func (e *NotFoundError) Unwrap() error        { return e.Err }
+func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
+func (e *NotFoundError) Kind() fault.Kind     { return fault.NotFound }
+
 // LostError says that this node no longer holds an image at the epoch it had.
 type LostError struct {
 	Image  Image

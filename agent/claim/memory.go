@@ -164,7 +164,7 @@ func (m *Memory) Read(ctx context.Context, img Image, oid string) ([]byte, uint6
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.pools[img.Pool] {
-		return nil, 0, fmt.Errorf("open pool %s: %w", img.Pool, ErrNotFound)
+		return nil, 0, &NotFoundError{What: "pool " + img.Pool}
 	}
 	o, ok := m.objects[keyOf(img, oid)]
 	if !ok {
@@ -181,7 +181,7 @@ func (m *Memory) CompareAndWrite(ctx context.Context, img Image, oid string, ver
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.pools[img.Pool] {
-		return fmt.Errorf("open pool %s: %w", img.Pool, ErrNotFound)
+		return &NotFoundError{What: "pool " + img.Pool}
 	}
 	k := keyOf(img, oid)
 	o, ok := m.objects[k]
@@ -253,7 +253,7 @@ func (m *Memory) ImageInfo(ctx context.Context, img Image) (imageInfo, error) {
 	defer m.mu.Unlock()
 	im, ok := m.images[img]
 	if !ok {
-		return imageInfo{}, fmt.Errorf("open image %s: %w", img, ErrNotFound)
+		return imageInfo{}, &NotFoundError{What: "image " + img.String()}
 	}
 	return imageInfo{ID: im.id, Watchers: append([]string(nil), im.watchers...)}, nil
 }

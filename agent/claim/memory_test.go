@@ -192,3 +192,59 @@ func TestMemoryStalledCluster(t *testing.T) {
 		t.Fatalf("stalled call: %v", err)
 	}
 }
+
+// TestReleaseOfALostHoldSaysWhy: a release by a node that no longer holds the image releases
+// nothing and says why: who holds it now, that an admin force-released it, or that another node
+// took it over and has released it since.
+func TestReleaseOfALostHoldSaysWhy(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	at := clk.Now().UTC().Format(time.RFC3339)
+	for _, tc := range []struct {
+		name string
+		then func(t *testing.T, b *Store, img Image)
+		want string
+	}{
+		{"held by another", func(t *testing.T, b *Store, img Image) {
+			if _, err := b.Acquire(ctx, Request{Image: img, TakeFenced: true}); err != nil {
+				t.Fatal(err)
+			}
+		}, "node nodeB fenced this node's mapping 10.0.0.1:0/7 at " + at + " and node nodeB holds it now (epoch 2)"},
+		{"force-released", func(t *testing.T, b *Store, img Image) {
+			if _, err := b.ForceRelease(ctx, img); err != nil {
+				t.Fatal(err)
+			}
+		}, "an admin force-released it (rbd-owner release --force) after node nodeB fenced this node's mapping 10.0.0.1:0/7 at " + at},
+		{"taken and released since", func(t *testing.T, b *Store, img Image) {
+			r, err := b.Acquire(ctx, Request{Image: img, TakeFenced: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Release(ctx, img, r.Holder.Epoch); err != nil {
+				t.Fatal(err)
+			}
+		}, "node nodeB fenced this node's mapping 10.0.0.1:0/7 at " + at + ", took it over and has released it since"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewMemory("fsid")
+			img := Image{Pool: "rbd", Image: "x"}
+			m.AddImage(img, "id1")
+			a, b := memNode(t, m, "nodeA", clk), memNode(t, m, "nodeB", clk)
+			r, err := a.Acquire(ctx, Request{Image: img})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.SetMapping(ctx, img, r.Holder.Epoch, "10.0.0.1:0/7", "/dev/rbd0"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Fence(ctx, img); err != nil {
+				t.Fatal(err)
+			}
+			tc.then(t, b, img)
+			got, err := a.ReleaseHold(ctx, img, r.Holder.Epoch)
+			if err != nil || got.Released || got.NotHeld != tc.want {
+				t.Fatalf("release of a lost hold: %+v %v\nwant NotHeld %q", got, err, tc.want)
+			}
+		})
+	}
+}

@@ -19,6 +19,10 @@ type Request struct {
 	// blocklisted and marked fenced in the record), without waiting for their leases. It is
 	// what a map may do whoever asks; Takeover is the admin's, or the policy's.
 	TakeFenced bool
+	// NextStep, when set, phrases what the one reading a refusal may do next when this request
+	// may not take the image over (no Takeover) and it is held: the caller knows who reads
+	// (an admin, or ceph-csi) and under which policy. Given the holders.
+	NextStep func(holders []Holder) string
 }
 
 // Result is the outcome of Acquire.
@@ -49,7 +53,7 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 		return nil, fmt.Errorf("acquire %s: %w", req.Image, err)
 	}
 	in := acquireInput{Self: s.cfg.Node.ID, FSID: s.fsid, Image: req.Image, Access: access, ReadOnly: req.ReadOnly,
-		Takeover: req.Takeover, TakeFenced: req.TakeFenced, Info: info, Me: s.me(), Fenced: map[string]bool{}}
+		Takeover: req.Takeover, TakeFenced: req.TakeFenced, NextStep: req.NextStep, Info: info, Me: s.me(), Fenced: map[string]bool{}}
 	var res Result
 	fences := map[string]Fence{}      // holders this call has blocklisted (see acquireInput.Fenced)
 	renewed := map[string]time.Time{} // the record's live fences this call blocklisted again
@@ -201,11 +205,27 @@ func (s *Store) SetMapping(ctx context.Context, img Image, epoch uint64, clientA
 // Release drops this node's hold, only if it holds the image at epoch. It returns false
 // (and no error) when there was nothing of ours to release.
 func (s *Store) Release(ctx context.Context, img Image, epoch uint64) (bool, error) {
-	released := false
+	r, err := s.ReleaseHold(ctx, img, epoch)
+	return r.Released, err
+}
+
+// ReleaseResult says what ReleaseHold did.
+type ReleaseResult struct {
+	Released bool
+	// NotHeld, when nothing was released, says why in words a person reads: who holds the image
+	// now, or who released this node's hold before ("" when Released).
+	NotHeld string
+}
+
+// ReleaseHold is Release, saying why there was nothing to release when this node no longer
+// held the image at epoch: taken over by another node, or force-released by an admin.
+func (s *Store) ReleaseHold(ctx context.Context, img Image, epoch uint64) (ReleaseResult, error) {
+	var res ReleaseResult
 	_, err := s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
-		released = false
+		res = ReleaseResult{}
 		h := cur.Holder(s.cfg.Node.ID)
 		if h == nil || h.Epoch != epoch {
+			res.NotHeld = notHeld(cur, s.cfg.Node.ID, epoch)
 			return nil, nil // not ours (any more): leave it alone
 		}
 		// the caller's device is gone (it releases only then): an admin's fence of this very
@@ -216,13 +236,47 @@ func (s *Store) Release(ctx context.Context, img Image, epoch uint64) (bool, err
 			}
 		}
 		cur.without(s.cfg.Node.ID)
-		released = true
+		res.Released = true
 		return cur, nil
 	})
 	if err != nil {
-		return false, fmt.Errorf("release %s: %w", img, err)
+		return ReleaseResult{}, fmt.Errorf("release %s: %w", img, err)
 	}
-	return released, nil
+	return res, nil
+}
+
+// notHeld says why node holds nothing to release at epoch in cur: who took the image, or that
+// its hold was dropped (an admin's release --force, after a fence).
+func notHeld(cur *Record, node string, epoch uint64) string {
+	if cur == nil {
+		return "its claim record is gone"
+	}
+	if h := cur.Holder(node); h != nil {
+		return fmt.Sprintf("this node holds it at epoch %d now, not %d", h.Epoch, epoch)
+	}
+	var fence *Fence
+	for i := range cur.Fences {
+		if f := &cur.Fences[i]; f.NodeID == node && f.Epoch == epoch {
+			fence = f
+		}
+	}
+	fenced := func(by string) string {
+		return fmt.Sprintf("node %s fenced this node's mapping %s at %s", by, fence.Addr, fence.At.UTC().Format(time.RFC3339))
+	}
+	switch {
+	case len(cur.Holders) > 0 && fence != nil:
+		return fmt.Sprintf("%s and node %s holds it now (epoch %d)", fenced(fence.By), cur.Holders[0].NodeID, cur.Holders[0].Epoch)
+	case len(cur.Holders) > 0:
+		return fmt.Sprintf("node %s holds it now (epoch %d)", cur.Holders[0].NodeID, cur.Holders[0].Epoch)
+	case cur.Epoch == epoch && fence != nil:
+		// nobody claimed it after this node: its hold was dropped as it was
+		return "an admin force-released it (rbd-owner release --force) after " + fenced(fence.By)
+	case cur.Epoch == epoch:
+		return "an admin force-released it (rbd-owner release --force)"
+	case fence != nil:
+		return fenced(fence.By) + ", took it over and has released it since"
+	}
+	return fmt.Sprintf("another node took it over (epoch %d) and has released it since", cur.Epoch)
 }
 
 // Inspect reads the image's claim record; ErrNoClaim when it has none.

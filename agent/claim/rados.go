@@ -1,8 +1,10 @@
 package claim
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
@@ -40,6 +42,9 @@ func (r *Rados) FSID() string { return r.fsid }
 // sharing one between goroutines would mix up versions.
 func (r *Rados) ioctx(img Image) (*rados.IOContext, error) {
 	io, err := r.conn.OpenIOContext(img.Pool)
+	if cephconn.Code(err) == -int(syscall.ENOENT) {
+		return nil, notFound("pool "+img.Pool, "rados", err)
+	}
 	if err != nil {
 		return nil, cephconn.Classify(fmt.Errorf("open pool %s: %w", img.Pool, err), "open pool "+img.Pool, osdCap)
 	}
@@ -188,6 +193,9 @@ func (r *Rados) ImageInfo(ctx context.Context, img Image) (imageInfo, error) {
 // openImageInfo opens the image read-only for its id and watchers.
 func openImageInfo(io *rados.IOContext, img Image) (imageInfo, error) {
 	im, err := rbd.OpenImageReadOnly(io, img.Image, rbd.NoSnapshot)
+	if cephconn.Code(err) == -int(syscall.ENOENT) {
+		return imageInfo{}, notFound("image "+img.String(), "rbd", err)
+	}
 	if err != nil {
 		return imageInfo{}, cephconn.Classify(fmt.Errorf("open image %s: %w", img, err), "open image "+img.String(), osdCap)
 	}
@@ -205,6 +213,11 @@ func openImageInfo(io *rados.IOContext, img Image) (imageInfo, error) {
 		info.Watchers = append(info.Watchers, w.Addr)
 	}
 	return info, nil
+}
+
+// notFound is the cluster's ENOENT for what, said once: "image rbd/x not found (rbd: ret=-2)".
+func notFound(what, source string, err error) error {
+	return &NotFoundError{What: what, Code: fmt.Sprintf("%s: ret=%d", source, cephconn.Code(err)), Err: err}
 }
 
 // ImageID reads rbd_id.<name>: the id of the image that has that name now.
@@ -241,12 +254,67 @@ func readImageID(io *rados.IOContext, img Image) (string, bool, error) {
 	return string(buf[4 : 4+l]), true, nil
 }
 
-// Blocklist adds addr to the blocklist (the agent's user needs `allow command "osd blocklist"`).
+// Blocklist adds addr to the blocklist (the agent's user needs `allow command "osd blocklist"`)
+// and returns when its entry ends as the monitors recorded it (`osd blocklist ls`), on their
+// clock, not this node's; this node's estimate only when the list cannot be read.
 func (r *Rados) Blocklist(ctx context.Context, addr string, expire time.Duration) (time.Time, error) {
 	if err := ctx.Err(); err != nil {
 		return time.Time{}, err
 	}
-	return cephconn.Blocklist(r.conn, addr, expire)
+	until, err := cephconn.Blocklist(r.conn, addr, expire)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if mon, ok, err := r.blocklistExpiry(addr); err == nil && ok {
+		return mon, nil
+	}
+	return until, nil
+}
+
+// blocklistExpiry reads addr's entry from the monitors' blocklist (false when it has none).
+func (r *Rados) blocklistExpiry(addr string) (time.Time, bool, error) {
+	out, _, err := r.conn.MonCommand([]byte(`{"prefix":"osd blocklist ls","format":"json"}`))
+	if err != nil {
+		return time.Time{}, false, cephconn.Classify(fmt.Errorf("osd blocklist ls: %w", err), "osd blocklist ls", cephconn.BlocklistCap)
+	}
+	return parseBlocklistExpiry(out, addr)
+}
+
+// parseBlocklistExpiry finds addr's expiry in the JSON of `osd blocklist ls`: a list of
+// {"addr", "until"} (followed, on releases that have range entries, by a list of {"range",
+// "until"}).
+func parseBlocklistExpiry(out []byte, addr string) (time.Time, bool, error) {
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for dec.More() {
+		var entries []struct {
+			Addr  string `json:"addr"`
+			Range string `json:"range"`
+			Until string `json:"until"`
+		}
+		if err := dec.Decode(&entries); err != nil {
+			return time.Time{}, false, fmt.Errorf("osd blocklist ls: %w", err)
+		}
+		for _, e := range entries {
+			if e.Addr == "" || bareAddr(e.Addr) != bareAddr(addr) {
+				continue
+			}
+			for _, layout := range []string{"2006-01-02T15:04:05.000000-0700", "2006-01-02T15:04:05.000000Z0700", "2006-01-02 15:04:05.000000", time.RFC3339Nano} {
+				if t, err := time.Parse(layout, e.Until); err == nil {
+					return t.UTC(), true, nil
+				}
+			}
+			return time.Time{}, false, fmt.Errorf("osd blocklist ls: %s: expiry %q not understood", e.Addr, e.Until)
+		}
+	}
+	return time.Time{}, false, nil
+}
+
+// bareAddr drops an address's type ("v1:", "v2:", "any:"), which the blocklist may show.
+func bareAddr(a string) string {
+	for _, p := range []string{"any:", "v1:", "v2:"} {
+		a = strings.TrimPrefix(a, p)
+	}
+	return a
 }
 
 // Unblocklist removes addr from the blocklist.

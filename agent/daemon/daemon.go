@@ -111,6 +111,9 @@ type Daemon struct {
 	beatEvery      time.Duration // how often an idle loop beats (set by Run)
 	notifyOff      bool          // sd_notify said there is no notify socket (logged once)
 
+	// selfFencedUntil: the entry keepFenced last made for each lost mapping (selffence.go)
+	selfFencedUntil map[state.Key]selfFence
+
 	ops *executor
 
 	metrics     *metrics.Metrics       // the Prometheus collectors (metrics.go)

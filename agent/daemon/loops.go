@@ -291,7 +291,7 @@ func (d *Daemon) checkClaim(ctx context.Context, cl *cluster, store *claim.Store
 				Image: m.Image, Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, Error: true,
 				Message: fmt.Sprintf("claim on %s is lost, device %s left in place: %v", m.Key, m.Device, err)})
 		}
-		d.setLost(m.Key, err.Error())
+		d.setLost(m.Key, err.Error()+d.selfFencedNote(m))
 		d.keepFenced(ctx, cl, m, err)
 	default:
 		msg := "claim not checked: " + err.Error()

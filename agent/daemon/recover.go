@@ -330,7 +330,8 @@ func (d *Daemon) deviceEvent(ctx context.Context, ev devwatch.Event) {
 // the fence that took it expires: the device is left mapped (unmapping a file system in use is
 // not the agent's call), and when the blocklist entry ran out its kernel client would write
 // again. Only done when the record shows the image held by others or this hold fenced, so a
-// mapping whose record merely vanished is not cut off.
+// mapping whose record merely vanished is not cut off. The status problem of the claim says
+// until when the entry holds, as the monitors recorded it (on their clock, not this node's).
 func (d *Daemon) keepFenced(ctx context.Context, cl *cluster, m state.Mapping, lost error) {
 	var le *claim.LostError
 	if !errors.As(lost, &le) || le.Record == nil || m.ClientAddr == "" || m.Phase != state.Mapped {
@@ -360,11 +361,17 @@ func (d *Daemon) keepFenced(ctx context.Context, cl *cluster, m state.Mapping, l
 		d.log.WithError(err).WithField("image", m.Key.String()).Error("cannot keep this node's lost mapping fenced")
 		return
 	}
+	f := selfFence{addr: m.ClientAddr, device: m.Device, until: until}
 	d.mu.Lock()
 	d.selfFenced[m.Key] = time.Now()
+	if d.selfFencedUntil == nil {
+		d.selfFencedUntil = map[state.Key]selfFence{}
+	}
+	d.selfFencedUntil[m.Key] = f
 	d.mu.Unlock()
+	d.setLost(m.Key, lost.Error()+"; "+f.String())
 	d.metrics.Fenced(m.Cluster, metrics.CauseOwnLost)
 	d.audit.Record(audit.Entry{Event: audit.Fence, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace, Image: m.Image,
 		Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, Warning: true,
-		Message: fmt.Sprintf("%s lost its claim and stays mapped: its client %s is kept blocklisted until %s; unmap it", m.Device, m.ClientAddr, until.UTC().Format(time.RFC3339))})
+		Message: fmt.Sprintf("%s lost its claim and stays mapped: %s", m.Device, f)})
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -166,11 +167,8 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 	// claim (snapshots are immutable: mapping one needs no claim)
 	var res *claim.Result
 	if m.Claimed {
-		if err := s.step("persist-intent"); err != nil {
-			return nil, s.fail(err)
-		}
-		if err := d.state.Put(m); err != nil {
-			return nil, s.fail(err)
+		if err := d.persist(s, "persist-intent", m); err != nil {
+			return nil, d.refused(req, peer, s.fail(err))
 		}
 		s.onFail(func(context.Context) error { return d.state.Delete(t.key) })
 		steps.mark("intent")
@@ -178,7 +176,8 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 			return nil, s.fail(err)
 		}
 		res, err = store.Acquire(ctx, claim.Request{Image: t.img, Access: access, ReadOnly: readOnly,
-			Takeover: req.Takeover || d.cfg.TakeoverPolicy == config.TakeoverAfterLeaseExpiry, TakeFenced: true})
+			Takeover: req.Takeover || d.cfg.TakeoverPolicy == config.TakeoverAfterLeaseExpiry, TakeFenced: true,
+			NextStep: func(hs []claim.Holder) string { return d.nextStepWhenHeld(ctx, t, hs) }})
 		var held *claim.HeldError
 		if errors.As(err, &held) {
 			d.watches.add(t.key, time.Now().Add(watchFor(d.cfg.LeaseDuration.D())))
@@ -206,11 +205,8 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 		}
 		m.Epoch, m.Phase = epoch, state.Claimed
 		steps.mark("claim")
-		if err := s.step("persist-claim"); err != nil {
-			return nil, s.fail(err)
-		}
-		if err := d.state.Put(m); err != nil {
-			return nil, s.fail(err)
+		if err := d.persist(s, "persist-claim", m); err != nil {
+			return nil, d.refused(req, peer, s.fail(err))
 		}
 	}
 
@@ -259,10 +255,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 
 	// persist
 	m.Phase, m.DeviceID, m.Device, m.ClientAddr = state.Mapped, dev.ID, dev.DevNode, dev.ClientAddr
-	if err := s.step("persist"); err != nil {
-		return nil, s.fail(err)
-	}
-	if err := d.state.Put(m); err != nil {
+	if err := d.persist(s, "persist", m); err != nil {
 		return nil, d.failed(req, peer, s.fail(err))
 	}
 	d.setProblem(t.key, "")
@@ -279,6 +272,59 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 	steps.mark("persist")
 	d.log.WithFields(logrus.Fields{"image": t.key.String(), "requester": req.Requester}).WithFields(steps.fields()).Info("map steps")
 	return resp, nil
+}
+
+// nextStepWhenHeld is the next step of the one reading a refusal by a map that may not take
+// the image over (takeover_policy manual, no takeover asked), phrased for its caller: an admin
+// may fence the holder and release its claim, a CSI-role caller (ceph-csi) can do neither and
+// has to ask an admin, or have the policy changed.
+func (d *Daemon) nextStepWhenHeld(ctx context.Context, t target, holders []claim.Holder) string {
+	who := "its holders are"
+	if len(holders) == 1 {
+		who = "node " + holders[0].NodeID + " is"
+	}
+	cluster := ""
+	if len(d.cfg.Clusters) > 1 {
+		cluster = "--cluster " + t.key.Cluster + " "
+	}
+	fence := fmt.Sprintf("`rbd-owner fence %s%s` then `rbd-owner release --force %s%s`", cluster, t.img, cluster, t.img)
+	if c, _ := callerFrom(ctx); c.role >= peercred.RoleAdmin {
+		return fmt.Sprintf("if %s dead: map with --takeover once its lease has expired, or run %s", who, fence)
+	}
+	return fmt.Sprintf("this caller (CSI role) may not take it over under takeover_policy: manual: if %s dead, ask an admin to run %s on any node, or set takeover_policy: after-lease-expiry to let maps take over an expired lease", who, fence)
+}
+
+// persist writes m to the state file at a saga step. A write that fails (a full disk, a
+// read-only file system) is said in words a person acts on and logged at error priority; a
+// fault injected at the step (Options.Fault, tests) stands in for the write.
+func (d *Daemon) persist(s *saga, step string, m state.Mapping) error {
+	var err error
+	if d.opts.Fault != nil {
+		err = d.opts.Fault(s.name, step)
+	}
+	if err == nil {
+		err = d.state.Put(m)
+	}
+	if err == nil || errors.Is(err, ErrCrash) {
+		return err
+	}
+	return d.stateUnwritable(m.Key, err)
+}
+
+// stateUnwritable is a failed write of the state file as one line naming the next step, also
+// logged (the journal, at error priority): nothing is claimed or mapped that the state does not
+// record, so the operation is refused.
+func (d *Daemon) stateUnwritable(k state.Key, err error) error {
+	dir := d.cfg.StateDir
+	next := "check that " + dir + " is writable, then retry"
+	switch {
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		next = "free space in " + dir + ", then retry"
+	case errors.Is(err, syscall.EROFS):
+		next = "its file system is read-only: remount " + dir + " read-write, then retry"
+	}
+	d.log.WithError(err).WithField("image", k.String()).Error("cannot write the state file: " + next)
+	return fmt.Errorf("cannot write the state file: %w; %s", err, next)
 }
 
 // stepTimer notes how long each step of a saga took.
@@ -426,7 +472,7 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 		}
 		m.Phase = state.Unmapping
 		if err := d.state.Put(m); err != nil {
-			return false, err
+			return false, d.unmapFailed(t, peer, d.stateUnwritable(t.key, err))
 		}
 		s.onFail(func(context.Context) error { return d.state.Put(prev) })
 	}
@@ -440,12 +486,18 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 		d.forgetUnmanaged(dv.ID)
 	}
 	// from here on the device is gone: failures are retried by the reconciler, never undone
+	claimNote := ""
 	if managed && m.Claimed {
 		if err := s.step("release"); err != nil {
 			return false, err
 		}
-		if err := d.release(ctx, t.cl, m); err != nil {
+		notHeld, err := d.releaseClaim(ctx, t.cl, m)
+		if err != nil {
 			return false, d.unmapFailed(t, peer, fmt.Errorf("unmapped, but releasing the claim failed (will retry): %w", err))
+		}
+		claimNote = ", claim released"
+		if notHeld != "" {
+			claimNote = "; its claim was already lost: " + notHeld + "; nothing to release"
 		}
 	}
 	if err := s.step("persist"); err != nil {
@@ -453,7 +505,8 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 	}
 	if managed {
 		if err := d.state.Delete(t.key); err != nil {
-			return false, err
+			// the device is gone and the claim released: the reconciler drops the entry later
+			return false, d.unmapFailed(t, peer, d.stateUnwritable(t.key, err))
 		}
 	}
 	d.setProblem(t.key, "")
@@ -463,7 +516,7 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 	}
 	d.audit.Record(audit.Entry{Event: audit.Unmap, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
 		Image: t.spec.Image, Device: devName, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
-		Message: fmt.Sprintf("unmapped %s (%s)%s", t.spec, devName, map[bool]string{true: ", claim released", false: ""}[managed && m.Claimed])})
+		Message: fmt.Sprintf("unmapped %s (%s)%s", t.spec, devName, claimNote)})
 	return len(devs) > 0, nil
 }
 
@@ -489,24 +542,30 @@ func (d *Daemon) claimingEpoch(ctx context.Context, cl *cluster, m state.Mapping
 
 // release drops the claim of a mapping and audits it.
 func (d *Daemon) release(ctx context.Context, cl *cluster, m state.Mapping) error {
+	_, err := d.releaseClaim(ctx, cl, m)
+	return err
+}
+
+// releaseClaim is release, saying why nothing was released when the claim was no longer this
+// node's ("" when it was released): who took it, or that an admin force-released it.
+func (d *Daemon) releaseClaim(ctx context.Context, cl *cluster, m state.Mapping) (notHeld string, err error) {
 	store, err := cl.claims(ctx)
 	if err != nil {
-		return err
+		return "", err
 	}
 	img := m.Ref.Head()
-	ok, err := store.Release(ctx, img, m.Epoch)
+	res, err := store.ReleaseHold(ctx, img, m.Epoch)
 	if err != nil {
-		return err
+		return "", err
 	}
-	if !ok {
+	if !res.Released {
 		// not ours any more: another node took it, fencing this mapping, which is gone now
 		d.fencedMappingGone(ctx, store, m)
+		return res.NotHeld, nil
 	}
-	if ok {
-		d.audit.Record(audit.Entry{Event: audit.Release, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace, Image: m.Image,
-			Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID})
-	}
-	return nil
+	d.audit.Record(audit.Entry{Event: audit.Release, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace, Image: m.Image,
+		Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID})
+	return "", nil
 }
 
 // unmapTarget resolves an unmap request: by image spec, or by /dev path.

@@ -89,11 +89,15 @@ func takeoverByRole(t *testing.T, policy string) {
 				// this node watches node-a's lease for a whole lease (two looks), then asks
 				var code int
 				var e *api.Error
+				var refusals []string // what the caller read, the lease live, then expired
 				for _, step := range []time.Duration{0, 20 * time.Second, 11 * time.Second} {
 					mono.Advance(step)
 					code, e = mapAs(who.role, who.socket, image, takeover)
 					if code == http.StatusOK {
 						break
+					}
+					if e != nil {
+						refusals = append(refusals, e.Message)
 					}
 				}
 				rec, err := a.Inspect(context.Background(), img)
@@ -128,6 +132,24 @@ func takeoverByRole(t *testing.T, policy string) {
 					}
 					if e != nil && e.RetryAfterSeconds != 0 {
 						t.Errorf("%s: a map that may not take over is told to retry after %ds", name, e.RetryAfterSeconds)
+					}
+					// the next step is the reader's own: an admin may fence and release, or take
+					// over; a CSI-role caller can only ask an admin (or have the policy changed)
+					fence := fmt.Sprintf("`rbd-owner fence rbd/%s` then `rbd-owner release --force rbd/%s`", image, image)
+					for _, msg := range refusals {
+						if who.role >= peercred.RoleAdmin {
+							if !strings.Contains(msg, "if node node-a is dead: map with --takeover once its lease has expired, or run "+fence) {
+								t.Errorf("%s: the admin is not told its next step: %s", name, msg)
+							}
+							continue
+						}
+						if !strings.Contains(msg, "this caller (CSI role) may not take it over under takeover_policy: manual: if node node-a is dead, ask an admin to run "+fence+" on any node, or set takeover_policy: after-lease-expiry") ||
+							strings.Contains(msg, "map with takeover") || strings.Contains(msg, "retry") || strings.Contains(msg, "possible in") {
+							t.Errorf("%s: the CSI caller is not told what it can do: %s", name, msg)
+						}
+					}
+					if len(refusals) != 3 {
+						t.Errorf("%s: %d refusals, want 3 (lease live, live, expired)", name, len(refusals))
 					}
 				}
 			}
@@ -259,4 +281,33 @@ func TestTakeoverOfAnUnknownCallerIsRefused(t *testing.T) {
 		}
 	}
 	t.Fatal("no denied audit entry")
+}
+
+// TestRefusalUnderAfterLeaseExpirySaysWhenOnce: a CSI caller under after-lease-expiry,
+// refused while the holder's lease is live, reads when a takeover is possible once.
+func TestRefusalUnderAfterLeaseExpirySaysWhenOnce(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000039")
+	n, _, _ := nodeB(t, c, config.TakeoverAfterLeaseExpiry)
+	defer n.stop(t)
+	a, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Hostname: "host-a", Addr: func() string { return "10.0.0.1" }},
+		Lease: 30 * time.Second, FenceExpiry: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := claim.Image{Pool: "rbd", Image: "once"}
+	c.m.AddImage(img, "id-once")
+	n.k.AddImage("rbd", "", "once", 16<<20)
+	if _, err := a.Acquire(context.Background(), claim.Request{Image: img}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := withCaller(context.Background(), caller{known: true, role: peercred.RoleCSI, socket: socketCSI})
+	_, err = n.d.Map(ctx, api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "once"}, nil)
+	e := apiError(err)
+	if e.RetryAfterSeconds != 30 {
+		t.Fatalf("refusal: retry after %ds, want 30: %v", e.RetryAfterSeconds, err)
+	}
+	if !strings.HasSuffix(e.Message, "(live: watching node node-a's lease; a takeover is possible in 30s unless it renews); takeover refused while node node-a's lease is live as far as this node has seen: retry then") ||
+		strings.Count(e.Message, "30s") != 1 || strings.Contains(e.Message, "retry after") {
+		t.Fatalf("the time is not said once: %s", e.Message)
+	}
 }

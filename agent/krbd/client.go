@@ -45,6 +45,9 @@ type Config struct {
 	EBusyRetry time.Duration
 	// Poll is how often waits re-read sysfs besides reacting to events (default 250 ms).
 	Poll time.Duration
+	// MountInfo is the mount table read to name where a busy device is mounted (default
+	// DefaultMountInfo, the agent's own mount namespace).
+	MountInfo string
 }
 
 // Client maps, unmaps and lists krbd devices. Safe for concurrent use.
@@ -99,6 +102,9 @@ func New(cfg Config) *Client {
 	}
 	if cfg.Poll == 0 {
 		cfg.Poll = 250 * time.Millisecond
+	}
+	if cfg.MountInfo == "" {
+		cfg.MountInfo = DefaultMountInfo
 	}
 	return &Client{cfg: cfg, locks: map[Spec]*specLock{}}
 }
@@ -489,8 +495,11 @@ func (c *Client) unmap(ctx context.Context, id int, attr, want string, o UnmapOp
 		if errors.Is(err, ErrNotFound) {
 			return false, nil // not mapped: unmap is idempotent
 		}
-		if !errors.Is(err, ErrBusy) || time.Now().Add(backoff).After(deadline) {
+		if !errors.Is(err, ErrBusy) {
 			return false, err
+		}
+		if time.Now().Add(backoff).After(deadline) {
+			return false, c.busy(id, err)
 		}
 		c.cfg.Logger.WithFields(logrus.Fields{"id": id, "backoff": backoff}).Debug("rbd remove busy, retrying")
 		select {

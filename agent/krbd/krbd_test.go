@@ -804,3 +804,46 @@ func TestMapWaitsForUdev(t *testing.T) {
 	}
 	unmapAll()
 }
+
+// TestUnmapOfAMountedDeviceNamesItsMountPoints: the kernel's EBUSY is reported as what a
+// person undoes: the device and every place it, or a partition of it, is mounted (from the
+// mount table), not the control file that refused the write.
+func TestUnmapOfAMountedDeviceNamesItsMountPoints(t *testing.T) {
+	for _, o := range []fakekernel.Options{{}, {NoSingleMajor: true}} {
+		k, c := newFake(t, o)
+		ctx := context.Background()
+		other, err := c.Map(ctx, mustSpec(t, "rbd/ns1/img1"), opts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := c.Map(ctx, mustSpec(t, "rbd/img1"), opts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range []struct {
+			id, part int
+			at       string
+		}{{d.ID, 0, "/mnt/x"}, {other.ID, 0, "/mnt/other"}, {d.ID, 1, "/mnt/a dir/part1"}} {
+			if err := k.Mount(m.id, m.part, m.at); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, err = c.UnmapDevice(ctx, d, krbd.UnmapOptions{})
+		want := fmt.Sprintf("unmap rbd/img1 (rbd%d): %s is mounted at /mnt/x, /mnt/a dir/part1: unmount it first (or unmap --force)", d.ID, d.DevNode)
+		if err == nil || err.Error() != want {
+			t.Fatalf("unmap of a mounted device (%+v):\n got %v\nwant %s", o, err, want)
+		}
+		if !errors.Is(err, krbd.ErrBusy) || !errors.Is(err, syscall.EBUSY) {
+			t.Errorf("not classified as busy: %v", err)
+		}
+		// open, but not mounted here: said so
+		k.SetOpen(other.ID, true)
+		if err := os.WriteFile(k.MountInfo, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.UnmapDevice(ctx, other, krbd.UnmapOptions{})
+		if err == nil || !strings.Contains(err.Error(), other.DevNode+" is open (") || !strings.Contains(err.Error(), "not mounted in the agent's mount namespace") {
+			t.Errorf("unmap of a device open but not mounted: %v", err)
+		}
+	}
+}

@@ -465,9 +465,8 @@ func agentError(err error, env Env) (int, string) {
 		if ae.Owner != nil && !strings.Contains(msg, ae.Owner.NodeID) {
 			msg += " (held by node " + ae.Owner.NodeID + ")"
 		}
-		if ae.RetryAfterSeconds > 0 {
-			msg += fmt.Sprintf("; retry after %ds", ae.RetryAfterSeconds)
-		}
+		// the agent's message already says when a takeover is possible (RetryAfterSeconds is
+		// the same time for programs): not said twice
 		return code, msg + " [" + ae.Code + "]"
 	}
 	if errors.Is(err, client.ErrUnreachable) {

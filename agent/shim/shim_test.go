@@ -80,12 +80,14 @@ func TestCephCSIMap(t *testing.T) {
 }
 
 func TestCephCSIRefusalIsOneLineNamingTheOwner(t *testing.T) {
-	a := &fakeAgent{mapErr: &api.Error{Code: api.CodeClaimedElsewhere, Message: "rbd/img is held by node node-a (epoch 3); map with takeover only once its lease has expired",
-		Owner: &api.Owner{NodeID: "node-a"}, RetryAfterSeconds: 12}}
+	// the agent's own words under takeover_policy: after-lease-expiry: the time is said once
+	held := "acquire rbd/img: rbd/img is held (rwo) by node node-a (host host-a, addr 10.0.0.1) at epoch 3 since 2026-01-02T03:04:05Z " +
+		"(live: watching node node-a's lease; a takeover is possible in 12s unless it renews); " +
+		"takeover refused while node node-a's lease is live as far as this node has seen: retry then"
+	a := &fakeAgent{mapErr: &api.Error{Code: api.CodeClaimedElsewhere, Message: held, Owner: &api.Owner{NodeID: "node-a"}, RetryAfterSeconds: 12}}
 	r := run(t, a, "--id", "x", "-m", "10.0.0.1:6789", "--keyfile=/k", "map", "rbd/img", "--device-type", "krbd", "--options", "noudev")
-	if r.code != exitEBUSY || r.stdout != "" || strings.Count(r.stderr, "\n") != 1 || !strings.Contains(r.stderr, "node-a") ||
-		!strings.Contains(r.stderr, "retry after 12s") || !strings.HasPrefix(r.stderr, "rbd: map failed: ") {
-		t.Fatalf("refusal: %+v", r)
+	if want := "rbd: map failed: rbd-owner refused to map rbd/img: " + held + " [claimed_elsewhere]\n"; r.code != exitEBUSY || r.stdout != "" || r.stderr != want {
+		t.Fatalf("refusal: %+v\nwant stderr %q", r, want)
 	}
 	a.mapErr = fmt.Errorf("%w at /run/test.sock: dial unix: connection refused", client.ErrUnreachable)
 	r = run(t, a, "map", "rbd/img")

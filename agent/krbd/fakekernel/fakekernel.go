@@ -48,9 +48,10 @@ type image struct {
 
 // Kernel is the fake. Safe for concurrent use.
 type Kernel struct {
-	Sysfs string // sysfs root
-	Dev   string // /dev root
-	opts  Options
+	Sysfs     string // sysfs root
+	Dev       string // /dev root
+	MountInfo string // the mount table (krbd.Config.MountInfo): what Mount adds to
+	opts      Options
 
 	mu        sync.Mutex
 	images    map[string]*image // "pool/ns/image"
@@ -73,6 +74,7 @@ type Kernel struct {
 	dropNext  int
 	writes    []string
 	loads     int
+	mountSeq  int
 }
 
 // New creates a fake kernel under dir (dir/sys, dir/dev).
@@ -80,7 +82,7 @@ func New(dir string, o Options) (*Kernel, error) {
 	if o.FSID == "" {
 		o.FSID = "a7f64266-0894-4f1e-a635-d0aeaca0e993"
 	}
-	k := &Kernel{Sysfs: filepath.Join(dir, "sys"), Dev: filepath.Join(dir, "dev"), opts: o,
+	k := &Kernel{Sysfs: filepath.Join(dir, "sys"), Dev: filepath.Join(dir, "dev"), MountInfo: filepath.Join(dir, "mountinfo"), opts: o,
 		images: map[string]*image{}, pools: map[string]bool{}, users: map[string][][]byte{},
 		keys: map[string][]byte{}, devices: map[int]string{}, open: map[int]bool{},
 		nextMajor: 240, clientSeq: 4117, subs: map[*sub]bool{},
@@ -89,6 +91,10 @@ func New(dir string, o Options) (*Kernel, error) {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
 		}
+	}
+	// the root file system, as every mount table starts
+	if err := os.WriteFile(k.MountInfo, []byte("22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"), 0o644); err != nil {
+		return nil, err
 	}
 	if !o.NoModule {
 		if err := k.loadModule(); err != nil {
@@ -204,6 +210,43 @@ func (k *Kernel) Keys() []string {
 // SetOpen marks device id open (remove fails EBUSY) or closed.
 func (k *Kernel) SetOpen(id int, open bool) { k.mu.Lock(); k.open[id] = open; k.mu.Unlock() }
 
+// Mount records device id (partition 0 for the whole disk) as mounted at path in the mount
+// table, and marks it open (remove fails EBUSY), as a file system mounted on it does.
+func (k *Kernel) Mount(id, partition int, path string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	dir := filepath.Join(k.Sysfs, "devices", "rbd", strconv.Itoa(id))
+	maj, err := os.ReadFile(filepath.Join(dir, "major"))
+	if err != nil {
+		return err
+	}
+	minb, err := os.ReadFile(filepath.Join(dir, "minor"))
+	if err != nil {
+		return err
+	}
+	minor, err := strconv.Atoi(strings.TrimSpace(string(minb)))
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(k.MountInfo, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	k.mountSeq++
+	src := filepath.Join(k.Dev, "rbd"+strconv.Itoa(id))
+	if partition > 0 {
+		src += "p" + strconv.Itoa(partition)
+	}
+	// mountinfo escapes a space in a path as \040
+	if _, err := fmt.Fprintf(f, "%d 22 %s:%d / %s rw,relatime shared:%d - ext4 %s rw\n",
+		100+k.mountSeq, strings.TrimSpace(string(maj)), minor+partition, strings.ReplaceAll(path, " ", `\040`), 100+k.mountSeq, src); err != nil {
+		return err
+	}
+	k.open[id] = true
+	return nil
+}
+
 // DropEvents makes the next n events vanish for every subscriber, as if the socket buffer
 // had overflowed; subscribers then get an Overflow marker before the next delivered event.
 func (k *Kernel) DropEvents(n int) { k.mu.Lock(); k.dropNext = n; k.mu.Unlock() }
@@ -218,7 +261,7 @@ func (k *Kernel) Writes() []string {
 // Config returns a krbd.Config wired to this fake.
 func (k *Kernel) Config() krbd.Config {
 	return krbd.Config{SysfsRoot: k.Sysfs, DevRoot: k.Dev, Writer: k, Events: k, Udev: k.Udevd(), Keys: k,
-		LoadModule: k.LoadModule, StatDev: k.StatDev}
+		LoadModule: k.LoadModule, StatDev: k.StatDev, MountInfo: k.MountInfo}
 }
 
 // Udevd returns the fake udevd's event source: a copy of every rbd event the kernel emits,
