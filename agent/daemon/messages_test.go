@@ -7,10 +7,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
 // mapOverAPI maps through the daemon's HTTP handler as a caller of role on socket, and
@@ -176,7 +176,7 @@ func TestLostMappingShowsTheMonitorsFenceExpiry(t *testing.T) {
 	}
 	waitFor(t, "the status problem naming the monitors' expiry", func() bool {
 		for _, p := range n.d.Status().Problems {
-			if strings.HasSuffix(p, "; "+want) && strings.Contains(p, "is lost: ") {
+			if strings.Contains(p, "; "+want+" (since ") && strings.Contains(p, "is lost: ") {
 				return true
 			}
 		}
@@ -209,24 +209,26 @@ func TestMapRefusedForAFullDiskIsAuditedCountedAndLogged(t *testing.T) {
 			var entries []audit.Entry
 			logs := &lockedBuffer{}
 			var stateDir string
+			var st atomic.Pointer[state.Store]
 			n := startMemDaemonWith(t, func(o *Options) {
 				o.Log = logrus.New()
 				o.Log.SetOutput(logs)
 				o.Audit = audit.NewWithSink(quietLog(), func(e audit.Entry) { mu.Lock(); entries = append(entries, e); mu.Unlock() })
 				stateDir = o.Config.StateDir
 				o.Fault = func(saga, s string) error {
-					if saga == "map" && s == step { // the state write fails as on a full disk
-						return &os.PathError{Op: "write", Path: filepath.Join(stateDir, "mappings.json.tmp"), Err: syscall.ENOSPC}
+					if saga == "map" && s == step { // from this step on, the disk is full
+						st.Load().FailWrites(func() error { return syscall.ENOSPC })
 					}
 					return nil
 				}
 			}, c)
+			st.Store(n.d.state)
 			defer n.stop(t)
 			img := claim.Image{Pool: "rbd", Image: "full"}
 			c.m.AddImage(img, "id-full")
 			n.k.AddImage("rbd", "", "full", 16<<20)
 			code, e := mapOverAPI(t, n.d, peercred.RoleCSI, socketCSI, api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "full", Requester: "test"})
-			want := fmt.Sprintf("cannot write the state file: write %s/mappings.json.tmp: no space left on device; free space in %s, then retry", stateDir, stateDir)
+			want := fmt.Sprintf("cannot write the state file %s/mappings.json: no space left on device; free space in %s, then retry", stateDir, stateDir)
 			if code == http.StatusOK || e == nil || e.Message != want {
 				t.Fatalf("map on a full disk: %d %+v, want %q", code, e, want)
 			}
@@ -245,7 +247,7 @@ func TestMapRefusedForAFullDiskIsAuditedCountedAndLogged(t *testing.T) {
 			if len(audited) != 1 || audited[0] != verb+want {
 				t.Errorf("audited %q, want one entry %q", audited, verb+want)
 			}
-			if !strings.Contains(logs.String(), "level=error msg=\"cannot write the state file: free space in "+stateDir+", then retry\"") ||
+			if !strings.Contains(logs.String(), "level=error msg=\"cannot write the state file: free space in "+stateDir+", then retry (maps are refused until it can be written; leases are kept)\"") ||
 				!strings.Contains(logs.String(), "no space left on device") {
 				t.Errorf("no error line in the log naming the state file and the next step:\n%s", logs)
 			}

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"fmt"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -21,7 +20,7 @@ import (
 func (d *Daemon) watchState() {
 	d.state.OnWriteFailure(func(err error) {
 		d.metrics.StateWriteFailed()
-		d.log.WithError(err).Error("the state file cannot be written; maps are refused until it can, leases are kept")
+		d.log.WithError(err).Error("cannot write the state file: " + d.stateNextStep(err) + " (maps are refused until it can be written; leases are kept)")
 	})
 	sa := d.state.SetAside()
 	if sa == nil {
@@ -34,8 +33,7 @@ func (d *Daemon) watchState() {
 
 // stateWriteProblem is status's line for a state file that cannot be written.
 func (d *Daemon) stateWriteProblem(err error) string {
-	return fmt.Sprintf("%v; maps are refused until it can be written (free space in %s, or make it writable); leases are kept",
-		err, filepath.Dir(d.state.Path()))
+	return fmt.Sprintf("%v; maps are refused until it can be written: %s; leases are kept", err, d.stateNextStep(err))
 }
 
 // reportRebuild says, once recovery is over, what the rebuild after a set-aside state found:

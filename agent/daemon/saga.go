@@ -308,23 +308,27 @@ func (d *Daemon) persist(s *saga, step string, m state.Mapping) error {
 	if err == nil || errors.Is(err, ErrCrash) {
 		return err
 	}
-	return d.stateUnwritable(m.Key, err)
+	return d.stateUnwritable(err)
 }
 
-// stateUnwritable is a failed write of the state file as one line naming the next step, also
-// logged (the journal, at error priority): nothing is claimed or mapped that the state does not
-// record, so the operation is refused.
-func (d *Daemon) stateUnwritable(k state.Key, err error) error {
+// stateUnwritable is a failed write of the state file (the store's error names the file and
+// the cause) as one line naming the next step. The store's failure hook has logged it and
+// counted it (rebuild.go): nothing is claimed or mapped that the state does not record, so the
+// operation is refused.
+func (d *Daemon) stateUnwritable(err error) error {
+	return fmt.Errorf("%w; %s", err, d.stateNextStep(err))
+}
+
+// stateNextStep is what a person does about a state file that cannot be written.
+func (d *Daemon) stateNextStep(err error) string {
 	dir := d.cfg.StateDir
-	next := "check that " + dir + " is writable, then retry"
 	switch {
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
-		next = "free space in " + dir + ", then retry"
+		return "free space in " + dir + ", then retry"
 	case errors.Is(err, syscall.EROFS):
-		next = "its file system is read-only: remount " + dir + " read-write, then retry"
+		return "its file system is read-only: remount " + dir + " read-write, then retry"
 	}
-	d.log.WithError(err).WithField("image", k.String()).Error("cannot write the state file: " + next)
-	return fmt.Errorf("cannot write the state file: %w; %s", err, next)
+	return "check that " + dir + " is writable, then retry"
 }
 
 // stepTimer notes how long each step of a saga took.
@@ -472,7 +476,7 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 		}
 		m.Phase = state.Unmapping
 		if err := d.state.Put(m); err != nil {
-			return false, d.unmapFailed(t, peer, d.stateUnwritable(t.key, err))
+			return false, d.unmapFailed(t, peer, d.stateUnwritable(err))
 		}
 		s.onFail(func(context.Context) error { return d.state.Put(prev) })
 	}
@@ -506,7 +510,7 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 	if managed {
 		if err := d.state.Delete(t.key); err != nil {
 			// the device is gone and the claim released: the reconciler drops the entry later
-			return false, d.unmapFailed(t, peer, d.stateUnwritable(t.key, err))
+			return false, d.unmapFailed(t, peer, d.stateUnwritable(err))
 		}
 	}
 	d.setProblem(t.key, "")
