@@ -35,10 +35,14 @@ type fenceLife struct {
 	mono   *monoClock
 	b      *memDaemon
 	expiry time.Duration
+	// sweep is node-b's sweep loop's ticker: a real one every 20 ms feeds it, and sweepSeen
+	// sends the test's own
+	sweep chan time.Time
 }
 
 func newFenceLife(t *testing.T, fsid string) *fenceLife {
-	f := &fenceLife{c: newMemCluster("c1", "rbd", fsid), wall: &wallClock{t: time.Now().UTC()}, mono: &monoClock{}, expiry: time.Hour}
+	f := &fenceLife{c: newMemCluster("c1", "rbd", fsid), wall: &wallClock{t: time.Now().UTC()}, mono: &monoClock{}, expiry: time.Hour,
+		sweep: make(chan time.Time)}
 	f.c.m.SetClock(f.wall.Now)
 	f.b = startMemDaemonWith(t, func(o *Options) {
 		o.Config.NodeID = "node-b"
@@ -47,11 +51,27 @@ func newFenceLife(t *testing.T, fsid string) *fenceLife {
 		o.Mono, o.Now = f.mono.Now, f.wall.Now
 		// the sweep's checks come every 20 ms of real time; what is due is judged on the clocks
 		o.Ticker = func(loop string, every time.Duration) (<-chan time.Time, func()) {
-			if loop == "sweep" {
-				every = 20 * time.Millisecond
+			if loop != "sweep" {
+				tk := time.NewTicker(every)
+				return tk.C, tk.Stop
 			}
-			tk := time.NewTicker(every)
-			return tk.C, tk.Stop
+			tk, stop := time.NewTicker(20*time.Millisecond), make(chan struct{})
+			go func() {
+				defer tk.Stop()
+				for {
+					select {
+					case now := <-tk.C:
+						select {
+						case f.sweep <- now:
+						case <-stop:
+							return
+						}
+					case <-stop:
+						return
+					}
+				}
+			}()
+			return f.sweep, func() { close(stop) }
 		}
 	}, f.c)
 	return f
@@ -59,6 +79,21 @@ func newFenceLife(t *testing.T, fsid string) *fenceLife {
 
 // advance moves both clocks by d.
 func (f *fenceLife) advance(d time.Duration) { f.wall.Advance(d); f.mono.Advance(d) }
+
+// sweepSeen returns once node-b's sweep loop has looked at the clocks as they are now: the
+// second of two ticks is taken only after the first one's round of scheduling is over. (The
+// clocks move faster than its 20 ms ticker: a pool first seen only after several steps was
+// scheduled past the clocks' last step, and the test waited for a sweep that never came.)
+func (f *fenceLife) sweepSeen(t *testing.T) {
+	t.Helper()
+	for range 2 {
+		select {
+		case f.sweep <- time.Now():
+		case <-time.After(30 * time.Second):
+			t.Fatal("node-b's sweep loop takes no tick")
+		}
+	}
+}
 
 // takeOver has node-b map image with takeover once node-a's lease ran out on its clock.
 func (f *fenceLife) takeOver(t *testing.T, image string) *api.MapResponse {
@@ -87,6 +122,7 @@ func (f *fenceLife) outlive(t *testing.T, addr string) {
 	t.Helper()
 	step := f.expiry / 8
 	for i := 0; i < 24; i++ {
+		f.sweepSeen(t)
 		waitFor(t, "the fence of "+addr+" renewed with more than half its life left", func() bool {
 			until, ok := f.c.m.BlocklistedUntil(addr)
 			return ok && until.Sub(f.wall.Now()) > f.expiry/2
