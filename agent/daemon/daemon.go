@@ -156,7 +156,6 @@ func New(opts Options) (*Daemon, error) {
 		beats: map[string]time.Time{}, problems: map[state.Key]problem{}, lost: map[state.Key]bool{}, selfFenced: map[state.Key]time.Time{}, kept: map[string]keptFences{}, unmanaged: map[int]unmanagedDevice{}, skews: map[string]skew{},
 	}
 	// the node rebooted since the state was last written: its devices went with the boot
-	d.rebootedBefore = time.Time{}
 	if prior := st.PriorBoot(); prior != "" && prior != opts.BootID {
 		d.rebootedBefore = time.Now()
 	}

@@ -72,7 +72,7 @@ func (d *Daemon) judgeLater(ctx context.Context, dv krbd.Device) {
 		if waiting := d.unconnected(); len(waiting) > 0 {
 			// its cluster may be one not connected yet: judged once connected (judgeAtOnce
 			// connects first), never before its claim is read; one attempt at a time
-			if d.notePending(dv, "cluster "+strings.Join(waiting, ", ")+" not connected yet") {
+			if d.notePending(dv, "cluster "+strings.Join(waiting, ", ")+" not connected yet", true) {
 				d.judgeAtOnce(ctx, dv)
 			}
 			return
@@ -122,7 +122,7 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 	}
 	if cl == nil {
 		if waiting := d.unconnected(); len(waiting) > 0 {
-			d.notePending(dv, "cluster "+strings.Join(waiting, ", ")+" not connected")
+			d.notePending(dv, "cluster "+strings.Join(waiting, ", ")+" not connected", false)
 			return nil // the reconciler tries again
 		}
 		d.noteUnmanaged(unmanagedDevice{dev: dv, why: "its cluster (fsid " + orNone(dv.ClusterFSID) + ") is none of the configured clusters"})
@@ -169,14 +169,14 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 	}
 	store, err := cl.claims(ctx)
 	if err != nil {
-		d.notePending(dv, err.Error())
+		d.notePending(dv, err.Error(), false)
 		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*cephconn.DefaultTimeout)
 	defer cancel()
 	res, err := store.Unmanaged(cctx, u, claim.UnmanagedPolicy(d.cfg.Unmanaged))
 	if err != nil && (res == nil || res.Intruder == nil) {
-		d.notePending(dv, "reading its claim failed: "+err.Error())
+		d.notePending(dv, "reading its claim failed: "+err.Error(), false)
 		return err
 	}
 	entry := unmanagedDevice{dev: dv, cluster: cl.cfg.ID, verdict: res.Action, why: res.Why}
@@ -282,8 +282,9 @@ func (d *Daemon) noteUnmanaged(u unmanagedDevice) {
 }
 
 // notePending notes a device whose claim has not been read yet, and why (a judgement already
-// made stands meanwhile). It says whether to start a judgement: not while one is in flight.
-func (d *Daemon) notePending(dv krbd.Device, why string) bool {
+// made stands meanwhile). With start, it also says whether the caller is to start a judgement
+// (judgeAtOnce, which ends with judged): not while one is in flight, nor for a judged device.
+func (d *Daemon) notePending(dv krbd.Device, why string, start bool) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	old, seen := d.unmanaged[dv.ID]
@@ -291,15 +292,15 @@ func (d *Daemon) notePending(dv krbd.Device, why string) bool {
 	if seen && !old.pending {
 		return false // judged before: that stands until its cluster answers again
 	}
-	if seen && old.inflight {
+	if seen && old.inflight && start {
 		return false
 	}
-	u := unmanagedDevice{dev: dv, pending: true, why: why, inflight: true, since: time.Now()}
+	u := unmanagedDevice{dev: dv, pending: true, why: why, inflight: start || (seen && old.inflight), since: time.Now()}
 	if seen {
 		u.since = old.since
 	}
 	d.unmanaged[dv.ID] = u
-	return true
+	return start
 }
 
 // judged ends the judgement in flight of a device (notePending).
