@@ -214,10 +214,10 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 		if res.Record != nil {
 			m.Access = string(res.Record.Access)
 		}
-		if perr := d.state.Put(m); perr != nil {
-			// the claim stands without local state: the next look finds it this node's own
-			d.noteUnmanaged(entry)
-			return fmt.Errorf("adopt %s: %w", dv.DevNode, perr)
+		if perr := d.state.Observe(m); perr != nil {
+			// adopted all the same: in memory, so renewed (a device whose claim is this node's
+			// must be, whatever the disk says); written once the state file can be (Flush)
+			d.log.WithError(perr).WithField("device", dv.DevNode).Warn("adopted a device, not yet written to the state file; its lease is renewed meanwhile")
 		}
 		d.forgetUnmanaged(dv.ID)
 		d.setProblem(m.Key, "")

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/audit"
@@ -18,10 +19,29 @@ import (
 // watchState reports the state file's trouble: the file set aside at start, and every write
 // that fails from now on.
 func (d *Daemon) watchState() {
+	var logged struct {
+		sync.Mutex
+		msg string
+		at  time.Time
+	}
 	d.state.OnWriteFailure(func(err error) {
 		d.metrics.StateWriteFailed()
-		d.log.WithError(err).Error("cannot write the state file: " + d.stateNextStep(err) + " (maps are refused until it can be written; leases are kept)")
+		// every failure counts; the journal hears of a new error, or the same again every
+		// ten minutes (the reconciler retries a pending write every renew interval)
+		logged.Lock()
+		again := err.Error() == logged.msg && time.Since(logged.at) < 10*time.Minute
+		if !again {
+			logged.msg, logged.at = err.Error(), time.Now()
+		}
+		logged.Unlock()
+		if !again {
+			d.log.WithError(err).Error("cannot write the state file: " + d.stateNextStep(err) + " (maps are refused until it can be written; leases are kept)")
+		}
 	})
+	if err, _ := d.state.WriteFailure(); err != nil { // a write at open, before the hook was there
+		d.metrics.StateWriteFailed()
+		d.log.WithError(err).Error("cannot write the state file: " + d.stateNextStep(err) + " (maps are refused until it can be written; leases are kept)")
+	}
 	sa := d.state.SetAside()
 	if sa == nil {
 		return

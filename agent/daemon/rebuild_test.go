@@ -103,6 +103,43 @@ func TestCorruptStateIsSetAsideAndRebuilt(t *testing.T) {
 	waitFor(t, "claim checks without a problem", func() bool { return len(b.d.Status().Problems) == 0 })
 }
 
+// TestCorruptStateOnAnUnwritableDiskStillRenews: the state file is cut short and its
+// directory cannot be written either (a file system gone read-only often does both). The
+// device is adopted back all the same, in memory, so its claim is checked and its lease
+// renewed; status says the state cannot be written; once it can, the adoption is written.
+func TestCorruptStateOnAnUnwritableDiskStillRenews(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000035")
+	stateDir := t.TempDir()
+	a, resp := mappedOnce(t, c, stateDir, "boot-1", "img")
+	path := filepath.Join(stateDir, "mappings.json")
+	if err := os.WriteFile(path, []byte(`{"format": 1, "mapp`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	blocker := filepath.Join(path+".tmp", "x") // every write fails at its temporary file
+	if err := os.MkdirAll(blocker, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := restarted(t, a, c, stateDir, "boot-1", nil)
+	key := state.Key{Cluster: c.id, Ref: claimRef(c, "img")}
+	if m, ok := b.d.state.Get(key); !ok || m.Phase != state.Mapped || m.Device != resp.Device {
+		t.Fatalf("not adopted back in memory: %+v %v; status %+v", m, ok, b.d.Status())
+	}
+	w := c.writes.Load()
+	waitFor(t, "heartbeats", func() bool { return c.writes.Load() >= w+3 })
+	problems := b.d.Status().Problems
+	if len(problems) != 1 || !strings.Contains(problems[0], "cannot write the state file") {
+		t.Fatalf("problems %q, want only the state file's (the claim is checked and fine)", problems)
+	}
+	if err := os.RemoveAll(filepath.Dir(blocker)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the adoption written to the state file", func() bool {
+		data, err := os.ReadFile(path)
+		return err == nil && strings.Contains(string(data), `"image": "img"`)
+	})
+	waitFor(t, "no problem left", func() bool { return len(b.d.Status().Problems) == 0 })
+}
+
 // TestFailingStateWriteKeepsTheAgentRenewing: with the state file unwritable (a full disk),
 // maps are refused with the reason, status says since when, the heartbeats go on, no
 // temporary file is left, and all of it ends once the disk has room again.

@@ -53,6 +53,7 @@ func (d *Daemon) recover(ctx context.Context) {
 // nobody explains. It only decides: each mapping's settling runs on the executor (one at a
 // time per image, after any saga on it, backed off after a failure).
 func (d *Daemon) reconcile(ctx context.Context) {
+	_ = d.state.Flush() // what memory holds and the disk does not yet: reported by the store's hook
 	devs, err := d.kernel.List()
 	if err != nil {
 		d.log.WithError(err).Warn("reconcile: cannot list rbd devices")
@@ -189,10 +190,11 @@ func (d *Daemon) settle(ctx context.Context, m state.Mapping, devs map[int]krbd.
 			}
 			if err == nil {
 				m.Phase, m.DeviceID, m.Device, m.ClientAddr = state.Mapped, dev.ID, dev.DevNode, dev.ClientAddr
-				if err = d.state.Put(m); err == nil {
-					log.WithField("device", dev.DevNode).Info("adopted the device of an interrupted map")
-					return nil
+				if perr := d.state.Observe(m); perr != nil { // renewed all the same, written later
+					log.WithError(perr).Warn("adopted the device of an interrupted map, not yet written to the state file")
 				}
+				log.WithField("device", dev.DevNode).Info("adopted the device of an interrupted map")
+				return nil
 			}
 			if errors.Is(err, claim.ErrFenced) {
 				// the claim is gone and no one was handed the device: remove it
@@ -248,10 +250,10 @@ func (d *Daemon) ownedByOther(k state.Key, dv krbd.Device) bool {
 	return false
 }
 
+// dropState forgets a mapping whose device and claim are gone: from memory at once, from the
+// state file once it can be written (the store's failure hook reports a write that fails).
 func (d *Daemon) dropState(m state.Mapping) {
-	if err := d.state.Delete(m.Key); err != nil {
-		d.log.WithError(err).Error("cannot persist state")
-	}
+	_ = d.state.Forget(m.Key) // reported by the store's failure hook; written by the next Flush
 	d.setProblem(m.Key, "")
 }
 
@@ -275,10 +277,11 @@ func (d *Daemon) deviceGone(ctx context.Context, m state.Mapping, how string) er
 		if err := d.release(ctx, cl, m); err != nil {
 			d.setProblem(m.Key, "device lost; claim release failed, will retry: "+err.Error())
 			m.Phase = state.Unmapping // the reconciler finishes the release
-			if perr := d.state.Put(m); perr != nil {
-				// the old record (phase mapped) stays: the next reconcile finds its device
-				// gone and comes back here, so the release is still retried
-				d.log.WithError(perr).WithField("image", m.Key.String()).Error("device lost: could not persist the pending claim release; the next reconcile retries it")
+			if perr := d.state.Observe(m); perr != nil {
+				// in memory all the same (the next reconcile finishes the release, without
+				// reporting the device lost again); on disk the old record (phase mapped)
+				// stays until a write succeeds: after a restart it comes back here
+				d.log.WithError(perr).WithField("image", m.Key.String()).Warn("device lost: the pending claim release is not yet written to the state file")
 			}
 			return err
 		}

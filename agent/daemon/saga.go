@@ -508,8 +508,9 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 		return false, err
 	}
 	if managed {
-		if err := d.state.Delete(t.key); err != nil {
-			// the device is gone and the claim released: the reconciler drops the entry later
+		if err := d.state.Forget(t.key); err != nil {
+			// the device is gone and the claim released: forgotten in memory, written to the
+			// state file by the next write that succeeds
 			return false, d.unmapFailed(t, peer, d.stateUnwritable(err))
 		}
 	}

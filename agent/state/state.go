@@ -107,6 +107,7 @@ type Store struct {
 	// priorBoot is the boot id the file had at Open ("" when none was recorded)
 	priorBoot string
 	onFail    func(error) // OnWriteFailure; guarded by mu
+	dirty     bool        // memory holds changes the disk does not (Observe, Forget); guarded by mu
 	werr      error       // the last write's error while writes fail; guarded by mu
 	wsince    time.Time   // when writes started failing; guarded by mu
 }
@@ -114,7 +115,10 @@ type Store struct {
 // change is one writer's change, and where it learns its write's result.
 type change struct {
 	apply func(*next)
-	done  chan error // buffered: the result of the write that held it
+	// keep: the change stands in memory even when its write fails (it says what is so, not
+	// what is about to be done); it is written with the next write that succeeds
+	keep bool
+	done chan error // buffered: the result of the write that held it
 }
 
 // Incarnation is this state's random name, made when the state was first written: claims
@@ -235,10 +239,15 @@ func (s *Store) OnWriteFailure(f func(error)) {
 // noteWrite records a write's result for WriteFailure.
 func (s *Store) noteWrite(err error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err != nil && s.onFail != nil {
-		defer s.onFail(err) // after the lock is released (deferred calls run last in, first out)
+	onFail := s.onFail
+	s.noteWriteLocked(err)
+	s.mu.Unlock()
+	if err != nil && onFail != nil {
+		onFail(err) // never under the lock: readers (the renewals among them) do not wait for it
 	}
+}
+
+func (s *Store) noteWriteLocked(err error) {
 	switch {
 	case err == nil:
 		s.werr, s.wsince = nil, time.Time{}
@@ -273,8 +282,11 @@ type next struct {
 
 // commit queues a change and returns once a write holding it is durable (or failed: then
 // readers and the file keep the set as it was before that write).
-func (s *Store) commit(apply func(*next)) error {
-	c := &change{apply: apply, done: make(chan error, 1)}
+func (s *Store) commit(apply func(*next)) error { return s.commitChange(&change{apply: apply}) }
+
+// commitChange queues c and returns once a write holding it is durable, or failed.
+func (s *Store) commitChange(c *change) error {
+	c.done = make(chan error, 1)
 	s.qmu.Lock()
 	s.queue = append(s.queue, c)
 	s.qmu.Unlock()
@@ -308,11 +320,27 @@ func (s *Store) commit(apply func(*next)) error {
 		err = save(s.path, s.boot, n)
 	}
 	s.noteWrite(err)
+	s.mu.Lock()
 	if err == nil {
-		s.mu.Lock()
-		s.m, s.pools, s.inc = n.m, n.pools, n.inc
-		s.mu.Unlock()
+		s.m, s.pools, s.inc, s.dirty = n.m, n.pools, n.inc, false
+	} else {
+		// what is so stands in memory all the same (Observe, Forget): not on disk yet
+		k := next{m: s.m, pools: s.pools, inc: s.inc}
+		cloned := false
+		for _, b := range batch {
+			if !b.keep {
+				continue
+			}
+			if !cloned {
+				k.m, k.pools, cloned = maps.Clone(s.m), maps.Clone(s.pools), true
+			}
+			b.apply(&k)
+		}
+		if cloned {
+			s.m, s.pools, s.inc, s.dirty = k.m, k.pools, k.inc, true
+		}
 	}
+	s.mu.Unlock()
 	for _, b := range batch {
 		b.done <- err
 	}
@@ -374,6 +402,38 @@ func (s *Store) ClaimPools() []Pool {
 		return out[i].Cluster < out[j].Cluster || (out[i].Cluster == out[j].Cluster && out[i].Pool < out[j].Pool)
 	})
 	return out
+}
+
+// Observe stores m, a mapping that exists (a device adopted, its claim this node's), and
+// persists the whole set. Unlike Put, m stays in memory even when the write fails (the error
+// says so): a mapping that exists must be renewed whatever the disk says. The next write that
+// succeeds (Flush) writes it.
+func (s *Store) Observe(m Mapping) error {
+	m.UpdatedAt = time.Now().UTC()
+	return s.commitChange(&change{keep: true, apply: func(n *next) {
+		n.m[m.Key] = m
+		if m.Claimed {
+			n.pools[Pool{Cluster: m.Cluster, Pool: m.Pool}] = true
+		}
+	}})
+}
+
+// Forget drops k, a mapping that is gone (its device and its claim), and persists. Unlike
+// Delete, it is dropped from memory even when the write fails.
+func (s *Store) Forget(k Key) error {
+	return s.commitChange(&change{keep: true, apply: func(n *next) { delete(n.m, k) }})
+}
+
+// Flush writes the set when memory is ahead of the disk (an Observe or Forget whose write
+// failed); nil when there is nothing to write.
+func (s *Store) Flush() error {
+	s.mu.Lock()
+	dirty := s.dirty
+	s.mu.Unlock()
+	if !dirty {
+		return nil
+	}
+	return s.commit(func(*next) {})
 }
 
 // Delete drops k and persists.

@@ -335,3 +335,61 @@ func TestConcurrentPutsShareAWrite(t *testing.T) {
 		t.Errorf("%d mappings on disk, want 11", n)
 	}
 }
+
+// TestObserveAndForgetStandWhenTheWriteFails: what is so (a mapping adopted, one gone) stands
+// in memory when the disk cannot take it, unlike what is about to be done (Put); Flush writes
+// it once the disk can.
+func TestObserveAndForgetStandWhenTheWriteFails(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := Key{Cluster: "c", Ref: image.Ref{Pool: "rbd", Image: "gone"}}
+	if err := s.Put(Mapping{Key: gone, Phase: Mapped, Claimed: true}); err != nil {
+		t.Fatal(err)
+	}
+	blocker := filepath.Join(dir, "mappings.json.tmp", "x") // every write fails at its temporary file
+	if err := os.MkdirAll(blocker, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	adopted := Key{Cluster: "c", Ref: image.Ref{Pool: "rbd", Image: "adopted"}}
+	planned := Key{Cluster: "c", Ref: image.Ref{Pool: "rbd", Image: "planned"}}
+	if err := s.Observe(Mapping{Key: adopted, Phase: Mapped, Claimed: true}); err == nil {
+		t.Fatal("Observe with a failing write said nothing")
+	}
+	if err := s.Forget(gone); err == nil {
+		t.Fatal("Forget with a failing write said nothing")
+	}
+	if err := s.Put(Mapping{Key: planned, Phase: Claiming}); err == nil {
+		t.Fatal("Put with a failing write succeeded")
+	}
+	if _, ok := s.Get(adopted); !ok {
+		t.Fatal("an observed mapping is not in memory after its write failed")
+	}
+	if _, ok := s.Get(gone); ok {
+		t.Fatal("a forgotten mapping stays in memory after its write failed")
+	}
+	if _, ok := s.Get(planned); ok {
+		t.Fatal("a Put whose write failed is in memory")
+	}
+	if err := s.Flush(); err == nil {
+		t.Fatal("Flush with a failing write said nothing")
+	}
+	if err := os.RemoveAll(filepath.Dir(blocker)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if all := again.All(); len(all) != 1 || all[0].Key != adopted {
+		t.Fatalf("on disk after Flush: %+v, want only the adopted mapping", all)
+	}
+	if err := again.Flush(); err != nil { // nothing to write: no write at all
+		t.Fatal(err)
+	}
+}
