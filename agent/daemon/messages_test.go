@@ -247,7 +247,7 @@ func TestMapRefusedForAFullDiskIsAuditedCountedAndLogged(t *testing.T) {
 			if len(audited) != 1 || audited[0] != verb+want {
 				t.Errorf("audited %q, want one entry %q", audited, verb+want)
 			}
-			if !strings.Contains(logs.String(), "level=error msg=\"cannot write the state file: free space in "+stateDir+", then retry (maps are refused until it can be written; leases are kept)\"") ||
+			if !strings.Contains(logs.String(), "level=error msg=\"cannot write the state file: free space in "+stateDir+", then retry (maps and unmaps are refused until it can be written; leases are kept)\"") ||
 				!strings.Contains(logs.String(), "no space left on device") {
 				t.Errorf("no error line in the log naming the state file and the next step:\n%s", logs)
 			}

@@ -35,12 +35,12 @@ func (d *Daemon) watchState() {
 		}
 		logged.Unlock()
 		if !again {
-			d.log.WithError(err).Error("cannot write the state file: " + d.stateNextStep(err) + " (maps are refused until it can be written; leases are kept)")
+			d.log.WithError(err).Error("cannot write the state file: " + d.stateNextStep(err) + " (maps and unmaps are refused until it can be written; leases are kept)")
 		}
 	})
 	if err, _ := d.state.WriteFailure(); err != nil { // a write at open, before the hook was there
 		d.metrics.StateWriteFailed()
-		d.log.WithError(err).Error("cannot write the state file: " + d.stateNextStep(err) + " (maps are refused until it can be written; leases are kept)")
+		d.log.WithError(err).Error("cannot write the state file: " + d.stateNextStep(err) + " (maps and unmaps are refused until it can be written; leases are kept)")
 	}
 	sa := d.state.SetAside()
 	if sa == nil {
@@ -53,7 +53,7 @@ func (d *Daemon) watchState() {
 
 // stateWriteProblem is status's line for a state file that cannot be written.
 func (d *Daemon) stateWriteProblem(err error) string {
-	return fmt.Sprintf("%v; maps are refused until it can be written: %s; leases are kept", err, d.stateNextStep(err))
+	return fmt.Sprintf("%v; maps and unmaps are refused until it can be written: %s; leases are kept", err, d.stateNextStep(err))
 }
 
 // reportRebuild says, once recovery is over, what the rebuild after a set-aside state found:
@@ -89,7 +89,7 @@ func (d *Daemon) reportRebuild() {
 		kept = "is kept as " + sa.KeptAs
 	}
 	msg := fmt.Sprintf("state rebuilt: %s could not be used (%v) and %s; from the kernel and the clusters: %d rbd device(s) adopted back%s, %d not%s; "+
-		"claims of this node that have no device here could not be checked (nothing lists a node's claims yet): find them with `rbd-owner claims` and release those not in use with `rbd-owner release --force`",
+		"claims of this node that have no device here could not be checked (nothing lists a node's claims yet): find them with `rbd-owner claims` and release each one not in use with `rbd-owner release POOL/IMAGE` on this node (without --force: it keeps a claim whose device is mapped here)",
 		sa.Path, sa.Reason, kept, len(adopted), listText(adopted), len(others), listText(others))
 	d.audit.Record(audit.Entry{Event: audit.StateRebuilt, Result: audit.OK, OwnerNode: d.cfg.NodeID, Warning: true, Message: msg})
 }

@@ -166,7 +166,7 @@ func TestFailingStateWriteKeepsTheAgentRenewing(t *testing.T) {
 	}
 	p := stateProblem()
 	for _, want := range []string{"cannot write the state file " + n.d.state.Path() + ": no space left on device",
-		"maps are refused until it can be written: free space in " + filepath.Dir(n.d.state.Path()) + ", then retry; leases are kept", "(since "} {
+		"maps and unmaps are refused until it can be written: free space in " + filepath.Dir(n.d.state.Path()) + ", then retry; leases are kept", "(since "} {
 		if !strings.Contains(p, want) {
 			t.Errorf("status's problem %q does not say %q", p, want)
 		}

@@ -186,7 +186,7 @@ func New(o Options) *Metrics {
 	m.stateSetAside = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "state_set_aside_total",
 		Help: "State files the agent could not use at start (cut short, not JSON, another format), kept as mappings.json.corrupt-<time>; the agent then rebuilt its state from the kernel and the clusters."})
 	m.stateWriteFailures = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "state_write_failures_total",
-		Help: "Writes of the state file that failed (a full disk, a read-only file system); maps are refused while they fail."})
+		Help: "Writes of the state file that failed (a full disk, a read-only file system); maps and unmaps are refused while they fail."})
 	m.stateRebuilt = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "state_rebuilt_devices",
 		Help: "After a state file was set aside at start: the rbd devices found in the kernel, by outcome: adopted (back under the agent, its claim names it), not_adopted (reported, fenced, or not checked yet)."}, []string{"outcome"})
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "build_info", Help: "The agent's version; always 1.",
@@ -431,7 +431,7 @@ var (
 		[]string{labelCluster}, nil)
 	descClaimInfo = prometheus.NewDesc(ns+"_claim_info", "One series per claim this node has (only with per_image_metrics: true).",
 		[]string{labelCluster, "pool", "namespace", "image", "device", labelState}, nil)
-	descStateFailing = prometheus.NewDesc(ns+"_state_write_failing", "1 while the last write of the state file failed (maps are refused), else 0.", nil, nil)
+	descStateFailing = prometheus.NewDesc(ns+"_state_write_failing", "1 while the last write of the state file failed (maps and unmaps are refused), else 0.", nil, nil)
 )
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
