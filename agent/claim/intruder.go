@@ -165,7 +165,9 @@ func decideUnmanaged(cur *Record, self string, u Unmanaged, policy UnmanagedPoli
 	return Verdict{Action: Adopt, Why: fmt.Sprintf("%s is not claimed by any node", u.Image)}
 }
 
-// UnmanagedResult is the outcome of Store.Unmanaged.
+// UnmanagedResult is the outcome of Store.Unmanaged. With an error it is nil when the claim
+// could not be read, and holds the verdict when acting on it failed (Intruder set when the
+// fence stands but could not be recorded).
 type UnmanagedResult struct {
 	Verdict
 	Record   *Record   // the record after the call (nil when there is none)
@@ -187,10 +189,12 @@ func (s *Store) Unmanaged(ctx context.Context, u Unmanaged, policy UnmanagedPoli
 	}
 	var info *imageInfo // read once, only if an adoption is considered
 	var res UnmanagedResult
+	decided := false // the claim was read and judged
 	var fenced *Intruder
 	renewed := map[string]time.Time{} // the record's live fences blocklisted again before an adoption
 	rec, err := s.update(ctx, u.Image, func(cur *Record, _ uint64) (*Record, error) {
 		res = UnmanagedResult{Verdict: decideUnmanaged(cur, s.cfg.Node.ID, u, policy)}
+		decided = true
 		switch res.Action {
 		case FenceIntruder:
 			if fenced == nil { // blocklisting is idempotent, but once is enough
@@ -242,7 +246,13 @@ func (s *Store) Unmanaged(ctx context.Context, u Unmanaged, policy UnmanagedPoli
 			return &UnmanagedResult{Verdict: res.Verdict, Intruder: fenced},
 				fmt.Errorf("unmanaged mapping %s of %s: fenced, but recording it in the claim failed: %w", u.Device, u.Image, err)
 		}
-		return nil, fmt.Errorf("unmanaged mapping %s of %s: %w", u.Device, u.Image, err)
+		err = fmt.Errorf("unmanaged mapping %s of %s: %w", u.Device, u.Image, err)
+		if decided {
+			// the claim was read and judged, acting on it failed (a fence that could not be
+			// made): the verdict says what the mapping is, the error what is not done
+			return &UnmanagedResult{Verdict: res.Verdict}, err
+		}
+		return nil, err
 	}
 	res.Record = rec
 	if res.Action == Adopt {

@@ -29,6 +29,7 @@ type unmanagedDevice struct {
 	// connected yet, or did not answer): nothing is said about it but that, least of all
 	// advice to unmap it, which may be a healthy mapping this agent will adopt back.
 	pending  bool
+	fenceErr string // a fence verdict whose blocklisting failed: why (it can still write)
 	inflight bool // a judgement of a pending device is under way (judgeAtOnce)
 	// since is when this device was first noted (kept while it stays noted).
 	since time.Time
@@ -37,6 +38,8 @@ type unmanagedDevice struct {
 // problem is the device's line in status.
 func (u unmanagedDevice) problem() string {
 	switch {
+	case u.verdict == claim.FenceIntruder && u.fenceErr != "":
+		return fmt.Sprintf("mapped outside rbd-owner while %s, and NOT fenced: %s; the agent retries; unmap it now", u.why, u.fenceErr)
 	case u.pending:
 		return "not checked yet: mapped outside this agent's records, and its claim has not been read (" + u.why + "); the agent checks it once it can"
 	case u.verdict == claim.FenceIntruder && !u.fencedAt.IsZero():
@@ -176,7 +179,13 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 	defer cancel()
 	res, err := store.Unmanaged(cctx, u, claim.UnmanagedPolicy(d.cfg.Unmanaged))
 	if err != nil && (res == nil || res.Intruder == nil) {
-		d.notePending(dv, "reading its claim failed: "+err.Error(), false)
+		if res != nil && res.Action == claim.FenceIntruder {
+			// another node holds the image and this mapping can write: say so loudly, and
+			// try again (the executor backs off)
+			d.fenceFailed(cl, dv, res, err)
+			return err
+		}
+		d.notePending(dv, "acting on its claim failed: "+err.Error(), false)
 		return err
 	}
 	entry := unmanagedDevice{dev: dv, cluster: cl.cfg.ID, verdict: res.Action, why: res.Why}
@@ -234,6 +243,25 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 	}
 	d.noteUnmanaged(entry)
 	return nil
+}
+
+// fenceFailed records an intruder that could not be fenced: it can still write to an image
+// another node holds. An error-priority audit entry says so (once per error), status shows it,
+// and the judgement is retried.
+func (d *Daemon) fenceFailed(cl *cluster, dv krbd.Device, res *claim.UnmanagedResult, err error) {
+	entry := unmanagedDevice{dev: dv, cluster: cl.cfg.ID, verdict: claim.FenceIntruder, why: res.Why, fenceErr: err.Error()}
+	if len(res.Holders) > 0 {
+		entry.owner = res.Holders[0].NodeID
+	}
+	prev, seen := d.unmanagedOf(dv)
+	d.noteUnmanaged(entry)
+	if seen && prev.fenceErr == entry.fenceErr {
+		return
+	}
+	d.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.Failed, Cluster: cl.cfg.ID, Pool: dv.Pool, Namespace: dv.Namespace,
+		Image: dv.Image, Device: dv.DevNode, OwnerNode: entry.owner, Error: true,
+		Message: fmt.Sprintf("could NOT fence %s: it maps %s outside rbd-owner while %s, and can write: %v; retrying. Unmap it now (rbd unmap %s)",
+			dv.DevNode, dv.Spec(), res.Why, err, dv.DevNode)})
 }
 
 // sharingClient names the other devices on this node that use dv's kernel client.

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -405,5 +406,40 @@ func TestMapByMonitorsWithOptions(t *testing.T) {
 		if e := apiError(err); e.Code != api.CodeInvalidArgument || !strings.Contains(e.Message, tc.want) || strings.Contains(e.Message, "QUJD") {
 			t.Errorf("%+v: %+v", tc.req, e)
 		}
+	}
+}
+
+// TestIntruderThatCouldNotBeFencedIsSaidSo: a mapping made outside rbd-owner of an image
+// another node holds, whose blocklisting fails, is not shown as "not checked yet": an
+// error-priority audit entry says it could NOT be fenced and can write, status says so, and
+// the fence is tried again until it stands.
+func TestIntruderThatCouldNotBeFencedIsSaidSo(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "fsid-intr-fail")
+	var failures atomic.Int32
+	failures.Store(1)
+	c.m.SetHook(func(ctx context.Context, call string, img claim.Image) error {
+		if call == "blocklist" && failures.Add(-1) >= 0 {
+			return errors.New("the monitors refused the command (EACCES)")
+		}
+		return nil
+	})
+	n, al := startIntrusionDaemon(t, c, config.UnmanagedFenceIfClaimed)
+	addImage(n, c, "held")
+	holdElsewhere(t, c, "held", "10.9.9.9:0/1")
+	dv := handMap(t, n, c, "held", "noshare")
+	waitFor(t, "the failed fence audited", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Failed)) == 1 })
+	e := al.find(audit.UnmanagedDevice, audit.Failed)[0]
+	if !e.Error || e.OwnerNode != "node-a" || !strings.HasPrefix(e.Message, "could NOT fence "+dv.DevNode+": ") ||
+		!strings.Contains(e.Message, "EACCES") || !strings.Contains(e.Message, "and can write") {
+		t.Fatalf("audit entry: %+v", e)
+	}
+	if es := al.find(audit.UnmanagedDevice, audit.Reported); len(es) != 0 {
+		t.Fatalf("reported as well: %+v", es)
+	}
+	waitFor(t, "the fence tried again until it stands", func() bool { return c.m.Blocklisted(dv.ClientAddr) })
+	waitFor(t, "the fence audited", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Fenced)) == 1 })
+	u := unmanagedDevice{dev: dv, verdict: claim.FenceIntruder, why: "rbd/held is held rwo by node-a@1", fenceErr: "the monitors refused"}
+	if p := u.problem(); !strings.Contains(p, "and NOT fenced: the monitors refused") || strings.Contains(p, "not checked yet") {
+		t.Fatalf("status line of an unfenced intruder: %q", p)
 	}
 }

@@ -54,7 +54,7 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 			continue // not judged yet
 		}
 		v := metrics.VerdictReported
-		if u.verdict == claim.FenceIntruder {
+		if u.verdict == claim.FenceIntruder && u.fenceErr == "" {
 			v = metrics.VerdictFenced
 		}
 		s.Unmanaged = append(s.Unmanaged, metrics.Unmanaged{Cluster: u.cluster, Verdict: v})
