@@ -30,7 +30,7 @@ type unmanagedDevice struct {
 	// advice to unmap it, which may be a healthy mapping this agent will adopt back.
 	pending  bool
 	fenceErr string // a fence verdict whose blocklisting failed: why (it can still write)
-	inflight bool // a judgement of a pending device is under way (judgeAtOnce)
+	inflight bool   // a judgement of a pending device is under way (judgeAtOnce)
 	// since is when this device was first noted (kept while it stays noted).
 	since time.Time
 }
