@@ -130,6 +130,12 @@ func decideUnmanaged(cur *Record, self string, u Unmanaged, policy UnmanagedPoli
 		}
 		return Verdict{Action: AdoptOwn, Mine: *h, Why: fmt.Sprintf("this node's own claim (epoch %d) records this mapping", h.Epoch)}
 	}
+	if h := cur.Holder(self); h != nil && h.ClientAddr == "" && !h.Fenced && u.OwnClient && !u.ReadOnly {
+		// this node's hold records no mapping yet: a map interrupted after the kernel made the
+		// device and before the claim named its client, whose state was then lost. It is this
+		// node's: adopted back, and its client recorded (so that a takeover fences it alone)
+		return Verdict{Action: AdoptOwn, Mine: *h, Why: fmt.Sprintf("this node's own claim (epoch %d), which names no mapping yet, is this one's (a map interrupted before it recorded its device)", h.Epoch)}
+	}
 	var others []Holder
 	if cur != nil {
 		for _, h := range cur.Holders {
@@ -237,6 +243,15 @@ func (s *Store) Unmanaged(ctx context.Context, u Unmanaged, policy UnmanagedPoli
 			return plan.Next, nil
 		case AdoptOwn:
 			res.Holder = res.Mine
+			if res.Mine.ClientAddr == "" { // record the mapping in this node's hold
+				for i := range cur.Holders {
+					if cur.Holders[i].NodeID == s.cfg.Node.ID && cur.Holders[i].Epoch == res.Mine.Epoch {
+						cur.Holders[i].ClientAddr, cur.Holders[i].Device = u.ClientAddr, u.Device
+						res.Holder = cur.Holders[i]
+						return cur, nil
+					}
+				}
+			}
 		}
 		return nil, nil
 	})

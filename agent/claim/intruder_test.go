@@ -23,6 +23,7 @@ func TestDecideUnmanaged(t *testing.T) {
 	other := holder("node-a", 7, t0, "10.0.0.1:0/1")
 	mineOther := holder("node-b", 8, t0, "10.0.0.2:0/5") // this node, for another device
 	mineThis := holder("node-b", 8, t0, "10.0.0.2:0/9")  // this node, for this very client
+	mineNone := holder("node-b", 8, t0, "") // this node, no mapping recorded yet
 	fencedThis := mineThis
 	fencedThis.Fenced = true
 	w := Unmanaged{Image: img, ImageID: "id1", ClientAddr: "10.0.0.2:0/9", Device: "/dev/rbd3", OwnClient: true}
@@ -50,6 +51,8 @@ func TestDecideUnmanaged(t *testing.T) {
 		{"this node's own claim names this client: adopted back", rec(RWO, mineThis), w, FenceIfClaimed, AdoptOwn, "epoch 8"},
 		{"own claim, even under report: adopted back", rec(RWO, mineThis), w, ReportOnly, AdoptOwn, ""},
 		{"own claim fenced by an admin: reported", rec(RWO, fencedThis), w, AdoptOrFence, Report, "fenced"},
+		{"own claim naming no mapping yet: adopted back", rec(RWO, mineNone), w, FenceIfClaimed, AdoptOwn, "names no mapping yet"},
+		{"own claim naming no mapping, shared client: fenced", rec(RWO, mineNone), shared, FenceIfClaimed, FenceIntruder, "node-b@8"},
 		{"shared client held elsewhere: fenced all the same", rec(RWO, other), shared, FenceIfClaimed, FenceIntruder, ""},
 		{"no record, fence-if-claimed: reported", nil, w, FenceIfClaimed, Report, "not claimed"},
 		{"free record, adopt-or-fence: adopted", rec(""), w, AdoptOrFence, Adopt, ""},

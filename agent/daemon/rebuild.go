@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"strings"
@@ -59,14 +60,14 @@ func (d *Daemon) stateWriteProblem(err error) string {
 // reportRebuild says, once recovery is over, what the rebuild after a set-aside state found:
 // the devices adopted back (their claims name them), those not, and that this node's holds
 // without a device could not be checked (nothing lists a node's claims yet).
-func (d *Daemon) reportRebuild() {
+func (d *Daemon) reportRebuild(ctx context.Context) {
 	sa := d.state.SetAside()
 	if sa == nil {
 		return
 	}
 	// the judgements of the devices recovery found run beside it: wait for them (bounded)
 	deadline := time.Now().Add(d.cfg.MapTimeout.D())
-	for d.judging.Load() > 0 && time.Now().Before(deadline) {
+	for d.judging.Load() > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)
 	}
 	var adopted []string

@@ -299,3 +299,45 @@ func TestSkewReportEndsWhenTheClockAgrees(t *testing.T) {
 }
 
 func claimRef(c *memCluster, name string) image.Ref { return image.Ref{Pool: c.pool, Image: name} }
+
+// TestCorruptStateAfterAnInterruptedMapAdoptsItsDevice: a map stopped dead after the kernel
+// made the device and before the claim named its client, then the state file cut short: the
+// rebuild finds this node's own hold naming no mapping, adopts the device back and records
+// its client in the claim, instead of fencing this node's own device.
+func TestCorruptStateAfterAnInterruptedMapAdoptsItsDevice(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000036")
+	stateDir := t.TempDir()
+	a := startMemDaemonWith(t, func(o *Options) {
+		o.Config.StateDir = stateDir
+		o.Fault = func(saga, step string) error {
+			if saga == "map" && step == "record" {
+				return ErrCrash
+			}
+			return nil
+		}
+	}, c)
+	addImage(a, c, "img")
+	if _, err := a.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: "img"}, nil); !errors.Is(err, ErrCrash) {
+		t.Fatalf("map: %v, want the simulated crash", err)
+	}
+	a.stop(t)
+	devs, err := a.d.kernel.List()
+	if err != nil || len(devs) != 1 {
+		t.Fatalf("devices after the crash: %+v %v", devs, err)
+	}
+	if err := os.WriteFile(filepath.Join(stateDir, "mappings.json"), []byte(`{"format": 1, "mappings": [{"clus`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, al := restarted(t, a, c, stateDir, "", nil)
+	m, ok := b.d.state.Get(state.Key{Cluster: c.id, Ref: claimRef(c, "img")})
+	if !ok || m.Phase != state.Mapped || m.DeviceID != devs[0].ID {
+		t.Fatalf("not adopted back: %+v %v; status %+v", m, ok, b.d.Status())
+	}
+	if c.m.Blocklisted(devs[0].ClientAddr) || len(al.find(audit.UnmanagedDevice, audit.Fenced)) != 0 {
+		t.Fatal("this node's own device was fenced")
+	}
+	rec := inspectMem(t, c, claimRef(c, "img"))
+	if len(rec.Holders) != 1 || rec.Holders[0].NodeID != "node-m" || rec.Holders[0].ClientAddr != devs[0].ClientAddr {
+		t.Fatalf("holders %+v, want node-m's naming %s", rec.Holders, devs[0].ClientAddr)
+	}
+}

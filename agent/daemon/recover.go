@@ -40,7 +40,7 @@ func (d *Daemon) recover(ctx context.Context) {
 	case <-time.After(d.cfg.RenewInterval.D()):
 		d.log.Warn("recovery: lease renewals still wait for a cluster; going on in the background")
 	}
-	d.reportRebuild()
+	d.reportRebuild(ctx)
 	d.metrics.Recovered(time.Since(start))
 	d.mu.Lock()
 	problems, unmanaged := len(d.problems), len(d.unmanaged)
