@@ -23,7 +23,7 @@ func TestDecideUnmanaged(t *testing.T) {
 	other := holder("node-a", 7, t0, "10.0.0.1:0/1")
 	mineOther := holder("node-b", 8, t0, "10.0.0.2:0/5") // this node, for another device
 	mineThis := holder("node-b", 8, t0, "10.0.0.2:0/9")  // this node, for this very client
-	mineNone := holder("node-b", 8, t0, "") // this node, no mapping recorded yet
+	mineNone := holder("node-b", 8, t0, "")              // this node, no mapping recorded yet
 	fencedThis := mineThis
 	fencedThis.Fenced = true
 	w := Unmanaged{Image: img, ImageID: "id1", ClientAddr: "10.0.0.2:0/9", Device: "/dev/rbd3", OwnClient: true}
