@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"sort"
@@ -123,8 +122,32 @@ func (d *Daemon) serveMetrics(ctx context.Context) error {
 	}
 	l, err := net.Listen("tcp", d.cfg.MetricsListen)
 	if err != nil {
-		return fmt.Errorf("metrics_listen: %w", err)
+		// never fatal: an agent that exits for its metrics port (another process holding it a
+		// moment) stops renewing its leases, and its unit's start limit would end it failed
+		d.log.WithError(err).WithField("address", d.cfg.MetricsListen).Error("metrics_listen: cannot listen; the metrics stay on the API socket, retrying every 10s")
+		d.bg.Add(1)
+		go func() {
+			defer d.bg.Done()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(10 * time.Second):
+				}
+				if l, err := net.Listen("tcp", d.cfg.MetricsListen); err == nil {
+					d.serveMetricsOn(ctx, l)
+					return
+				}
+			}
+		}()
+		return nil
 	}
+	d.serveMetricsOn(ctx, l)
+	return nil
+}
+
+// serveMetricsOn serves /metrics on l until ctx ends.
+func (d *Daemon) serveMetricsOn(ctx context.Context, l net.Listener) {
 	addr := l.Addr().String()
 	d.metricsAddr.Store(&addr)
 	mux := http.NewServeMux()
@@ -148,7 +171,6 @@ func (d *Daemon) serveMetrics(ctx context.Context) error {
 		}
 	}()
 	d.log.WithField("address", addr).Info("serving metrics over TCP")
-	return nil
 }
 
 // MetricsAddr is the address the TCP metrics listener is bound to, "" when it is off.

@@ -285,3 +285,22 @@ func TestMetricsListener(t *testing.T) {
 		t.Fatalf("the metrics listener %s still answers after the daemon stopped", addr)
 	}
 }
+
+// TestMetricsPortTakenDoesNotStopTheAgent: a metrics_listen address another process holds
+// does not keep the agent from starting (it would stop renewing its leases, and a start limit
+// would end it failed): it starts, says so, and listens once the address is free.
+func TestMetricsPortTakenDoesNotStopTheAgent(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := taken.Addr().String()
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000037")
+	n := startMemDaemonWith(t, func(o *Options) { o.Config.MetricsListen = addr }, c)
+	defer n.stop(t)
+	if a := n.d.MetricsAddr(); a != "" {
+		t.Fatalf("listening on %s while the address is taken", a)
+	}
+	taken.Close()
+	waitFor(t, "the metrics listener once the address is free", func() bool { return n.d.MetricsAddr() == addr })
+}
