@@ -57,10 +57,11 @@ type Config struct {
 	OnSkew func(node string, skew time.Duration)
 }
 
-// Defaults.
+// Defaults. DefaultFenceExpiry is the config's (config.DefaultFenceExpiry, which says why it
+// is ten years), for a Store made without one.
 const (
 	DefaultLease       = 60 * time.Second
-	DefaultFenceExpiry = 7 * 24 * time.Hour
+	DefaultFenceExpiry = 10 * 365 * 24 * time.Hour
 )
 
 // Store reads and changes the claims of one cluster through its Backend.

@@ -71,6 +71,16 @@ type Config struct {
 // The packages never set it.
 const ShortFencesEnv = "RBD_OWNER_TEST_SHORT_FENCES"
 
+// DefaultFenceExpiry is fence_expiry's default: ten years, so that a fence's blocklist entry
+// does not run out while its mapping may exist. Renewing an entry does not lengthen it on every
+// Ceph release: on 16.2 (Pacific) `osd blocklist add` of an address already listed answers
+// "blocklisting … until <new time>" but keeps the old expiry, and an add that comes after the
+// old expiry but before the monitors' next tick is undone by that tick; the renewals the agent
+// makes every quarter of fence_expiry are then no-ops, and a 7-day entry lapsed after 7 days.
+// An entry whose mapping is known gone runs out on its own; a whole-node fence is lifted with
+// `rbd-owner unfence --node`, an intruder's with `rbd-owner unfence`.
+const DefaultFenceExpiry = Duration(10 * 365 * 24 * time.Hour)
+
 // fenceExpiryFloor is the shortest fence_expiry allowed.
 func fenceExpiryFloor() time.Duration {
 	if os.Getenv(ShortFencesEnv) == "1" {
@@ -236,7 +246,7 @@ func (c *Config) fill(machineID string) error {
 		c.Unmanaged = UnmanagedFenceIfClaimed
 	}
 	if c.FenceExpiry == 0 {
-		c.FenceExpiry = Duration(7 * 24 * time.Hour)
+		c.FenceExpiry = DefaultFenceExpiry
 	}
 	if c.MapTimeout == 0 {
 		c.MapTimeout = Duration(30 * time.Second)

@@ -35,7 +35,7 @@ func TestParseGoodAndDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.NodeID != "node-a" || c.LeaseDuration.D() != 90*time.Second || c.RenewInterval.D() != 30*time.Second ||
-		c.TakeoverPolicy != TakeoverAfterLeaseExpiry || c.FenceExpiry.D() != 168*time.Hour || c.Unmanaged != UnmanagedFenceIfClaimed ||
+		c.TakeoverPolicy != TakeoverAfterLeaseExpiry || c.FenceExpiry != DefaultFenceExpiry || DefaultFenceExpiry.D() != 87600*time.Hour || c.Unmanaged != UnmanagedFenceIfClaimed ||
 		c.Socket != DefaultSocket || c.CSISocket != DefaultCSISocket || c.StateDir != DefaultStateDir || c.Clusters[0].MapOptions[0] != "ms_mode=prefer-crc" {
 		t.Fatalf("parsed: %+v", c)
 	}
