@@ -20,14 +20,27 @@ type Backend interface {
 	// (nil, 0, nil) when there is none.
 	Read(ctx context.Context, loc Image, oid string) ([]byte, uint64, error)
 	// CompareAndWrite replaces the object's content with data if and only if it is still at
-	// version ver (0: it must not exist yet), in ONE atomic operation; ErrConflict when the
-	// compare fails. Every successful write gives the object a new, higher version.
-	CompareAndWrite(ctx context.Context, loc Image, oid string, ver uint64, data []byte) error
+	// version ver (0: it must not exist yet), in ONE atomic operation, and returns the object's
+	// new version; ErrConflict when the compare fails. Every successful write gives the object a
+	// new, higher version (its omap is kept).
+	CompareAndWrite(ctx context.Context, loc Image, oid string, ver uint64, data []byte) (uint64, error)
 	// CompareAndRemove deletes the object if and only if it is still at version ver;
 	// ErrConflict when the compare fails.
 	CompareAndRemove(ctx context.Context, loc Image, oid string, ver uint64) error
-	// Objects lists the images that have a claim object in a pool, in every namespace.
-	Objects(ctx context.Context, pool string) ([]Image, error)
+	// ReadKeys returns object oid's omap values for keys (every key when keys is nil) and the
+	// object's version, in one consistent view; (nil, 0, nil) when there is no object.
+	ReadKeys(ctx context.Context, loc Image, oid string, keys []string) (map[string][]byte, uint64, error)
+	// SetKeys sets omap keys of object oid, creating the object when there is none: one write,
+	// whatever the object's version. It returns the object's new version.
+	SetKeys(ctx context.Context, loc Image, oid string, kv map[string][]byte) (uint64, error)
+	// RemoveKeys removes omap keys of object oid if and only if it is still at version ver, in
+	// one operation; ErrConflict when the compare fails (or the object is gone).
+	RemoveKeys(ctx context.Context, loc Image, oid string, keys []string, ver uint64) error
+	// Objects lists the images that have a claim object in one namespace of a pool: a listing
+	// of every object there, which only the one-time index migration does.
+	Objects(ctx context.Context, pool, namespace string) ([]Image, error)
+	// Namespaces lists the RBD namespaces of a pool (not the default one, "").
+	Namespaces(ctx context.Context, pool string) ([]string, error)
 	// Pools lists the cluster's pools.
 	Pools(ctx context.Context) ([]string, error)
 	// ImageInfo returns the image's id and the client addresses watching its header;

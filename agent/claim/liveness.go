@@ -197,8 +197,8 @@ func decodeHeartbeat(data []byte) (*Heartbeat, error) {
 	if err := json.Unmarshal(data, &hb); err != nil {
 		return nil, fmt.Errorf("heartbeat record is not valid JSON: %w", err)
 	}
-	if hb.Format != FormatVersion {
-		return nil, fmt.Errorf("heartbeat record has format %d, this agent reads %d", hb.Format, FormatVersion)
+	if hb.Format != HeartbeatFormat {
+		return nil, fmt.Errorf("heartbeat record has format %d, this agent reads %d", hb.Format, HeartbeatFormat)
 	}
 	return &hb, nil
 }
@@ -268,38 +268,63 @@ func (s *Store) Watch(ctx context.Context, img Image) (map[string]LeaseView, err
 }
 
 // Heartbeat renews this node's liveness in a pool and namespace: one write, whatever the
-// number of claims held there.
+// number of claims held there. The write compares against the version this store wrote last
+// (no read first); a read comes only when that fails (the first write, another writer).
 func (s *Store) Heartbeat(ctx context.Context, pool, namespace string) error {
 	loc := Image{Pool: pool, Namespace: namespace}
 	oid := heartbeatObject(s.cfg.Node.ID)
+	key := poolNS(loc)
 	for attempt := 0; attempt < 8; attempt++ {
-		data, ver, err := s.b.Read(ctx, loc, oid)
-		if err != nil {
-			return fmt.Errorf("heartbeat in %s: %w", poolNS(loc), err)
-		}
-		hb := &Heartbeat{}
-		if data != nil {
-			if old, err := decodeHeartbeat(data); err == nil {
-				hb = old
-			} // an unreadable old record is replaced; its version still moves on
+		s.hbMu.Lock()
+		last, cached := s.hbLast[key]
+		s.hbMu.Unlock()
+		hb, ver := &Heartbeat{}, last.ver
+		if cached {
+			c := last.hb
+			hb = &c
+		} else {
+			data, v, err := s.b.Read(ctx, loc, oid)
+			if err != nil {
+				return fmt.Errorf("heartbeat in %s: %w", key, err)
+			}
+			ver = v
+			if data != nil {
+				if old, err := decodeHeartbeat(data); err == nil {
+					hb = old
+				} // an unreadable old record is replaced; its version still moves on
+			}
 		}
 		me := s.me()
-		hb.Format, hb.NodeID, hb.Incarnation, hb.Hostname, hb.NodeAddr = FormatVersion, s.cfg.Node.ID, me.Incarnation, me.Hostname, me.NodeAddr
+		hb.Format, hb.NodeID, hb.Incarnation, hb.Hostname, hb.NodeAddr = HeartbeatFormat, s.cfg.Node.ID, me.Incarnation, me.Hostname, me.NodeAddr
 		hb.Seq++
 		hb.RenewedAt, hb.LeaseSeconds, hb.AgentVersion, hb.BootID = s.cfg.Now().UTC(), me.LeaseSeconds, me.AgentVersion, me.BootID
 		out, err := encodeHeartbeat(hb)
 		if err != nil {
 			return err
 		}
-		err = s.b.CompareAndWrite(ctx, loc, oid, ver, out)
+		nv, err := s.b.CompareAndWrite(ctx, loc, oid, ver, out)
+		s.hbMu.Lock()
+		if err == nil {
+			s.hbLast[key] = hbWritten{ver: nv, hb: *hb}
+		} else if s.hbLast[key].ver == ver {
+			delete(s.hbLast, key) // read it again: another write came between, or this one's fate is unknown
+		}
+		s.hbMu.Unlock()
 		if err == nil {
 			return nil
 		}
 		if !errors.Is(err, ErrConflict) {
-			return fmt.Errorf("heartbeat in %s: %w", poolNS(loc), err)
+			return fmt.Errorf("heartbeat in %s: %w", key, err)
 		}
 	}
-	return fmt.Errorf("heartbeat in %s: %w: written concurrently (is node id %s used twice?)", poolNS(loc), ErrBusy, s.cfg.Node.ID)
+	return fmt.Errorf("heartbeat in %s: %w: written concurrently (is node id %s used twice?)", key, ErrBusy, s.cfg.Node.ID)
+}
+
+// hbWritten is this store's last heartbeat write in a place: the object's version after it,
+// and what it wrote.
+type hbWritten struct {
+	ver uint64
+	hb  Heartbeat
 }
 
 // Check reads the claim and says whether this node still holds it at epoch (no write: the

@@ -220,13 +220,14 @@ func TestLegacyHolderRenewalsAreLiveness(t *testing.T) {
 		t.Fatalf("takeover of a silent legacy holder: %+v %v", r, err)
 	}
 	data, _, _ := m.Read(context.Background(), img, objectOf(img))
-	if !strings.Contains(string(data), `"format": 2`) {
-		t.Fatalf("the record was not rewritten in format 2: %s", data)
+	if !strings.Contains(string(data), fmt.Sprintf(`"format": %d`, FormatVersion)) {
+		t.Fatalf("the record was not rewritten in format %d: %s", FormatVersion, data)
 	}
 	// a future format is refused, never guessed at
-	m.Put(img, objectOf(img), []byte(`{"format": 3, "pool": "rbd", "image": "old"}`))
-	if _, err := b.Inspect(context.Background(), img); err == nil || !strings.Contains(err.Error(), "format 3") {
-		t.Fatalf("a format-3 record was read: %v", err)
+	future := FormatVersion + 1
+	m.Put(img, objectOf(img), fmt.Appendf(nil, `{"format": %d, "pool": "rbd", "image": "old"}`, future))
+	if _, err := b.Inspect(context.Background(), img); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("format %d", future)) {
+		t.Fatalf("a format-%d record was read: %v", future, err)
 	}
 }
 

@@ -3,6 +3,8 @@ package claim
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -15,7 +17,8 @@ import (
 // plays the image side (ids, watchers) and the blocklist. Safe for concurrent use.
 //
 // A hook (SetHook), when set, runs at the start of every call with the call's name ("read", "write",
-// "remove", "objects", "pools", "image", "imageid", "blocklist", "unblocklist"); an error it returns is the
+// "remove", "readkeys", "setkeys", "removekeys", "objects", "namespaces", "pools", "image",
+// "imageid", "blocklist", "unblocklist"); an error it returns is the
 // call's error. Tests use it to fail, count, or block calls (a stalled cluster).
 type Memory struct {
 	fsid string
@@ -24,6 +27,8 @@ type Memory struct {
 	objects     map[memKey]memObject
 	images      map[Image]memImage
 	pools       map[string]bool
+	namespaces  map[string][]string // pool: its RBD namespaces
+	counts      map[string]int      // calls by call and object kind (Counts)
 	blocklisted map[string]time.Time
 	version     uint64
 	own         string
@@ -40,6 +45,7 @@ func keyOf(loc Image, oid string) memKey { return memKey{loc.Pool, loc.Namespace
 
 type memObject struct {
 	data []byte
+	omap map[string][]byte
 	ver  uint64
 }
 
@@ -51,7 +57,7 @@ type memImage struct {
 // NewMemory returns an empty in-memory cluster with the given fsid.
 func NewMemory(fsid string) *Memory {
 	return &Memory{fsid: fsid, objects: map[memKey]memObject{}, images: map[Image]memImage{}, pools: map[string]bool{},
-		blocklisted: map[string]time.Time{}}
+		namespaces: map[string][]string{}, counts: map[string]int{}, blocklisted: map[string]time.Time{}}
 }
 
 // AddImage creates (or recreates, with a new id) an image.
@@ -60,6 +66,42 @@ func (m *Memory) AddImage(img Image, id string) {
 	defer m.mu.Unlock()
 	m.images[Image{Pool: img.Pool, Namespace: img.Namespace, Image: img.Image}] = memImage{id: id}
 	m.pools[img.Pool] = true
+	if img.Namespace != "" && !slices.Contains(m.namespaces[img.Pool], img.Namespace) {
+		m.namespaces[img.Pool] = append(m.namespaces[img.Pool], img.Namespace) // an image's namespace exists
+		sort.Strings(m.namespaces[img.Pool])
+	}
+}
+
+// Counts returns how many calls were made, by call and object kind ("read claim",
+// "write heartbeat", "setkeys index", "objects", ...), since the memory was made or last reset.
+func (m *Memory) Counts(reset bool) map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := m.counts
+	if reset {
+		m.counts = map[string]int{}
+	} else {
+		out = maps.Clone(out)
+	}
+	return out
+}
+
+// Keys returns object oid's omap (nil when there is no object), as another client would read it.
+func (m *Memory) Keys(loc Image, oid string) map[string][]byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	o, ok := m.objects[keyOf(loc, oid)]
+	if !ok {
+		return nil
+	}
+	return maps.Clone(o.omap)
+}
+
+// Remove deletes an object as another client would (a person with `rados rm`).
+func (m *Memory) Remove(loc Image, oid string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.objects, keyOf(loc, oid))
 }
 
 // RemoveImage deletes an image (its claim object stays, as with `rbd rm`).
@@ -133,12 +175,17 @@ func (m *Memory) Put(loc Image, oid string, data []byte) {
 	m.objects[keyOf(loc, oid)] = memObject{data: append([]byte(nil), data...), ver: m.version}
 }
 
-func (m *Memory) hook(ctx context.Context, call string, img Image) error {
+func (m *Memory) hook(ctx context.Context, call string, img Image, oid ...string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	m.mu.Lock()
 	h := m.onCall
+	name := call
+	if len(oid) > 0 {
+		name += " " + ObjectKind(oid[0])
+	}
+	m.counts[name]++
 	m.mu.Unlock()
 	if h != nil {
 		return h(ctx, call, img)
@@ -158,7 +205,7 @@ func (m *Memory) FSID() string { return m.fsid }
 
 // Read returns the object's content and version.
 func (m *Memory) Read(ctx context.Context, img Image, oid string) ([]byte, uint64, error) {
-	if err := m.hook(ctx, "read", img); err != nil {
+	if err := m.hook(ctx, "read", img, oid); err != nil {
 		return nil, 0, err
 	}
 	m.mu.Lock()
@@ -173,29 +220,29 @@ func (m *Memory) Read(ctx context.Context, img Image, oid string) ([]byte, uint6
 	return append([]byte(nil), o.data...), o.ver, nil
 }
 
-// CompareAndWrite writes iff the object is at ver (0: does not exist).
-func (m *Memory) CompareAndWrite(ctx context.Context, img Image, oid string, ver uint64, data []byte) error {
-	if err := m.hook(ctx, "write", img); err != nil {
-		return err
+// CompareAndWrite writes iff the object is at ver (0: does not exist); the omap is kept.
+func (m *Memory) CompareAndWrite(ctx context.Context, img Image, oid string, ver uint64, data []byte) (uint64, error) {
+	if err := m.hook(ctx, "write", img, oid); err != nil {
+		return 0, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.pools[img.Pool] {
-		return &NotFoundError{What: "pool " + img.Pool}
+		return 0, &NotFoundError{What: "pool " + img.Pool}
 	}
 	k := keyOf(img, oid)
 	o, ok := m.objects[k]
 	if (ver == 0 && ok) || (ver != 0 && (!ok || o.ver != ver)) {
-		return ErrConflict
+		return 0, ErrConflict
 	}
 	m.version++
-	m.objects[k] = memObject{data: append([]byte(nil), data...), ver: m.version}
-	return nil
+	m.objects[k] = memObject{data: append([]byte(nil), data...), omap: o.omap, ver: m.version}
+	return m.version, nil
 }
 
 // CompareAndRemove deletes iff the object is at ver.
 func (m *Memory) CompareAndRemove(ctx context.Context, img Image, oid string, ver uint64) error {
-	if err := m.hook(ctx, "remove", img); err != nil {
+	if err := m.hook(ctx, "remove", img, oid); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -209,9 +256,77 @@ func (m *Memory) CompareAndRemove(ctx context.Context, img Image, oid string, ve
 	return nil
 }
 
-// Objects lists the images with a claim object in pool, sorted.
-func (m *Memory) Objects(ctx context.Context, pool string) ([]Image, error) {
-	if err := m.hook(ctx, "objects", Image{Pool: pool}); err != nil {
+// ReadKeys returns the object's omap values for keys (all when nil) and its version.
+func (m *Memory) ReadKeys(ctx context.Context, loc Image, oid string, keys []string) (map[string][]byte, uint64, error) {
+	if err := m.hook(ctx, "readkeys", loc, oid); err != nil {
+		return nil, 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.pools[loc.Pool] {
+		return nil, 0, &NotFoundError{What: "pool " + loc.Pool}
+	}
+	o, ok := m.objects[keyOf(loc, oid)]
+	if !ok {
+		return nil, 0, nil
+	}
+	out := map[string][]byte{}
+	for k, v := range o.omap {
+		if keys == nil || slices.Contains(keys, k) {
+			out[k] = append([]byte(nil), v...)
+		}
+	}
+	return out, o.ver, nil
+}
+
+// SetKeys sets omap keys, creating the object when there is none.
+func (m *Memory) SetKeys(ctx context.Context, loc Image, oid string, kv map[string][]byte) (uint64, error) {
+	if err := m.hook(ctx, "setkeys", loc, oid); err != nil {
+		return 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.pools[loc.Pool] {
+		return 0, &NotFoundError{What: "pool " + loc.Pool}
+	}
+	k := keyOf(loc, oid)
+	o := m.objects[k]
+	om := maps.Clone(o.omap)
+	if om == nil {
+		om = map[string][]byte{}
+	}
+	for key, v := range kv {
+		om[key] = append([]byte(nil), v...)
+	}
+	m.version++
+	m.objects[k] = memObject{data: o.data, omap: om, ver: m.version}
+	return m.version, nil
+}
+
+// RemoveKeys removes omap keys iff the object is at ver.
+func (m *Memory) RemoveKeys(ctx context.Context, loc Image, oid string, keys []string, ver uint64) error {
+	if err := m.hook(ctx, "removekeys", loc, oid); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	k := keyOf(loc, oid)
+	o, ok := m.objects[k]
+	if !ok || o.ver != ver {
+		return ErrConflict
+	}
+	om := maps.Clone(o.omap)
+	for _, key := range keys {
+		delete(om, key)
+	}
+	m.version++
+	m.objects[k] = memObject{data: o.data, omap: om, ver: m.version}
+	return nil
+}
+
+// Objects lists the images with a claim object in one namespace of pool, sorted.
+func (m *Memory) Objects(ctx context.Context, pool, namespace string) ([]Image, error) {
+	if err := m.hook(ctx, "objects", Image{Pool: pool, Namespace: namespace}); err != nil {
 		return nil, err
 	}
 	m.mu.Lock()
@@ -221,12 +336,25 @@ func (m *Memory) Objects(ctx context.Context, pool string) ([]Image, error) {
 	}
 	var out []Image
 	for k := range m.objects {
-		if name, ok := strings.CutPrefix(k.oid, ObjectPrefix); ok && k.pool == pool && name != "" {
+		if name, ok := strings.CutPrefix(k.oid, ObjectPrefix); ok && k.pool == pool && k.namespace == namespace && name != "" {
 			out = append(out, Image{Pool: k.pool, Namespace: k.namespace, Image: name})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
 	return out, nil
+}
+
+// Namespaces lists the pool's RBD namespaces (AddNamespace).
+func (m *Memory) Namespaces(ctx context.Context, pool string) ([]string, error) {
+	if err := m.hook(ctx, "namespaces", Image{Pool: pool}); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.pools[pool] {
+		return nil, &NotFoundError{What: "pool " + pool}
+	}
+	return slices.Clone(m.namespaces[pool]), nil
 }
 
 // Pools lists the pools that have images.

@@ -26,17 +26,17 @@ func TestMemoryVersionSemantics(t *testing.T) {
 	m := NewMemory("fsid")
 	img := Image{Pool: "rbd", Image: "x"}
 	m.AddImage(img, "id1")
-	if err := m.CompareAndWrite(ctx, img, objectOf(img), 0, []byte("a")); err != nil {
+	if _, err := m.CompareAndWrite(ctx, img, objectOf(img), 0, []byte("a")); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.CompareAndWrite(ctx, img, objectOf(img), 0, []byte("b")); !errors.Is(err, ErrConflict) {
+	if _, err := m.CompareAndWrite(ctx, img, objectOf(img), 0, []byte("b")); !errors.Is(err, ErrConflict) {
 		t.Fatalf("exclusive create of an existing object: %v", err)
 	}
 	_, v1, _ := m.Read(ctx, img, objectOf(img))
-	if err := m.CompareAndWrite(ctx, img, objectOf(img), v1+1, []byte("c")); !errors.Is(err, ErrConflict) {
+	if _, err := m.CompareAndWrite(ctx, img, objectOf(img), v1+1, []byte("c")); !errors.Is(err, ErrConflict) {
 		t.Fatalf("write at a wrong version: %v", err)
 	}
-	if err := m.CompareAndWrite(ctx, img, objectOf(img), v1, []byte("d")); err != nil {
+	if _, err := m.CompareAndWrite(ctx, img, objectOf(img), v1, []byte("d")); err != nil {
 		t.Fatal(err)
 	}
 	data, v2, _ := m.Read(ctx, img, objectOf(img))

@@ -105,7 +105,24 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 		return nil, fmt.Errorf("acquire %s: %w", req.Image, err)
 	}
 	res.Record = rec
+	if len(res.Fenced) > 0 {
+		holds := map[string]uint64{}
+		for _, f := range res.Fenced {
+			holds[f.NodeID] = f.Epoch
+		}
+		s.notifyAll(ctx, req.Image, "taken over by node "+s.cfg.Node.ID+" after a fence", holds)
+	}
 	return &res, nil
+}
+
+// notifyAll leaves notices (notify) after a change that is written, and hands the failures to
+// Config.OnNoticeFailed.
+func (s *Store) notifyAll(ctx context.Context, img Image, what string, holds map[string]uint64) {
+	for _, err := range s.notify(ctx, img, what, holds) {
+		if s.cfg.OnNoticeFailed != nil {
+			s.cfg.OnNoticeFailed(err)
+		}
+	}
 }
 
 // me is this node's holder entry as it would be written now: its node facts and lease.
@@ -297,47 +314,86 @@ func (s *Store) Inspect(ctx context.Context, img Image) (*Record, error) {
 	return rec, nil
 }
 
-// List returns every claim record of a pool, in all its namespaces: the cluster-wide view.
+// List returns every claim record of a pool, in all its namespaces: the cluster-wide view,
+// read through the pool's claim indexes (ListPlace).
 func (s *Store) List(ctx context.Context, pool string) ([]Record, error) {
-	imgs, err := s.b.Objects(ctx, pool)
-	if err != nil {
-		return nil, err
+	recs, errs := s.ListReadable(ctx, pool)
+	if len(errs) > 0 {
+		return nil, errs[0]
 	}
-	out := make([]Record, 0, len(imgs))
-	for _, img := range imgs {
-		rec, err := s.Inspect(ctx, img)
-		if err != nil {
-			if errors.Is(err, ErrNoClaim) {
-				continue // released and removed meanwhile
-			}
-			return nil, err
-		}
-		out = append(out, *rec)
-	}
-	return out, nil
+	return recs, nil
 }
 
 // ListReadable is List for the sweeps: a record that cannot be read or decoded (corrupt, or
 // of a newer format) is skipped and its error returned beside the others, so that one bad
 // object never stops the keeping of every other claim's fences.
-func (s *Store) ListReadable(ctx context.Context, pool string) ([]Record, []error) {
-	imgs, err := s.b.Objects(ctx, pool)
+func (s *Store) ListReadable(ctx context.Context, pool string, extraNamespaces ...string) ([]Record, []error) {
+	nss, err := s.placesOf(ctx, pool, extraNamespaces...)
+	var errs []error
 	if err != nil {
-		return nil, []error{err}
+		errs = append(errs, err)
 	}
 	var out []Record
-	var errs []error
-	for _, img := range imgs {
+	for _, ns := range nss {
+		pl, err := s.ListPlace(ctx, pool, ns)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, pl.Records...)
+		errs = append(errs, pl.Errors...)
+	}
+	return out, errs
+}
+
+// PlaceList is what ListPlace found in one pool and namespace.
+type PlaceList struct {
+	Index Index
+	// Records are the claim records the index names, sorted by image.
+	Records []Record
+	// Stale are the keys that name no claim object (DropStaleKey).
+	Stale []Image
+	// Errors are the records that could not be read or decoded (skipped).
+	Errors []error
+}
+
+// ListPlace reads a pool and namespace's claim index and every claim record it names: never a
+// listing of the pool, except once, when the index was never built (BuildIndex: the migration
+// from agents before the index, reported through Config.OnIndexBuilt).
+func (s *Store) ListPlace(ctx context.Context, pool, namespace string) (PlaceList, error) {
+	idx, err := s.ReadIndex(ctx, pool, namespace)
+	if err != nil {
+		return PlaceList{}, err
+	}
+	if !idx.Built {
+		start := time.Now()
+		found, err := s.BuildIndex(ctx, pool, namespace)
+		if err != nil {
+			return PlaceList{}, err
+		}
+		if s.cfg.OnIndexBuilt != nil {
+			s.cfg.OnIndexBuilt(pool, namespace, found, time.Since(start))
+		}
+		if idx, err = s.ReadIndex(ctx, pool, namespace); err != nil {
+			return PlaceList{}, err
+		}
+	}
+	pl := PlaceList{Index: idx}
+	for _, name := range idx.Images {
+		img := Image{Pool: pool, Namespace: namespace, Image: name}
 		rec, err := s.Inspect(ctx, img)
 		switch {
 		case errors.Is(err, ErrNoClaim):
+			pl.Stale = append(pl.Stale, img)
+		case errors.Is(err, ErrInvalid):
+			// a key no claim could have (written by hand): not a claim
 		case err != nil:
-			errs = append(errs, err)
+			pl.Errors = append(pl.Errors, err)
 		default:
-			out = append(out, *rec)
+			pl.Records = append(pl.Records, *rec)
 		}
 	}
-	return out, errs
+	return pl, nil
 }
 
 // FenceResult says what Fence blocklisted.
@@ -372,6 +428,11 @@ func (s *Store) Fence(ctx context.Context, img Image) (*FenceResult, error) {
 		return nil, fmt.Errorf("fence %s: %w", img, err)
 	}
 	res.Record = rec
+	holds := map[string]uint64{}
+	for _, f := range res.Fences {
+		holds[f.NodeID] = f.Epoch
+	}
+	s.notifyAll(ctx, img, "fenced by an admin on node "+s.cfg.Node.ID, holds)
 	return &res, nil
 }
 
@@ -379,8 +440,10 @@ func (s *Store) Fence(ctx context.Context, img Image) (*FenceResult, error) {
 // fenced first: dropping a live writer's claim would let a second writer in.
 func (s *Store) ForceRelease(ctx context.Context, img Image) (bool, error) {
 	released := false
+	holds := map[string]uint64{}
 	_, err := s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
 		released = false
+		clear(holds)
 		if cur.Free() {
 			return nil, nil
 		}
@@ -390,6 +453,9 @@ func (s *Store) ForceRelease(ctx context.Context, img Image) (bool, error) {
 					ErrInvalid, h.NodeID, img, img)
 			}
 		}
+		for _, h := range cur.Holders {
+			holds[h.NodeID] = h.Epoch
+		}
 		cur.Holders, cur.Access = nil, ""
 		released = true
 		return cur, nil
@@ -397,6 +463,7 @@ func (s *Store) ForceRelease(ctx context.Context, img Image) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("release --force %s: %w", img, err)
 	}
+	s.notifyAll(ctx, img, "force-released by an admin on node "+s.cfg.Node.ID, holds)
 	return released, nil
 }
 
@@ -462,8 +529,23 @@ func (s *Store) removeOrphan(ctx context.Context, img Image, onlyFree bool) (boo
 		if exists {
 			return false, fmt.Errorf("remove orphan %s: %w: the image exists; its claim is not an orphan", img, ErrInvalid)
 		}
+		// the index's version before the object goes (I2): a writer that indexes the image again
+		// after this read moves it on, and keeps its key
+		_, idxVer, err := s.b.ReadKeys(ctx, img, IndexObject, []string{img.Image})
+		if err != nil {
+			return false, fmt.Errorf("remove orphan %s: %w", img, err)
+		}
 		err = s.b.CompareAndRemove(ctx, img, objectOf(img), ver)
 		if err == nil {
+			if idxVer != 0 {
+				err := s.b.RemoveKeys(ctx, img, IndexObject, []string{img.Image}, idxVer)
+				if errors.Is(err, ErrConflict) {
+					_, err = s.DropStaleKey(ctx, img) // the index changed meanwhile: I3 judges the key
+				}
+				if err != nil {
+					return true, fmt.Errorf("remove orphan %s: its claim is removed, its index key is left for the next sweep: %w", img, err)
+				}
+			}
 			return true, nil
 		}
 		if !errors.Is(err, ErrConflict) {

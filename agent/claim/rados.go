@@ -80,8 +80,9 @@ func (r *Rados) Read(ctx context.Context, img Image, oid string) ([]byte, uint64
 }
 
 // CompareAndWrite writes data iff the object is at version ver (0: exclusive create), in one
-// RADOS write operation (assert-version or create-exclusive, then write-full).
-func (r *Rados) CompareAndWrite(ctx context.Context, img Image, oid string, ver uint64, data []byte) error {
+// RADOS write operation (assert-version or create-exclusive, then write-full), and returns its
+// new version.
+func (r *Rados) CompareAndWrite(ctx context.Context, img Image, oid string, ver uint64, data []byte) (uint64, error) {
 	return r.operate(ctx, img, oid, func(op *rados.WriteOp) {
 		if ver == 0 {
 			op.Create(rados.CreateExclusive)
@@ -94,21 +95,114 @@ func (r *Rados) CompareAndWrite(ctx context.Context, img Image, oid string, ver 
 
 // CompareAndRemove deletes the object iff it is still at version ver.
 func (r *Rados) CompareAndRemove(ctx context.Context, img Image, oid string, ver uint64) error {
-	return r.operate(ctx, img, oid, func(op *rados.WriteOp) {
+	_, err := r.operate(ctx, img, oid, func(op *rados.WriteOp) {
 		op.AssertVersion(ver)
 		op.Remove()
 	})
+	return err
 }
 
-// operate runs one write operation, built by build, on object oid: a failed compare is
-// ErrConflict.
-func (r *Rados) operate(ctx context.Context, img Image, oid string, build func(*rados.WriteOp)) error {
+// SetKeys sets omap keys of oid (creating it when absent) in one write.
+func (r *Rados) SetKeys(ctx context.Context, loc Image, oid string, kv map[string][]byte) (uint64, error) {
+	return r.operate(ctx, loc, oid, func(op *rados.WriteOp) {
+		op.Create(rados.CreateIdempotent)
+		op.SetOmap(kv)
+	})
+}
+
+// RemoveKeys removes omap keys of oid iff it is still at version ver, in one write.
+func (r *Rados) RemoveKeys(ctx context.Context, loc Image, oid string, keys []string, ver uint64) error {
+	_, err := r.operate(ctx, loc, oid, func(op *rados.WriteOp) {
+		op.AssertVersion(ver)
+		op.RmOmapKeys(keys)
+	})
+	return err
+}
+
+// omapPage is how many omap values one read returns at most (an OSD's own cap is higher).
+const omapPage = 1000
+
+// ReadKeys reads oid's omap values (for keys, or all of them, page by page, each page
+// asserting the version of the first) and its version.
+func (r *Rados) ReadKeys(ctx context.Context, loc Image, oid string, keys []string) (map[string][]byte, uint64, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, 0, err
+	}
+	io, err := r.ioctx(loc)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer io.Destroy()
+	out := map[string][]byte{}
+	var ver uint64
+	after := ""
+	for page := 0; ; page++ {
+		if err := ctx.Err(); err != nil {
+			return nil, 0, err
+		}
+		op := rados.CreateReadOp()
+		if page > 0 {
+			op.AssertVersion(ver)
+		}
+		var all *rados.GetOmapStep
+		var some *rados.ReadOpOmapGetValsByKeysStep
+		if keys != nil {
+			some = op.GetOmapValuesByKeys(keys)
+		} else {
+			all = op.GetOmapValues(after, "", omapPage)
+		}
+		err := op.Operate(io, oid, rados.OperationNoFlag)
+		if err == nil && page == 0 {
+			ver, err = io.GetLastVersion()
+		}
+		more := false
+		if err == nil && some != nil {
+			for {
+				kv, e := some.Next()
+				if e != nil || kv == nil {
+					err = e
+					break
+				}
+				out[kv.Key] = append([]byte(nil), kv.Value...)
+			}
+		}
+		if err == nil && all != nil {
+			n := 0
+			for {
+				kv, e := all.Next()
+				if e != nil || kv == nil {
+					err = e
+					break
+				}
+				out[kv.Key] = append([]byte(nil), kv.Value...)
+				after, n = kv.Key, n+1
+			}
+			more = all.More()
+		}
+		op.Release()
+		switch code := -cephconn.Code(err); {
+		case code == int(syscall.ENOENT) && page == 0:
+			return nil, 0, nil
+		case code == int(syscall.ERANGE) || code == int(syscall.EOVERFLOW) || code == int(syscall.ENOENT):
+			return nil, 0, fmt.Errorf("read %s of %s: %w (it changed while it was read; read it again)", oid, poolNS(loc), ErrConflict)
+		case err != nil:
+			return nil, 0, cephconn.Classify(fmt.Errorf("read %s of %s: %w", oid, poolNS(loc), err), "read "+oid, osdCap)
+		}
+		if !more {
+			return out, ver, nil
+		}
+	}
+}
+
+// operate runs one write operation, built by build, on object oid and returns the object's
+// new version: a failed compare is ErrConflict.
+func (r *Rados) operate(ctx context.Context, img Image, oid string, build func(*rados.WriteOp)) (uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
 	}
 	io, err := r.ioctx(img)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer io.Destroy()
 	op := rados.CreateWriteOp()
@@ -117,25 +211,33 @@ func (r *Rados) operate(ctx context.Context, img Image, oid string, build func(*
 	err = op.Operate(io, oid, rados.OperationNoFlag)
 	switch -cephconn.Code(err) {
 	case 0:
-		return err
+		if err != nil {
+			return 0, err
+		}
+		ver, err := io.GetLastVersion()
+		if err != nil {
+			return 0, fmt.Errorf("write %s for %s: version: %w", oid, img, err)
+		}
+		return ver, nil
 	case int(syscall.EEXIST), int(syscall.ERANGE), int(syscall.EOVERFLOW), int(syscall.ENOENT):
 		// EEXIST: created meanwhile; ERANGE/EOVERFLOW: version moved on; ENOENT: removed.
-		return ErrConflict
+		return 0, ErrConflict
 	}
-	return cephconn.Classify(fmt.Errorf("write %s for %s: %w", oid, img, err), "write "+oid, osdCap)
+	return 0, cephconn.Classify(fmt.Errorf("write %s for %s: %w", oid, img, err), "write "+oid, osdCap)
 }
 
-// Objects lists the images with a claim object in pool, in every namespace, sorted.
-func (r *Rados) Objects(ctx context.Context, pool string) ([]Image, error) {
-	io, err := r.conn.OpenIOContext(pool)
+// Objects lists the images with a claim object in one namespace of pool, sorted: a listing of
+// every object in it (the index's one-time migration only).
+func (r *Rados) Objects(ctx context.Context, pool, namespace string) ([]Image, error) {
+	io, err := r.ioctx(Image{Pool: pool, Namespace: namespace})
 	if err != nil {
-		return nil, cephconn.Classify(fmt.Errorf("list claims of pool %s: %w", pool, err), "open pool "+pool, osdCap)
+		return nil, err
 	}
 	defer io.Destroy()
-	io.SetNamespace(rados.AllNamespaces)
+	where := poolNS(Image{Pool: pool, Namespace: namespace})
 	iter, err := io.Iter()
 	if err != nil {
-		return nil, cephconn.Classify(fmt.Errorf("list claims of pool %s: %w", pool, err), "list objects of "+pool, osdCap)
+		return nil, cephconn.Classify(fmt.Errorf("list objects of %s: %w", where, err), "list objects of "+where, osdCap)
 	}
 	defer iter.Close()
 	var imgs []Image
@@ -144,14 +246,32 @@ func (r *Rados) Objects(ctx context.Context, pool string) ([]Image, error) {
 			return nil, err
 		}
 		if name, ok := strings.CutPrefix(iter.Value(), ObjectPrefix); ok && name != "" {
-			imgs = append(imgs, Image{Pool: pool, Namespace: iter.Namespace(), Image: name})
+			imgs = append(imgs, Image{Pool: pool, Namespace: namespace, Image: name})
 		}
 	}
 	if err := iter.Err(); err != nil {
-		return nil, cephconn.Classify(fmt.Errorf("list claims of pool %s: %w", pool, err), "list objects of "+pool, osdCap)
+		return nil, cephconn.Classify(fmt.Errorf("list objects of %s: %w", where, err), "list objects of "+where, osdCap)
 	}
 	sort.Slice(imgs, func(i, j int) bool { return imgs[i].String() < imgs[j].String() })
 	return imgs, nil
+}
+
+// Namespaces lists the pool's RBD namespaces (rbd_namespace in its default namespace).
+func (r *Rados) Namespaces(ctx context.Context, pool string) ([]string, error) {
+	io, err := r.ioctx(Image{Pool: pool})
+	if err != nil {
+		return nil, err
+	}
+	defer io.Destroy()
+	ns, err := rbd.NamespaceList(io)
+	if cephconn.Code(err) == -int(syscall.ENOENT) {
+		return nil, nil // no namespace was ever made in the pool
+	}
+	if err != nil {
+		return nil, cephconn.Classify(fmt.Errorf("list namespaces of pool %s: %w", pool, err), "list namespaces of "+pool, osdCap)
+	}
+	sort.Strings(ns)
+	return ns, nil
 }
 
 // Pools lists the cluster's pools.

@@ -10,15 +10,24 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/image"
 )
 
-// FormatVersion is the version of the claim record's and the heartbeat's JSON layout. Format 2
-// (liveness by heartbeats, judged on the observer's clock) is refused by agents that read only
-// format 1, so a cluster mixing old and new agents fails closed: an old agent cannot take an
-// image from a new one by reading a timestamp it no longer renews.
-const FormatVersion = 2
+// FormatVersion is the version of the claim record's JSON layout. Each format is refused by the
+// agents that read only older ones, so that a cluster mixing old and new agents fails closed:
+//   - format 2: liveness by heartbeats, judged on the observer's clock (format-1 agents would
+//     take an image from a new one by reading a timestamp it no longer renews);
+//   - format 3: claims are indexed (index.go). An agent from before the index would create and
+//     remove claim objects without their keys, so it may not write an indexed claim: it reads a
+//     format-3 record as "format 3, this agent reads 1 and 2" and refuses the map.
+//
+// This agent reads formats 1 to 3 and writes 3 (indexing the claim first, I1 of index.go).
+const FormatVersion = 3
 
 // legacyFormat is the format of agents from before heartbeats: each holder renews its claim
 // record, so a new agent reads those renewals as the holder's liveness.
 const legacyFormat = 1
+
+// HeartbeatFormat is the heartbeat record's layout (liveness.go), unchanged since format 2 of
+// the claim record: agents before the index and after it read each other's heartbeats.
+const HeartbeatFormat = 2
 
 // ObjectPrefix starts the name of every claim object; the image's name follows it.
 // The object lives in the image's own pool and namespace.
@@ -257,8 +266,8 @@ func decode(data []byte) (*Record, error) {
 	if err := json.Unmarshal(data, &r); err != nil {
 		return nil, fmt.Errorf("claim record is not valid JSON: %w", err)
 	}
-	if r.Format != FormatVersion && r.Format != legacyFormat {
-		return nil, fmt.Errorf("claim record has format %d, this agent reads %d and %d", r.Format, legacyFormat, FormatVersion)
+	if r.Format < legacyFormat || r.Format > FormatVersion {
+		return nil, fmt.Errorf("claim record has format %d, this agent reads %d to %d (upgrade the agent that reads it)", r.Format, legacyFormat, FormatVersion)
 	}
 	return &r, nil
 }

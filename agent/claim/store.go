@@ -55,6 +55,12 @@ type Config struct {
 	// second ahead or a third of the lease behind; 0 when within those bounds (a skew reported
 	// before is gone).
 	OnSkew func(node string, skew time.Duration)
+	// OnNoticeFailed, when set, hears of every notice that could not be left for a node whose
+	// hold this store changed (the change is done; the node finds it at its slow check).
+	OnNoticeFailed func(err error)
+	// OnIndexBuilt, when set, hears of every index migration this store ran (BuildIndex, from
+	// the one listing of a namespace): how many claim objects it found and how long it took.
+	OnIndexBuilt func(pool, namespace string, found int, took time.Duration)
 }
 
 // Defaults. DefaultFenceExpiry is the config's (config.DefaultFenceExpiry, which says why it
@@ -76,6 +82,9 @@ type Store struct {
 	// kept is when (Mono) this store last re-blocklisted each live fence (see KeepFences)
 	keepMu sync.Mutex
 	kept   map[string]keptAt
+	// hbLast is this store's last heartbeat write in each place (Heartbeat)
+	hbMu   sync.Mutex
+	hbLast map[string]hbWritten
 }
 
 // NewStore returns a Store on a RADOS connection (owned by the caller).
@@ -108,7 +117,7 @@ func NewStoreOn(b Backend, cfg Config) (*Store, error) {
 		start := time.Now()
 		cfg.Mono = func() time.Duration { return time.Since(start) } // monotonic reading
 	}
-	return &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver(), kept: map[string]keptAt{}}, nil
+	return &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver(), kept: map[string]keptAt{}, hbLast: map[string]hbWritten{}}, nil
 }
 
 // FSID is the cluster's fsid.
@@ -142,7 +151,8 @@ func (s *Store) cas(ctx context.Context, img Image, ver uint64, rec *Record) err
 	if err != nil {
 		return fmt.Errorf("write claim of %s: %w", img, err)
 	}
-	return s.b.CompareAndWrite(ctx, img, objectOf(img), ver, data)
+	_, err = s.b.CompareAndWrite(ctx, img, objectOf(img), ver, data)
+	return err
 }
 
 // maxAttempts bounds the compare-and-set retries of one operation.
@@ -151,10 +161,13 @@ const maxAttempts = 64
 // update runs read → decide → compare-and-set until the write wins. decide gets the current
 // record (nil when none) and returns the record to write, or nil to write nothing; it may
 // run several times and must only look at its arguments (and may fence, which is idempotent).
+// A write that creates the claim object, or rewrites a record of an older format (which an
+// agent from before the index may have left unindexed), indexes the claim first (I1).
 func (s *Store) update(ctx context.Context, img Image, decide func(cur *Record, ver uint64) (*Record, error)) (*Record, error) {
 	if err := validateImage(img); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
+	indexed := false
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("claim %s: %w", img, err)
@@ -170,6 +183,12 @@ func (s *Store) update(ctx context.Context, img Image, decide func(cur *Record, 
 		next, err := decide(in, ver)
 		if err != nil || next == nil {
 			return cur, err
+		}
+		if !indexed && (cur == nil || cur.Format < FormatVersion) {
+			if err := s.indexAdd(ctx, img); err != nil {
+				return nil, fmt.Errorf("no claim written: %w", err)
+			}
+			indexed = true
 		}
 		err = s.cas(ctx, img, ver, next)
 		if err == nil {

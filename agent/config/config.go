@@ -59,6 +59,12 @@ type Config struct {
 	// OrphanSweepInterval is how often each pool is swept (default 1h; each node starts at a
 	// random point in the period, so nodes spread out).
 	OrphanSweepInterval Duration `yaml:"orphan_sweep_interval"`
+	// ClaimCheckInterval is how long a held claim may go without being read again (default 1h;
+	// at least renew_interval). A claim another node takes over, fences or force-releases is read
+	// within one renew interval all the same: whoever changes it leaves this node a notice, read
+	// once per interval per pool and namespace held in; this slow check finds what no notice
+	// announces (a claim object removed by hand, a notice lost to a crash).
+	ClaimCheckInterval Duration `yaml:"claim_check_interval"`
 	// MetricsListen is a TCP address (host:port) where GET /metrics is also served, for a
 	// Prometheus server to scrape; "" (default) serves metrics on the sockets only.
 	MetricsListen string `yaml:"metrics_listen"`
@@ -70,6 +76,9 @@ type Config struct {
 // hour to a minute: for test labs only, where a fence must outlive its expiry within a test run.
 // The packages never set it.
 const ShortFencesEnv = "RBD_OWNER_TEST_SHORT_FENCES"
+
+// DefaultClaimCheckInterval is claim_check_interval's default.
+const DefaultClaimCheckInterval = Duration(time.Hour)
 
 // DefaultFenceExpiry is fence_expiry's default: ten years, so that a fence's blocklist entry
 // does not run out while its mapping may exist. Renewing an entry does not lengthen it on every
@@ -257,6 +266,9 @@ func (c *Config) fill(machineID string) error {
 	if c.OrphanSweepInterval == 0 {
 		c.OrphanSweepInterval = Duration(time.Hour)
 	}
+	if c.ClaimCheckInterval == 0 {
+		c.ClaimCheckInterval = DefaultClaimCheckInterval
+	}
 	if c.NodeID == "" {
 		if machineID == "" {
 			machineID = "/etc/machine-id"
@@ -285,6 +297,9 @@ func (c *Config) validate() error {
 	}
 	if c.CSISocket == c.Socket || filepath.Dir(c.CSISocket) == filepath.Dir(c.Socket) {
 		return fieldErr("csi_socket", "%q must be in a directory of its own, not beside socket %q (a pod mounts that directory)", c.CSISocket, c.Socket)
+	}
+	if c.ClaimCheckInterval.D() < c.RenewInterval.D() {
+		return fieldErr("claim_check_interval", "%s is shorter than renew_interval (%s)", c.ClaimCheckInterval.D(), c.RenewInterval.D())
 	}
 	if c.OrphanSweepInterval.D() < time.Minute {
 		return fieldErr("orphan_sweep_interval", "%s is shorter than a minute (each sweep lists every claim of a pool)", c.OrphanSweepInterval.D())

@@ -21,7 +21,7 @@ func TestErrorsInTheFilesTerms(t *testing.T) {
 		{"unknown key, nothing close", head + "colour: blue\n",
 			"line 7: colour: unknown key; the keys here are node_id, socket, csi_socket, state_dir, clusters, lease_duration, " +
 				"renew_interval, takeover_policy, unmanaged, fence_expiry, map_timeout, mount_timeout, map_options, orphan_sweep, " +
-				"orphan_sweep_interval, metrics_listen, per_image_metrics"},
+				"orphan_sweep_interval, claim_check_interval, metrics_listen, per_image_metrics"},
 		{"a key set twice", head + "lease_duration: 60s\nlease_duration: 90s\n",
 			"line 8: lease_duration: set twice (first on line 7); keep one"},
 		{"duration in words", head + "lease_duration: 30 seconds\n",

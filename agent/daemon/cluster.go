@@ -135,6 +135,13 @@ func (c *cluster) connect(ctx context.Context) (*claim.Store, Connection, error)
 		Now:         c.d.opts.Now,
 		Mono:        c.d.opts.Mono,
 		OnSkew:      func(node string, skew time.Duration) { c.d.noteSkew(c.cfg.ID, node, skew) },
+		OnNoticeFailed: func(err error) {
+			c.d.log.WithError(err).WithField("cluster", c.cfg.ID).Warn("notice not left: that node learns of the change at its slow claim check (claim_check_interval)")
+		},
+		OnIndexBuilt: func(pool, ns string, found int, took time.Duration) {
+			c.d.log.WithFields(map[string]any{"cluster": c.cfg.ID, "pool": pool, "namespace": ns, "claims_found": found, "took_ms": took.Milliseconds()}).
+				Info("claim index built: the namespace's objects were listed once to index the claims agents before the index made (never again: its claims are read through the index)")
+		},
 	})
 	if err != nil {
 		if conn.Close != nil {

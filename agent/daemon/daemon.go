@@ -102,6 +102,8 @@ type Daemon struct {
 	skews      map[string]skew         // other nodes whose clocks are off, by "cluster/node"
 	beats      map[string]time.Time    // when each loop last beat (see loops.go)
 	watches    takeoverWatches         // images waiting to be taken over (watch.go)
+	checks     claimChecks             // when each claim held is next read (checks.go)
+	sweepMarks sweepMarks              // the sweeps of each place seen (sweep.go)
 	renewed    atomic.Int64            // successful heartbeats (tests)
 	judging    atomic.Int64            // judgements of devices under way off the executor (judgeAtOnce)
 	// rebootedBefore: the node rebooted after the state was last written, and before this

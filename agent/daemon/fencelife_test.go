@@ -227,11 +227,32 @@ func (c *cutBackend) Read(ctx context.Context, loc claim.Image, oid string) ([]b
 	return c.Backend.Read(ctx, loc, oid)
 }
 
-func (c *cutBackend) CompareAndWrite(ctx context.Context, loc claim.Image, oid string, ver uint64, data []byte) error {
+func (c *cutBackend) CompareAndWrite(ctx context.Context, loc claim.Image, oid string, ver uint64, data []byte) (uint64, error) {
+	if c.cut.Load() {
+		return 0, errCut
+	}
+	return c.Backend.CompareAndWrite(ctx, loc, oid, ver, data)
+}
+
+func (c *cutBackend) ReadKeys(ctx context.Context, loc claim.Image, oid string, keys []string) (map[string][]byte, uint64, error) {
+	if c.cut.Load() {
+		return nil, 0, errCut
+	}
+	return c.Backend.ReadKeys(ctx, loc, oid, keys)
+}
+
+func (c *cutBackend) SetKeys(ctx context.Context, loc claim.Image, oid string, kv map[string][]byte) (uint64, error) {
+	if c.cut.Load() {
+		return 0, errCut
+	}
+	return c.Backend.SetKeys(ctx, loc, oid, kv)
+}
+
+func (c *cutBackend) RemoveKeys(ctx context.Context, loc claim.Image, oid string, keys []string, ver uint64) error {
 	if c.cut.Load() {
 		return errCut
 	}
-	return c.Backend.CompareAndWrite(ctx, loc, oid, ver, data)
+	return c.Backend.RemoveKeys(ctx, loc, oid, keys, ver)
 }
 
 func (c *cutBackend) Blocklist(ctx context.Context, addr string, expire time.Duration) (time.Time, error) {

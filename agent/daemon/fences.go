@@ -89,6 +89,15 @@ func (d *Daemon) noteKept(cluster string, img claim.Image, live []claim.KeptFenc
 	d.kept[k] = keptFences{cluster: cluster, fences: live, at: d.opts.Mono()}
 }
 
+// keepsFences says whether img's claim showed live fences at its last read: its holder reads it
+// every round, to keep them.
+func (d *Daemon) keepsFences(cluster string, img claim.Image) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, ok := d.kept[cluster+"/"+img.String()]
+	return ok
+}
+
 // keptFences is what noteKept remembers of one claim, and when (Mono).
 type keptFences struct {
 	cluster string

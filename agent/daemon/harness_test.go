@@ -72,6 +72,7 @@ func testConfig(t testing.TB, nodeID string, renew time.Duration, clusters ...co
 		LeaseDuration: config.Duration(30 * time.Second), RenewInterval: config.Duration(renew),
 		TakeoverPolicy: config.TakeoverManual, FenceExpiry: config.Duration(time.Hour),
 		MapTimeout: config.Duration(10 * time.Second), MountTimeout: config.Duration(10 * time.Second),
+		ClaimCheckInterval: config.DefaultClaimCheckInterval,
 	}
 }
 

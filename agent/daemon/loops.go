@@ -10,6 +10,7 @@ import (
 
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/devwatch"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/state"
@@ -191,17 +192,20 @@ func (d *Daemon) renewLoop(ctx context.Context, cl *cluster) {
 }
 
 // renewRound refreshes the takeover watches of cl (watchRound), then checks this node's claims
-// on cl: one read of each claim, to learn whether it was taken or fenced (a holder learns that
-// within a renew interval), concurrent within renewConcurrency, each bounded by the renew
-// interval. The heartbeats are not here: each
-// place has its own (heartbeats).
+// on cl as checks.go says: this node's notices read once per place held in, and only the claims
+// they name, the ones due for their slow check, and the few that need a look every round read,
+// concurrent within renewConcurrency, each bounded by the renew interval. The heartbeats are not
+// here: each place has its own (heartbeats).
 func (d *Daemon) renewRound(ctx context.Context, cl *cluster) {
 	var ms []state.Mapping
+	held := map[state.Key]bool{}
 	for _, m := range d.state.All() {
 		if m.Cluster == cl.cfg.ID && m.Claimed && (m.Phase == state.Mapped || m.Phase == state.Claimed) {
 			ms = append(ms, m)
+			held[m.Key] = true
 		}
 	}
+	d.checks.keep(held)
 	if len(ms) == 0 && len(d.watches.due(cl.cfg.ID, time.Now())) == 0 {
 		return
 	}
@@ -215,7 +219,36 @@ func (d *Daemon) renewRound(ctx context.Context, cl *cluster) {
 		return
 	}
 	d.watchRound(ctx, cl, store)
-	eachBounded(renewConcurrency, ms, func(m state.Mapping) { d.checkClaim(ctx, cl, store, m) })
+	notices := d.readNotices(ctx, cl, store, ms)
+	now := d.opts.Mono()
+	var due []state.Mapping
+	for _, m := range ms {
+		everyRound := d.isLost(m.Key) || d.problem(m.Key) != "" || d.keepsFences(cl.cfg.ID, m.Ref.Head())
+		if d.checks.due(m, now, notices[place{m.Pool, m.Namespace}].noticed(m), everyRound) {
+			due = append(due, m)
+		}
+	}
+	var mu sync.Mutex
+	read := map[state.Key]bool{} // claims read and judged this round
+	eachBounded(renewConcurrency, due, func(m state.Mapping) {
+		if d.checkClaim(ctx, cl, store, m) {
+			d.checks.checked(m.Key, d.opts.Mono(), d.claimCheckInterval())
+			mu.Lock()
+			read[m.Key] = true
+			mu.Unlock()
+		}
+	})
+	d.clearNotices(ctx, cl, store, notices, read, ms)
+}
+
+// claimCheckInterval is claim_check_interval (its default when unset), at least a renew
+// interval.
+func (d *Daemon) claimCheckInterval() time.Duration {
+	c := d.cfg.ClaimCheckInterval.D()
+	if c <= 0 {
+		c = config.DefaultClaimCheckInterval.D()
+	}
+	return max(c, d.cfg.RenewInterval.D())
 }
 
 // eachBounded runs f on every item, at most n at once, and returns once all are done.
@@ -260,11 +293,12 @@ func (d *Daemon) heartbeat(ctx context.Context, cl *cluster, store *claim.Store,
 
 // checkClaim reads one claim: a claim that is no longer this node's is reported (status,
 // journal at error priority) and its device left alone: unmapping a file system in use is
-// never the agent's call.
-func (d *Daemon) checkClaim(ctx context.Context, cl *cluster, store *claim.Store, m state.Mapping) {
+// never the agent's call. It returns whether the claim could be read.
+func (d *Daemon) checkClaim(ctx context.Context, cl *cluster, store *claim.Store, m state.Mapping) (read bool) {
 	rctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
 	rec, err := store.Check(rctx, m.Ref.Head(), m.Epoch)
 	cancel()
+	read = rec != nil || err == nil || errors.Is(err, claim.ErrFenced)
 	if rec != nil {
 		defer d.keepFences(ctx, cl, store, m.Ref.Head(), rec) // the record's fences, held or taken
 	}
@@ -280,7 +314,7 @@ func (d *Daemon) checkClaim(ctx context.Context, cl *cluster, store *claim.Store
 		// state still names this very mapping; else the next round judges
 		unlock, ok := d.locks.tryLock(m.Key)
 		if !ok {
-			return
+			return false // judged at the next round, its notice kept
 		}
 		defer unlock()
 		if cur, ok := d.state.Get(m.Key); !ok || cur.Epoch != m.Epoch || cur.Phase != m.Phase {
@@ -300,4 +334,5 @@ func (d *Daemon) checkClaim(ctx context.Context, cl *cluster, store *claim.Store
 		}
 		d.setProblem(m.Key, msg)
 	}
+	return read
 }

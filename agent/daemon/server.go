@@ -304,7 +304,13 @@ func (d *Daemon) listClaims(w http.ResponseWriter, r *http.Request, onlyOrphans 
 		writeError(w, apiError(err))
 		return
 	}
-	pools, err := cl.pools(r.Context(), r.URL.Query().Get("pool"))
+	pool := r.URL.Query().Get("pool")
+	if c, _ := callerFrom(r.Context()); pool == "" && c.role != peercred.RoleAdmin {
+		// every pool's claims: a read of every claim in the cluster, not a call for the CSI role
+		d.deny(w, r.Method+" "+r.URL.Path+" of every pool", c, "listing the claims of every pool is an admin call: name a pool (--pool POOL), or run it as root or a member of rbd-owner-admin")
+		return
+	}
+	pools, err := cl.pools(r.Context(), pool)
 	if err != nil {
 		writeError(w, apiError(err))
 		return
@@ -319,25 +325,21 @@ func (d *Daemon) listClaims(w http.ResponseWriter, r *http.Request, onlyOrphans 
 			writeError(w, apiError(err))
 			return
 		}
-		orphans, err := store.Orphans(r.Context(), p)
-		if err != nil {
-			// the claims are still worth showing; which images are gone is not known
-			d.log.WithError(err).WithField("pool", p).Warn("claims listing: could not tell which images are gone")
-			if onlyOrphans {
-				writeError(w, apiError(err))
-				return
-			}
-		}
-		isOrphan := map[string]bool{}
-		for _, o := range orphans {
-			isOrphan[o.Ref.String()] = true
-		}
 		for i := range recs {
-			if onlyOrphans && !isOrphan[recs[i].Ref.String()] {
+			orphan, err := store.IsOrphan(r.Context(), recs[i])
+			if err != nil {
+				// the claim is still worth showing; whether its image is gone is not known
+				d.log.WithError(err).WithField("image", recs[i].Ref.String()).Warn("claims listing: could not tell whether the image is gone")
+				if onlyOrphans {
+					writeError(w, apiError(err))
+					return
+				}
+			}
+			if onlyOrphans && !orphan {
 				continue
 			}
 			c := apiClaim(cl.cfg.ID, &recs[i])
-			c.Orphan = isOrphan[recs[i].Ref.String()]
+			c.Orphan = orphan
 			out = append(out, *c)
 		}
 	}

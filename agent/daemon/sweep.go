@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/audit"
+	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -68,8 +70,8 @@ func (d *Daemon) sweepLoop(ctx context.Context) {
 	}
 }
 
-// sweepPool lists one pool's claims, keeps their fences, and removes the free claims of
-// deleted images (when the orphan sweep is on).
+// sweepPool sweeps every namespace of one pool (sweepPlace): the default one, the pool's RBD
+// namespaces, and the ones this node holds claims in.
 func (d *Daemon) sweepPool(ctx context.Context, p state.Pool) (removed int, err error) {
 	cl := d.clusters[p.Cluster]
 	if cl == nil {
@@ -82,55 +84,153 @@ func (d *Daemon) sweepPool(ctx context.Context, p state.Pool) (removed int, err 
 		d.log.WithError(err).WithField("pool", p.Pool).Warn("pool sweep skipped: cluster unavailable; its fences and orphans wait for the next one")
 		return 0, err
 	}
-	recs, errs := store.ListReadable(ctx, p.Pool)
-	for _, err := range errs {
-		d.log.WithError(err).WithField("cluster", p.Cluster).WithField("pool", p.Pool).Warn("pool sweep: a claim could not be read (it is skipped; its fences, if any, are kept by its holder and at claims); retried at the next sweep")
+	var held []string
+	for _, m := range d.state.All() {
+		if m.Cluster == p.Cluster && m.Pool == p.Pool && m.Namespace != "" {
+			held = append(held, m.Namespace)
+		}
 	}
-	for i := range recs {
-		o := &recs[i]
-		due, sweepable := store.Due(o.Ref, o), d.cfg.SweepsOrphans() && o.Free()
-		if !due && !sweepable {
-			continue
-		}
-		orphan, err := store.IsOrphan(ctx, *o)
+	nss, err := store.Namespaces(ctx, p.Pool, held...)
+	var errs []error
+	if err != nil {
+		errs = append(errs, err) // the ones known are swept all the same
+		d.log.WithError(err).WithField("cluster", p.Cluster).WithField("pool", p.Pool).Warn("pool sweep: the pool's namespaces could not be listed; sweeping the default one and those this node holds claims in")
+	}
+	for _, ns := range nss {
+		n, err := d.sweepPlace(ctx, cl, store, p.Pool, ns)
+		removed += n
 		if err != nil {
 			errs = append(errs, err)
-			d.log.WithError(err).WithField("image", o.Ref.String()).Warn("pool sweep: image not checked")
-			if due {
-				d.keepFences(ctx, cl, store, o.Ref, o) // when in doubt, keep
-			}
-			continue
-		}
-		if !orphan {
-			if due {
-				d.keepFences(ctx, cl, store, o.Ref, o)
-			}
-			continue
-		}
-		// its image is gone by name: but a renamed image, or one moved to the trash, keeps its id
-		// and its data, and a fenced mapping of it could write to them: its fences are kept as
-		// long as the record lists them live (only a record without any is removed)
-		if len(o.Kept()) > 0 {
-			if due {
-				d.keepFences(ctx, cl, store, o.Ref, o)
-			}
-			continue
-		}
-		if !sweepable {
-			continue
-		}
-		ok, err := store.SweepOrphan(ctx, o.Ref)
-		if err != nil {
-			errs = append(errs, err)
-			d.log.WithError(err).WithField("image", o.Ref.String()).Warn("orphan sweep: claim not removed")
-			continue
-		}
-		if ok {
-			removed++
-			d.audit.Record(audit.Entry{Event: audit.Release, Result: audit.OK, Cluster: p.Cluster, Pool: o.Pool, Namespace: o.Namespace,
-				Image: o.Image, Epoch: o.Epoch,
-				Message: fmt.Sprintf("orphan sweep: removed the free claim of deleted image %s (epoch %d)", o.Ref, o.Epoch)})
 		}
 	}
 	return removed, errors.Join(errs...)
+}
+
+// sweepMarks remembers, per place, the sweep sequence this node saw at its last look and when
+// (Mono): a place another node swept since that look, within a period and a half, is skipped,
+// so that a fleet sweeps each place about once per period between its nodes, not each node once.
+type sweepMarks struct {
+	mu   sync.Mutex
+	seen map[string]sweepSeen
+}
+
+type sweepSeen struct {
+	seq uint64
+	at  time.Duration
+}
+
+// skip records a look at key's mark seq at now, and says whether another node swept it since
+// this node's last look, less than 1.5 periods ago (so within about a period).
+func (s *sweepMarks) skip(key string, seq uint64, now, period time.Duration) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seen == nil {
+		s.seen = map[string]sweepSeen{}
+	}
+	prev, ok := s.seen[key]
+	s.seen[key] = sweepSeen{seq: seq, at: now}
+	return ok && prev.seq != seq && now-prev.at <= period+period/2
+}
+
+// swept records that this node swept key, leaving the mark at seq.
+func (s *sweepMarks) swept(key string, seq uint64, now time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seen[key] = sweepSeen{seq: seq, at: now}
+}
+
+// sweepPlace sweeps one pool and namespace through its claim index (never a listing, but the
+// index's one-time build): it keeps the fences of every claim, free or held, removes the free
+// claims of deleted images (when the orphan sweep is on) and the index keys of claims that are
+// gone with their images, and records the sweep. It does nothing when another node swept the
+// place since this node's last look.
+func (d *Daemon) sweepPlace(ctx context.Context, cl *cluster, store *claim.Store, pool, ns string) (removed int, err error) {
+	where := livenessPlace(pool, ns)
+	key := cl.cfg.ID + "/" + where
+	seq, err := store.SweptMark(ctx, pool, ns)
+	if err != nil {
+		d.log.WithError(err).WithField("cluster", cl.cfg.ID).WithField("place", where).Warn("sweep skipped: the claim index could not be read; retried at the next sweep")
+		return 0, err
+	}
+	if d.sweepMarks.skip(key, seq, d.opts.Mono(), d.sweepPeriod()) {
+		return 0, nil
+	}
+	pl, err := store.ListPlace(ctx, pool, ns)
+	if err != nil {
+		d.log.WithError(err).WithField("cluster", cl.cfg.ID).WithField("place", where).Warn("sweep skipped: the claims could not be listed through the index; retried at the next sweep")
+		return 0, err
+	}
+	errs := pl.Errors
+	for _, err := range pl.Errors {
+		d.log.WithError(err).WithField("cluster", cl.cfg.ID).WithField("place", where).Warn("pool sweep: a claim could not be read (it is skipped; its fences, if any, are kept by its holder and at claims); retried at the next sweep")
+	}
+	for i := range pl.Records {
+		n, err := d.sweepRecord(ctx, cl, store, &pl.Records[i])
+		removed += n
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, img := range pl.Stale {
+		dropped, err := store.DropStaleKey(ctx, img)
+		if err != nil {
+			errs = append(errs, err)
+			d.log.WithError(err).WithField("image", img.String()).Warn("sweep: the index key of a claim that is gone could not be dropped; retried at the next sweep")
+		} else if dropped {
+			d.log.WithField("image", img.String()).Info("sweep: dropped the index key of a claim that is gone with its image")
+		}
+	}
+	if err := store.MarkSwept(ctx, pool, ns, seq); err != nil {
+		errs = append(errs, err)
+	} else {
+		d.sweepMarks.swept(key, seq+1, d.opts.Mono())
+	}
+	return removed, errors.Join(errs...)
+}
+
+// sweepRecord keeps one listed claim's fences when due, and removes it when it is a free claim
+// of a deleted image and the orphan sweep is on.
+func (d *Daemon) sweepRecord(ctx context.Context, cl *cluster, store *claim.Store, o *claim.Record) (removed int, err error) {
+	due, sweepable := store.Due(o.Ref, o), d.cfg.SweepsOrphans() && o.Free()
+	if !due && !sweepable {
+		return 0, nil
+	}
+	orphan, err := store.IsOrphan(ctx, *o)
+	if err != nil {
+		d.log.WithError(err).WithField("image", o.Ref.String()).Warn("pool sweep: image not checked")
+		if due {
+			d.keepFences(ctx, cl, store, o.Ref, o) // when in doubt, keep
+		}
+		return 0, err
+	}
+	if !orphan {
+		if due {
+			d.keepFences(ctx, cl, store, o.Ref, o)
+		}
+		return 0, nil
+	}
+	// its image is gone by name: but a renamed image, or one moved to the trash, keeps its id
+	// and its data, and a fenced mapping of it could write to them: its fences are kept as
+	// long as the record lists them live (only a record without any is removed)
+	if len(o.Kept()) > 0 {
+		if due {
+			d.keepFences(ctx, cl, store, o.Ref, o)
+		}
+		return 0, nil
+	}
+	if !sweepable {
+		return 0, nil
+	}
+	ok, err := store.SweepOrphan(ctx, o.Ref)
+	if err != nil {
+		d.log.WithError(err).WithField("image", o.Ref.String()).Warn("orphan sweep: claim not removed")
+		return 0, err
+	}
+	if !ok {
+		return 0, nil
+	}
+	d.audit.Record(audit.Entry{Event: audit.Release, Result: audit.OK, Cluster: cl.cfg.ID, Pool: o.Pool, Namespace: o.Namespace,
+		Image: o.Image, Epoch: o.Epoch,
+		Message: fmt.Sprintf("orphan sweep: removed the free claim of deleted image %s (epoch %d)", o.Ref, o.Epoch)})
+	return 1, nil
 }
