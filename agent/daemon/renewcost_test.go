@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,38 +27,7 @@ import (
 // version this node wrote last, without a read.
 func TestRenewalCostsOneWritePerPool(t *testing.T) {
 	m := claim.NewMemory("00000000-0000-4000-8000-000000000005")
-	k, err := fakekernel.New(t.TempDir(), fakekernel.Options{FSID: m.FSID()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := k.AddUser("u", memSecret); err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig(t, "node-c", 20*time.Second, config.Cluster{ID: "c1", Monitors: []string{"203.0.113.1:6789"}, User: "u", Keyring: "/nonexistent"})
-	cfg.LeaseDuration = config.Duration(60 * time.Second) // the defaults: 60 s lease, 20 s renewals
-	log := quietLog()
-	kc := k.Config()
-	kc.Poll = 5 * time.Millisecond
-	d, err := New(Options{Config: cfg, Log: log, Audit: audit.NewWithSink(log, func(audit.Entry) {}), Kernel: krbd.New(kc),
-		Peers: &peercred.Policy{AdminGroup: -1, CSIGroup: -1},
-		Connect: func(context.Context, config.Cluster) (Connection, error) {
-			return Connection{Backend: m, Secret: memSecret}, nil
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 68 {
-		pool := "rbd"
-		if i >= 64 {
-			pool = "other"
-		}
-		name := fmt.Sprintf("v%02d", i)
-		m.AddImage(claim.Image{Pool: pool, Image: name}, "id-"+name)
-		k.AddImage(pool, "", name, 1<<20)
-		if _, err := d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: pool, Image: name}, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	d, _ := roundDaemon(t, m, 68, 64)
 	// one renew interval's work: each place's heartbeat once, and the round of claim checks
 	hb := newHeartbeats(d, d.clusters["c1"])
 	round := func() map[string]int {
@@ -79,5 +51,143 @@ func TestRenewalCostsOneWritePerPool(t *testing.T) {
 	}
 	for _, p := range d.Status().Problems {
 		t.Errorf("problem after the rounds: %s", p)
+	}
+}
+
+// roundDaemon is a daemon on m and a fake kernel that does not run its loops (the test runs its
+// rounds), on a monotonic clock of the test's, with n images mapped: v00 and on, the first
+// inPool in pool rbd, the others in pool other. The defaults: 60 s lease, 20 s renewals, claims
+// checked slowly every hour.
+func roundDaemon(t *testing.T, m *claim.Memory, n, inPool int) (*Daemon, *monoClock) {
+	t.Helper()
+	return roundDaemonAs(t, m, "node-c", n, inPool)
+}
+
+// roundDaemonAs is roundDaemon with node id id.
+func roundDaemonAs(t *testing.T, m *claim.Memory, id string, n, inPool int) (*Daemon, *monoClock) {
+	t.Helper()
+	k, err := fakekernel.New(t.TempDir(), fakekernel.Options{FSID: m.FSID()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.AddUser("u", memSecret); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, id, 20*time.Second, config.Cluster{ID: "c1", Monitors: []string{"203.0.113.1:6789"}, User: "u", Keyring: "/nonexistent"})
+	cfg.LeaseDuration = config.Duration(60 * time.Second)
+	log := quietLog()
+	kc := k.Config()
+	kc.Poll = 5 * time.Millisecond
+	mono := &monoClock{}
+	d, err := New(Options{Config: cfg, Log: log, Audit: audit.NewWithSink(log, func(audit.Entry) {}), Kernel: krbd.New(kc),
+		Peers: &peercred.Policy{AdminGroup: -1, CSIGroup: -1}, Mono: mono.Now,
+		Connect: func(context.Context, config.Cluster) (Connection, error) {
+			return Connection{Backend: m, Secret: memSecret}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		pool := "rbd"
+		if i >= inPool {
+			pool = "other"
+		}
+		name := fmt.Sprintf("v%02d", i)
+		m.AddImage(claim.Image{Pool: pool, Image: name}, "id-"+name)
+		k.AddImage(pool, "", name, 1<<20)
+		if _, err := d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: pool, Image: name}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return d, mono
+}
+
+// otherNode is a claim store of another node on m, fencing and releasing as an admin there does.
+func otherNode(t *testing.T, m *claim.Memory) *claim.Store {
+	t.Helper()
+	s, err := claim.NewStoreOn(m, claim.Config{Node: claim.Node{ID: "node-x"}, Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestALostClaimIsSeenAtTheNextRoundThroughItsNotice: an admin on another node fences one of
+// this node's 16 claims; the very next renewal round reads that claim alone, reports it lost,
+// and clears the notice; the round after reads no claim but the lost one (watched every round).
+func TestALostClaimIsSeenAtTheNextRoundThroughItsNotice(t *testing.T) {
+	m := claim.NewMemory("00000000-0000-4000-8000-000000000006")
+	d, mono := roundDaemon(t, m, 16, 16)
+	cl := d.clusters["c1"]
+	d.renewRound(context.Background(), cl) // the first round reads every claim once
+	mono.Advance(20 * time.Second)
+	if _, err := otherNode(t, m).Fence(context.Background(), claim.Image{Pool: "rbd", Image: "v07"}); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	read := map[string]bool{}
+	m.SetHook(func(_ context.Context, call string, img claim.Image) error {
+		if call == "read" && img.Image != "" {
+			mu.Lock()
+			read[img.Image] = true
+			mu.Unlock()
+		}
+		return nil
+	})
+	d.renewRound(context.Background(), cl)
+	if !maps.Equal(read, map[string]bool{"v07": true}) {
+		t.Fatalf("the round after the fence read the claims of %v, want v07's alone (its notice names it)", read)
+	}
+	lost := 0
+	for _, p := range d.Status().Problems {
+		if strings.Contains(p, "rbd/v07") && strings.Contains(p, "lost") {
+			lost++
+		} else {
+			t.Errorf("unexpected problem: %s", p)
+		}
+	}
+	if lost != 1 {
+		t.Fatalf("rbd/v07 is not reported lost after one round: %v", d.Status().Problems)
+	}
+	if ns, _, _ := m.ReadKeys(context.Background(), claim.Image{Pool: "rbd"}, claim.NoticePrefix+"node-c", nil); len(ns) != 0 {
+		t.Fatalf("notices left after they were handled: %v", ns)
+	}
+	clear(read)
+	mono.Advance(20 * time.Second)
+	d.renewRound(context.Background(), cl)
+	if !maps.Equal(read, map[string]bool{"v07": true}) {
+		t.Fatalf("the next round read the claims of %v, want the lost claim's alone", read)
+	}
+}
+
+// TestAClaimRemovedByHandIsFoundByTheSlowCheck: a claim object removed with `rados rm` sends no
+// notice; it is found at its slow check, within claim_check_interval, and every claim is read
+// once in that interval, spread over the rounds.
+func TestAClaimRemovedByHandIsFoundByTheSlowCheck(t *testing.T) {
+	m := claim.NewMemory("00000000-0000-4000-8000-000000000007")
+	d, mono := roundDaemon(t, m, 16, 16)
+	cl := d.clusters["c1"]
+	d.renewRound(context.Background(), cl)
+	m.Remove(claim.Image{Pool: "rbd"}, claim.ObjectPrefix+"v03")
+	m.Counts(true)
+	reads, found := 0, time.Duration(0)
+	for at := 20 * time.Second; at <= time.Hour+20*time.Second; at += 20 * time.Second {
+		mono.Advance(20 * time.Second)
+		d.renewRound(context.Background(), cl)
+		if found == 0 && slices.ContainsFunc(d.Status().Problems, func(p string) bool { return strings.Contains(p, "rbd/v03") }) {
+			found = at
+		}
+		if found == 0 {
+			reads += m.Counts(true)["read claim"]
+		}
+	}
+	if found == 0 || found > time.Hour {
+		t.Fatalf("the removed claim was not found within claim_check_interval (found at %s): %v", found, d.Status().Problems)
+	}
+	if found < 45*time.Minute {
+		t.Fatalf("found at %s: the slow check came early (a read per claim per round?)", found)
+	}
+	if reads > 16 {
+		t.Fatalf("%d claim reads before the slow check found it, want at most one per claim", reads)
 	}
 }

@@ -78,3 +78,39 @@ func TestOrphanSweepRunsByItself(t *testing.T) {
 		return c.m.Version(claim.Image{Pool: "rbd", Image: "gone"}) == 0
 	})
 }
+
+// TestAPlaceIsSweptOncePerPeriodByTheFleetAndNeverListed: two nodes sweep the same pool; the
+// first sweep builds the pool's index (its one listing, from claims made before the index), and
+// from then on, each period, one node sweeps through the index and the other finds the mark
+// moved and reads nothing more: the fleet reads each claim once per period, not once per node.
+func TestAPlaceIsSweptOncePerPeriodByTheFleetAndNeverListed(t *testing.T) {
+	m := claim.NewMemory("00000000-0000-4000-8000-000000000008")
+	a, monoA := roundDaemonAs(t, m, "node-c", 6, 6)
+	b, monoB := roundDaemonAs(t, m, "node-d", 0, 0)
+	pool := state.Pool{Cluster: "c1", Pool: "rbd"}
+	period := a.sweepPeriod()
+	m.Counts(true)
+	if _, err := a.sweepPool(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Counts(true); got["objects"] != 1 || got["read claim"] != 6 {
+		t.Fatalf("the first sweep did %v, want the one listing (the index's build) and each claim read", got)
+	}
+	for i := range 4 {
+		monoA.Advance(period)
+		monoB.Advance(period)
+		for _, d := range []*Daemon{b, a} {
+			if _, err := d.sweepPool(context.Background(), pool); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := m.Counts(true)
+		t.Logf("period %d: %v", i+1, got)
+		if got["objects"] != 0 {
+			t.Fatalf("period %d: a sweep listed the pool: %v", i+1, got)
+		}
+		if got["read claim"] != 6 {
+			t.Fatalf("period %d: the two nodes read %d claims, want each claim once (one sweep): %v", i+1, got["read claim"], got)
+		}
+	}
+}
