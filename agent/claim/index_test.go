@@ -75,7 +75,9 @@ func TestListingReadsTheIndexNotThePool(t *testing.T) {
 	clk := newClock()
 	var built []string
 	a, err := NewStoreOn(m, Config{Node: Node{ID: "node-a"}, Lease: 15 * time.Second, Now: clk.Now, Mono: clk.Mono,
-		OnIndexBuilt: func(pool, ns string, found int, _ time.Duration) { built = append(built, fmt.Sprintf("%s/%s:%d", pool, ns, found)) }})
+		OnIndexBuilt: func(pool, ns string, found int, _ time.Duration) {
+			built = append(built, fmt.Sprintf("%s/%s:%d", pool, ns, found))
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +175,9 @@ func TestStaleKeyIsNotDroppedWhenTheIndexMoved(t *testing.T) {
 	// ...but a writer sets it again after the sweeper read the index, every time it looks
 	m.SetHook(func(ctx context.Context, call string, _ Image) error {
 		if call == "imageid" {
-			go func() { _, _ = m.SetKeys(context.Background(), img, IndexObject, map[string][]byte{"race": []byte(`{"again":true}`)}) }()
+			go func() {
+				_, _ = m.SetKeys(context.Background(), img, IndexObject, map[string][]byte{"race": []byte(`{"again":true}`)})
+			}()
 			time.Sleep(20 * time.Millisecond)
 		}
 		return nil
