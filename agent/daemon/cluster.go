@@ -119,7 +119,8 @@ func (c *cluster) connect(ctx context.Context) (*claim.Store, Connection, error)
 	if err != nil {
 		c.d.log.WithError(err).Warn("hostname unknown; claim records will show none")
 	}
-	store, err := claim.NewStoreOn(conn.Backend, claim.Config{
+	counted := claim.Counted(conn.Backend, func(op, object string) { c.d.metrics.ClusterOp(c.cfg.ID, op, object) })
+	store, err := claim.NewStoreOn(counted, claim.Config{
 		Node: claim.Node{
 			ID: c.d.cfg.NodeID, Hostname: hostname, AgentVersion: version.Version, Incarnation: c.d.state.Incarnation(), BootID: c.d.opts.BootID,
 			Addr: func() string {

@@ -113,6 +113,12 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 	if v := value(fams, "rbd_owner_claims", lbl{"cluster": "c1", "state": "held"}); v != 1 {
 		t.Fatalf("claims held after one map: %v", v)
 	}
+	for _, op := range []lbl{{"op": "setkeys", "object": "index"}, {"op": "write", "object": "claim"}, {"op": "image", "object": "image"}} {
+		op["cluster"] = "c1"
+		if v := value(fams, "rbd_owner_cluster_ops_total", op); v < 1 {
+			t.Fatalf("cluster ops %v after one map: %v, want at least 1", op, v)
+		}
+	}
 	waitFor(t, "a liveness write", func() bool { return d.renewed.Load() > 0 })
 	renewed := d.renewed.Load()
 	if v := value(now(), "rbd_owner_liveness_writes_total", lbl{"cluster": "c1", "result": "ok"}); v < float64(renewed) {

@@ -137,6 +137,7 @@ type Metrics struct {
 	liveness, claimsLost     *prometheus.CounterVec
 	devicesLost              *prometheus.CounterVec
 	fenceRenewals            *prometheus.CounterVec
+	clusterOps               *prometheus.CounterVec
 	recovery                 prometheus.Gauge
 	stateSetAside            prometheus.Counter
 	stateWriteFailures       prometheus.Counter
@@ -181,6 +182,7 @@ func New(o Options) *Metrics {
 	m.claimsLost = counter("claims_lost_total", "Claims this node found it no longer holds (taken over or fenced); their devices are left in place.", labelCluster)
 	m.devicesLost = counter("device_lost_total", "Managed devices that were unmapped outside rbd-owner (device_lost); their claims are released.", labelCluster)
 	m.fenceRenewals = counter("fence_renewals_total", "Re-blocklistings of live fences (claims' fences and intruders whose mappings may still exist) before they expire, by result: ok, or the error code.", labelCluster, labelResult)
+	m.clusterOps = counter("cluster_ops_total", "RADOS operations this agent sent, by operation (read, write, remove, readkeys, setkeys, removekeys, objects, namespaces, image, imageid, blocklist, unblocklist) and the kind of object (claim, heartbeat, index, notice, image, none): what its claims cost the cluster.", labelCluster, "op", "object")
 	m.recovery = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "recovery_duration_seconds",
 		Help: "How long the recovery at the agent's start took."})
 	m.stateSetAside = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "state_set_aside_total",
@@ -200,7 +202,7 @@ func New(o Options) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.mapSeconds, m.unmapSeconds, m.maps, m.unmaps, m.refusals, m.takeovers, m.fences, m.intruders, m.adoptions,
-		m.liveness, m.claimsLost, m.devicesLost, m.fenceRenewals, m.recovery, build, lease, renew,
+		m.liveness, m.claimsLost, m.devicesLost, m.fenceRenewals, m.clusterOps, m.recovery, build, lease, renew,
 		m.stateSetAside, m.stateWriteFailures, m.stateRebuilt,
 		stateCollector{m},
 	)
@@ -335,6 +337,14 @@ func (m *Metrics) FenceRenewed(cluster string, err error) {
 		return
 	}
 	m.fenceRenewals.WithLabelValues(cl(cluster), Result(err)).Inc()
+}
+
+// ClusterOp records one RADOS operation of the agent: op on an object of kind object.
+func (m *Metrics) ClusterOp(cluster, op, object string) {
+	if m == nil {
+		return
+	}
+	m.clusterOps.WithLabelValues(cl(cluster), op, object).Inc()
 }
 
 // StateSetAside records a state file set aside at start.
