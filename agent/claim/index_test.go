@@ -113,6 +113,14 @@ func TestListingReadsTheIndexNotThePool(t *testing.T) {
 	if got["read claim"] != 3 || got["readkeys index"] != 2 {
 		t.Fatalf("the second listing did %v, want an index read per namespace and a read per claim", got)
 	}
+	// a pool rbd-owner never used (another application's) gets no object of rbd-owner's
+	m.AddImage(Image{Pool: "other", Image: "x"}, "id-x")
+	if recs, err := a.List(ctx, "other"); err != nil || len(recs) != 0 {
+		t.Fatalf("listing a pool without claims: %v %v", recs, err)
+	}
+	if kv := m.Keys(Image{Pool: "other"}, IndexObject); kv != nil {
+		t.Fatalf("listing a pool without claims wrote an index there: %v", kv)
+	}
 }
 
 // TestOrphanRemovalDropsItsIndexKeyAndStaleKeysGoWithTheirImage: removing a deleted image's

@@ -371,7 +371,7 @@ func (s *Store) ListPlace(ctx context.Context, pool, namespace string) (PlaceLis
 		if err != nil {
 			return PlaceList{}, err
 		}
-		if s.cfg.OnIndexBuilt != nil {
+		if s.cfg.OnIndexBuilt != nil && (found > 0 || idx.Version != 0) {
 			s.cfg.OnIndexBuilt(pool, namespace, found, time.Since(start))
 		}
 		if idx, err = s.ReadIndex(ctx, pool, namespace); err != nil {
