@@ -275,8 +275,9 @@ type Notice struct {
 func noticeObject(node string) string { return NoticePrefix + node }
 
 // notify leaves a notice of what was done to each holder of img, this node included (an admin
-// may fence this node's own hold from it), and returns the errors (the change itself is done: a
-// notice lost is found by the slow check).
+// may fence this node's own hold from it), and returns the errors (the change itself is done).
+// A notice that could not be written is kept and tried again by RetryNotices; one lost all
+// the same (this process ends first) is made up for by the holder's slow check.
 func (s *Store) notify(ctx context.Context, img Image, what string, holds map[string]uint64) []error {
 	var errs []error
 	nodes := make([]string, 0, len(holds))
@@ -286,14 +287,64 @@ func (s *Store) notify(ctx context.Context, img Image, what string, holds map[st
 	sort.Strings(nodes)
 	for _, node := range nodes {
 		v, err := json.Marshal(Notice{Image: img.Image, Epoch: holds[node], What: what, By: s.cfg.Node.ID, At: s.cfg.Now().UTC()})
-		if err == nil {
-			_, err = s.b.SetKeys(ctx, img, noticeObject(node), map[string][]byte{img.Image: v})
-		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("tell node %s that its hold on %s was %s: %w", node, img, what, err))
+			errs = append(errs, err)
+			continue
+		}
+		p := pendingNotice{img: img, node: node, value: v}
+		if err := s.leaveNotice(ctx, p); err != nil {
+			s.noticeMu.Lock()
+			if len(s.pendingNotices) < maxPendingNotices {
+				s.pendingNotices = append(s.pendingNotices, p)
+			}
+			s.noticeMu.Unlock()
+			errs = append(errs, err)
 		}
 	}
 	return errs
+}
+
+// pendingNotice is a notice not written yet.
+type pendingNotice struct {
+	img   Image
+	node  string
+	value []byte
+}
+
+// maxPendingNotices bounds the notices kept for another try.
+const maxPendingNotices = 4096
+
+func (s *Store) leaveNotice(ctx context.Context, p pendingNotice) error {
+	if _, err := s.b.SetKeys(ctx, p.img, noticeObject(p.node), map[string][]byte{p.img.Image: p.value}); err != nil {
+		return fmt.Errorf("tell node %s that its hold on %s changed: %w", p.node, p.img, err)
+	}
+	return nil
+}
+
+// RetryNotices tries again to write the notices that could not be written, and returns how
+// many are still pending and the errors of this try.
+func (s *Store) RetryNotices(ctx context.Context) (int, []error) {
+	s.noticeMu.Lock()
+	todo := s.pendingNotices
+	s.pendingNotices = nil
+	s.noticeMu.Unlock()
+	var left []pendingNotice
+	var errs []error
+	for _, p := range todo {
+		if ctx.Err() != nil {
+			left = append(left, p)
+			continue
+		}
+		if err := s.leaveNotice(ctx, p); err != nil {
+			left = append(left, p)
+			errs = append(errs, err)
+		}
+	}
+	s.noticeMu.Lock()
+	s.pendingNotices = append(left, s.pendingNotices...)
+	n := len(s.pendingNotices)
+	s.noticeMu.Unlock()
+	return n, errs
 }
 
 // Notices reads this node's notices in a pool and namespace, and the notice object's version

@@ -270,8 +270,8 @@ func TestNoticesAreLeftForTheNodeWhoseHoldChanged(t *testing.T) {
 	}
 }
 
-// TestNoticeFailureDoesNotUndoTheChange: a notice that cannot be written is reported, and the
-// takeover stands (the loser finds it at its slow check).
+// TestNoticeFailureDoesNotUndoTheChange: a notice that cannot be written is reported, the
+// takeover stands, and the notice is written by a later try.
 func TestNoticeFailureDoesNotUndoTheChange(t *testing.T) {
 	ctx := context.Background()
 	m := NewMemory("fsid")
@@ -304,6 +304,19 @@ func TestNoticeFailureDoesNotUndoTheChange(t *testing.T) {
 	}
 	if len(failed) != 1 || !strings.Contains(failed[0].Error(), "node node-a") {
 		t.Fatalf("notice failures reported: %v", failed)
+	}
+	if ns, _, _ := a.Notices(ctx, "rbd", ""); len(ns) != 0 {
+		t.Fatalf("a notice that failed is there: %+v", ns)
+	}
+	if left, errs := b.RetryNotices(ctx); left != 1 || len(errs) != 1 {
+		t.Fatalf("retry while the object is not writable: %d left, %v", left, errs)
+	}
+	m.SetHook(nil)
+	if left, errs := b.RetryNotices(ctx); left != 0 || len(errs) != 0 {
+		t.Fatalf("retry: %d left, %v", left, errs)
+	}
+	if ns, _, _ := a.Notices(ctx, "rbd", ""); len(ns) != 1 || ns[0].Epoch != ra.Holder.Epoch {
+		t.Fatalf("node-a's notices after the retry: %+v", ns)
 	}
 }
 

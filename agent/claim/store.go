@@ -56,7 +56,7 @@ type Config struct {
 	// before is gone).
 	OnSkew func(node string, skew time.Duration)
 	// OnNoticeFailed, when set, hears of every notice that could not be left for a node whose
-	// hold this store changed (the change is done; the node finds it at its slow check).
+	// hold this store changed (the change is done; RetryNotices tries again).
 	OnNoticeFailed func(err error)
 	// OnIndexBuilt, when set, hears of every index migration this store ran (BuildIndex, from
 	// the one listing of a namespace): how many claim objects it found and how long it took.
@@ -85,6 +85,9 @@ type Store struct {
 	// hbLast is this store's last heartbeat write in each place (Heartbeat)
 	hbMu   sync.Mutex
 	hbLast map[string]hbWritten
+	// pendingNotices are the notices not written yet (RetryNotices)
+	noticeMu       sync.Mutex
+	pendingNotices []pendingNotice
 }
 
 // NewStore returns a Store on a RADOS connection (owned by the caller).

@@ -137,7 +137,7 @@ func (c *cluster) connect(ctx context.Context) (*claim.Store, Connection, error)
 		Mono:        c.d.opts.Mono,
 		OnSkew:      func(node string, skew time.Duration) { c.d.noteSkew(c.cfg.ID, node, skew) },
 		OnNoticeFailed: func(err error) {
-			c.d.log.WithError(err).WithField("cluster", c.cfg.ID).Warn("notice not left: that node learns of the change at its slow claim check (claim_check_interval)")
+			c.d.log.WithError(err).WithField("cluster", c.cfg.ID).Warn("notice not left for a node whose hold changed: tried again every renew interval (that node also finds the change at its slow claim check)")
 		},
 		OnIndexBuilt: func(pool, ns string, found int, took time.Duration) {
 			c.d.log.WithFields(map[string]any{"cluster": c.cfg.ID, "pool": pool, "namespace": ns, "claims_found": found, "took_ms": took.Milliseconds()}).

@@ -219,6 +219,11 @@ func (d *Daemon) renewRound(ctx context.Context, cl *cluster) {
 		return
 	}
 	d.watchRound(ctx, cl, store)
+	nctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
+	if left, errs := store.RetryNotices(nctx); len(errs) > 0 {
+		d.log.WithError(errors.Join(errs...)).WithField("cluster", cl.cfg.ID).WithField("pending", left).Warn("notices of changed holds still not written; tried again next round")
+	}
+	cancel()
 	notices := d.readNotices(ctx, cl, store, ms)
 	now := d.opts.Mono()
 	var due []state.Mapping
