@@ -166,13 +166,14 @@ func (m *Memory) Version(img Image) uint64 {
 	return m.objects[keyOf(img, objectOf(img))].ver
 }
 
-// Put writes an object as another client would (a new version), e.g. a record of an older
-// format.
+// Put writes an object's data as another client would (a new version, its omap kept), e.g.
+// a record of an older format.
 func (m *Memory) Put(loc Image, oid string, data []byte) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.version++
-	m.objects[keyOf(loc, oid)] = memObject{data: append([]byte(nil), data...), ver: m.version}
+	k := keyOf(loc, oid)
+	m.objects[k] = memObject{data: append([]byte(nil), data...), omap: m.objects[k].omap, ver: m.version}
 }
 
 func (m *Memory) hook(ctx context.Context, call string, img Image, oid ...string) error {
