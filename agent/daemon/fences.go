@@ -86,7 +86,7 @@ func (d *Daemon) noteKept(cluster string, img claim.Image, live []claim.KeptFenc
 		delete(d.kept, k)
 		return
 	}
-	d.kept[k] = keptFences{cluster: cluster, fences: live, at: d.opts.Mono()}
+	d.kept[k] = keptFences{cluster: cluster, place: livenessPlace(img.Pool, img.Namespace), fences: live, at: d.opts.Mono()}
 }
 
 // keepsFences says whether img's claim showed live fences at its last read: its holder reads it
@@ -98,9 +98,28 @@ func (d *Daemon) keepsFences(cluster string, img claim.Image) bool {
 	return ok
 }
 
+// forgetKeptIn drops the notes of the fences of the claims in a pool and namespace that this node
+// does not hold: it keeps those only while it sweeps the place.
+func (d *Daemon) forgetKeptIn(cluster, pool, ns string) {
+	held := map[string]bool{}
+	for _, m := range d.state.All() {
+		if m.Cluster == cluster && m.Claimed {
+			held[cluster+"/"+m.Ref.Head().String()] = true
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for k, kf := range d.kept {
+		if kf.cluster == cluster && kf.place == livenessPlace(pool, ns) && !held[k] {
+			delete(d.kept, k)
+		}
+	}
+}
+
 // keptFences is what noteKept remembers of one claim, and when (Mono).
 type keptFences struct {
 	cluster string
+	place   string // the claim's pool and namespace
 	fences  []claim.KeptFence
 	at      time.Duration
 }

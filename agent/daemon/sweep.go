@@ -153,6 +153,9 @@ func (d *Daemon) sweepPlace(ctx context.Context, cl *cluster, store *claim.Store
 		return 0, err
 	}
 	if d.sweepMarks.skip(key, seq, d.opts.Mono(), d.sweepPeriod()) {
+		// another node keeps this place's free claims' fences now: what this node noted of them
+		// at its own last sweep is no longer its to report (rbd_owner_fences_expiring)
+		d.forgetKeptIn(cl.cfg.ID, pool, ns)
 		return 0, nil
 	}
 	pl, err := store.ListPlace(ctx, pool, ns)

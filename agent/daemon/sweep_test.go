@@ -114,3 +114,49 @@ func TestAPlaceIsSweptOncePerPeriodByTheFleetAndNeverListed(t *testing.T) {
 		}
 	}
 }
+
+// TestANodeThatSkipsASweepStopsReportingItsFences: the fences of a free claim are kept by the
+// node that sweeps its pool; a node that finds the pool swept by another stops counting them as
+// fences it keeps (rbd_owner_fences_expiring would warn of renewals it no longer makes).
+func TestANodeThatSkipsASweepStopsReportingItsFences(t *testing.T) {
+	m := claim.NewMemory("00000000-0000-4000-8000-000000000009")
+	a, monoA := roundDaemonAs(t, m, "node-c", 0, 0)
+	b, monoB := roundDaemonAs(t, m, "node-d", 0, 0)
+	ctx := context.Background()
+	img := claim.Image{Pool: "rbd", Image: "fenced"}
+	m.AddImage(img, "id-fenced")
+	x := otherNode(t, m)
+	r, err := x.Acquire(ctx, claim.Request{Image: img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.SetMapping(ctx, img, r.Holder.Epoch, "10.0.0.5:0/5", "/dev/rbd0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Fence(ctx, img); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := x.ForceRelease(ctx, img); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	pool := state.Pool{Cluster: "c1", Pool: "rbd"}
+	for _, d := range []*Daemon{a, b} {
+		if _, err := d.sweepPool(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !a.keepsFences("c1", img) || !b.keepsFences("c1", img) {
+		t.Fatal("the nodes that swept do not note the free claim's fence")
+	}
+	monoA.Advance(a.sweepPeriod())
+	monoB.Advance(b.sweepPeriod())
+	if _, err := a.sweepPool(ctx, pool); err != nil { // b swept since a's last look: a skips
+		t.Fatal(err)
+	}
+	if a.keepsFences("c1", img) {
+		t.Fatal("a node that skipped the sweep still counts the fence as one it keeps")
+	}
+	if len(a.keptSnapshot()) != 0 || len(b.keptSnapshot()) != 1 {
+		t.Fatalf("fences kept: node-c %v, node-d %v; want none and one", a.keptSnapshot(), b.keptSnapshot())
+	}
+}
