@@ -348,3 +348,86 @@ func TestHeartbeatWritesWithoutReading(t *testing.T) {
 		t.Fatalf("heartbeat after a foreign write: %+v %v, want seq 4", hb, err)
 	}
 }
+
+// TestAClaimOfARecreatedImageIsKeyedAgain: a record left from an earlier image of the name is
+// keyed again when a claim rewrites it for the new image (a removal may have taken its key),
+// and an orphan removal leaves the key while an image has the name (model/index.pml, t and u).
+func TestAClaimOfARecreatedImageIsKeyedAgain(t *testing.T) {
+	ctx := context.Background()
+	m := NewMemory("fsid")
+	a := memNode(t, m, "node-a", newClock())
+	img := Image{Pool: "rbd", Image: "again"}
+	m.AddImage(img, "id1")
+	r, err := a.Acquire(ctx, Request{Image: img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Release(ctx, img, r.Holder.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	_, ver, _ := m.ReadKeys(ctx, img, IndexObject, nil)
+	if err := m.RemoveKeys(ctx, img, IndexObject, []string{"again"}, ver); err != nil { // a sweep raced it away
+		t.Fatal(err)
+	}
+	m.RemoveImage(img)
+	m.AddImage(img, "id2")
+	if _, err := a.Acquire(ctx, Request{Image: img}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := m.Keys(img, IndexObject)["again"]; !ok {
+		t.Fatal("the claim rewritten for the recreated image has no index key")
+	}
+	// the orphan removal of an earlier image's free record, while a new image has the name
+	other := Image{Pool: "rbd", Image: "renamed"}
+	m.AddImage(other, "id3")
+	r, err = a.Acquire(ctx, Request{Image: other})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Release(ctx, other, r.Holder.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	m.RemoveImage(other)
+	m.AddImage(other, "id4") // recreated: the free id3 record is an orphan by id
+	if ok, err := a.RemoveOrphan(ctx, other); !ok || err != nil {
+		t.Fatalf("remove orphan: %v %v", ok, err)
+	}
+	if _, ok := m.Keys(other, IndexObject)["renamed"]; !ok {
+		t.Fatal("the orphan removal took the key of a name an image has")
+	}
+}
+
+// TestARetriedCreateIsKeyedAgain: an acquire whose create lost a race, and whose object and key
+// were then removed, keys the claim again before it creates it (model/index.pml, r).
+func TestARetriedCreateIsKeyedAgain(t *testing.T) {
+	ctx := context.Background()
+	m := NewMemory("fsid")
+	a := memNode(t, m, "node-a", newClock())
+	img := Image{Pool: "rbd", Image: "retry"}
+	m.AddImage(img, "id1")
+	step := 0
+	m.SetHook(func(_ context.Context, call string, im Image) error {
+		switch {
+		case call == "write" && im == img && step == 0: // the claim's first create...
+			step++
+			m.Put(img, objectOf(img), []byte(`{"format": 3}`)) // ...loses to another writer's
+		case call == "read" && im == img && step == 1: // before the retry's read, a removal takes
+			step++ // the object and its key
+			m.Remove(img, objectOf(img))
+			_, v, _ := m.ReadKeys(context.Background(), img, IndexObject, nil)
+			if err := m.RemoveKeys(context.Background(), img, IndexObject, []string{"retry"}, v); err != nil {
+				t.Error(err)
+			}
+		}
+		return nil
+	})
+	if _, err := a.Acquire(ctx, Request{Image: img}); err != nil {
+		t.Fatal(err)
+	}
+	if m.Version(img) == 0 {
+		t.Fatal("no claim")
+	}
+	if _, ok := m.Keys(img, IndexObject)["retry"]; !ok {
+		t.Fatal("the claim created at the second attempt has no index key")
+	}
+}

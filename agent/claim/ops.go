@@ -529,15 +529,21 @@ func (s *Store) removeOrphan(ctx context.Context, img Image, onlyFree bool) (boo
 		if exists {
 			return false, fmt.Errorf("remove orphan %s: %w: the image exists; its claim is not an orphan", img, ErrInvalid)
 		}
-		// the index's version before the object goes (I2): a writer that indexes the image again
-		// after this read moves it on, and keeps its key
+		// the key goes too only while no image has the name (an image recreated under it may be
+		// being claimed on a stale look: model/index.pml, variant u), and only if the index is
+		// still at the version read before the object goes (I2): a writer that indexes the image
+		// again after this read moves it on, and keeps its key
+		named, err := s.imageExists(ctx, img, "")
+		if err != nil {
+			return false, fmt.Errorf("remove orphan %s: %w", img, err)
+		}
 		_, idxVer, err := s.b.ReadKeys(ctx, img, IndexObject, []string{img.Image})
 		if err != nil {
 			return false, fmt.Errorf("remove orphan %s: %w", img, err)
 		}
 		err = s.b.CompareAndRemove(ctx, img, objectOf(img), ver)
 		if err == nil {
-			if idxVer != 0 {
+			if idxVer != 0 && !named {
 				err := s.b.RemoveKeys(ctx, img, IndexObject, []string{img.Image}, idxVer)
 				if errors.Is(err, ErrConflict) {
 					_, err = s.DropStaleKey(ctx, img) // the index changed meanwhile: I3 judges the key

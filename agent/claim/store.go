@@ -164,13 +164,15 @@ const maxAttempts = 64
 // update runs read → decide → compare-and-set until the write wins. decide gets the current
 // record (nil when none) and returns the record to write, or nil to write nothing; it may
 // run several times and must only look at its arguments (and may fence, which is idempotent).
-// A write that creates the claim object, or rewrites a record of an older format (which an
-// agent from before the index may have left unindexed), indexes the claim first (I1).
+// A write that creates the claim object, rewrites a record of an older format (which an agent
+// from before the index may have left unindexed), or changes the record's image id, indexes the
+// claim first (I1), at every attempt: a retry after the object was removed meanwhile, or a
+// record of an earlier image of the name (whose key a removal may have taken), is keyed again
+// (model/index.pml, variants r and t).
 func (s *Store) update(ctx context.Context, img Image, decide func(cur *Record, ver uint64) (*Record, error)) (*Record, error) {
 	if err := validateImage(img); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	indexed := false
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("claim %s: %w", img, err)
@@ -187,11 +189,10 @@ func (s *Store) update(ctx context.Context, img Image, decide func(cur *Record, 
 		if err != nil || next == nil {
 			return cur, err
 		}
-		if !indexed && (cur == nil || cur.Format < FormatVersion) {
+		if cur == nil || cur.Format < FormatVersion || next.ImageID != cur.ImageID {
 			if err := s.indexAdd(ctx, img); err != nil {
 				return nil, fmt.Errorf("no claim written: %w", err)
 			}
-			indexed = true
 		}
 		err = s.cas(ctx, img, ver, next)
 		if err == nil {
