@@ -44,12 +44,12 @@ func (d *Daemon) fenceExpiry() time.Duration {
 }
 
 // keepFences renews rec's live fences that are due, if any (no cluster call otherwise): the
-// renewals and the fences found gone are audited, a failure is logged at error priority and
-// counted (the renewal is tried again at the next check).
-func (d *Daemon) keepFences(ctx context.Context, cl *cluster, store *claim.Store, img claim.Image, rec *claim.Record) {
+// renewals and the fences found gone are audited, a failure is logged at error priority,
+// counted and returned (the renewal is tried again at the next check).
+func (d *Daemon) keepFences(ctx context.Context, cl *cluster, store *claim.Store, img claim.Image, rec *claim.Record) error {
 	d.noteKept(cl.cfg.ID, img, rec.Kept()) // as the record says now, whoever renewed them
 	if !store.Due(img, rec) {
-		return
+		return nil
 	}
 	kctx, cancel := context.WithTimeout(ctx, 2*cephconn.DefaultTimeout)
 	rep, err := store.KeepFences(kctx, img)
@@ -75,6 +75,7 @@ func (d *Daemon) keepFences(ctx context.Context, cl *cluster, store *claim.Store
 		d.log.WithError(err).WithField("image", img.String()).
 			Error("a fence could not be renewed; retried at the next check. If it expires while its mapping exists, that mapping can write again: check that this agent's user may run `osd blocklist`")
 	}
+	return err
 }
 
 // noteKept remembers the live fences of img as last seen, for the metrics (fences near expiry).

@@ -305,7 +305,7 @@ func (d *Daemon) checkClaim(ctx context.Context, cl *cluster, store *claim.Store
 	cancel()
 	read = rec != nil || err == nil || errors.Is(err, claim.ErrFenced)
 	if rec != nil {
-		defer d.keepFences(ctx, cl, store, m.Ref.Head(), rec) // the record's fences, held or taken
+		defer func() { _ = d.keepFences(ctx, cl, store, m.Ref.Head(), rec) }() // the record's fences, held or taken: a failure is logged, counted and retried next round
 	}
 	switch {
 	case err == nil:

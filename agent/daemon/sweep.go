@@ -32,7 +32,7 @@ func (d *Daemon) sweepPeriod() time.Duration {
 // Sweeps run off the loop, one per pool at a time.
 func (d *Daemon) sweepLoop(ctx context.Context) {
 	period := d.sweepPeriod()
-	check := min(period/4, time.Minute)
+	check := min(period/8, time.Minute)
 	tick, stopTick := d.ticker("sweep", check)
 	defer stopTick()
 	beat := time.NewTicker(d.beatEvery)
@@ -107,8 +107,8 @@ func (d *Daemon) sweepPool(ctx context.Context, p state.Pool) (removed int, err 
 }
 
 // sweepMarks remembers, per place, the sweep sequence this node saw at its last look and when
-// (Mono): a place another node swept since that look, within a period and a half, is skipped,
-// so that a fleet sweeps each place about once per period between its nodes, not each node once.
+// (Mono): a place another node swept since that look (made about a period ago) is skipped, so
+// that a fleet sweeps each place about once per period between its nodes, not each node once.
 type sweepMarks struct {
 	mu   sync.Mutex
 	seen map[string]sweepSeen
@@ -120,7 +120,9 @@ type sweepSeen struct {
 }
 
 // skip records a look at key's mark seq at now, and says whether another node swept it since
-// this node's last look, less than 1.5 periods ago (so within about a period).
+// this node's last look, at most a period and an eighth ago (its looks come a period apart,
+// give or take the loop's tick of an eighth): a node whose last look is older, or that has none
+// (it just started), sweeps. So some live node sweeps each place at least every 2¼ periods.
 func (s *sweepMarks) skip(key string, seq uint64, now, period time.Duration) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -129,7 +131,7 @@ func (s *sweepMarks) skip(key string, seq uint64, now, period time.Duration) boo
 	}
 	prev, ok := s.seen[key]
 	s.seen[key] = sweepSeen{seq: seq, at: now}
-	return ok && prev.seq != seq && now-prev.at <= period+period/2
+	return ok && prev.seq != seq && now-prev.at <= period+period/8
 }
 
 // swept records that this node swept key, leaving the mark at seq.
@@ -183,12 +185,17 @@ func (d *Daemon) sweepPlace(ctx context.Context, cl *cluster, store *claim.Store
 			d.log.WithField("image", img.String()).Info("sweep: dropped the index key of a claim that is gone with its image")
 		}
 	}
-	if err := store.MarkSwept(ctx, pool, ns, seq); err != nil {
-		errs = append(errs, err)
-	} else {
-		d.sweepMarks.swept(key, seq+1, d.opts.Mono())
+	// the mark says the place was swept whole: only when every claim was read and every due
+	// renewal made, else the other nodes would skip a sweep that did not keep a fence (F9 of
+	// docs/safety.md); they sweep it themselves at their next look
+	if len(errs) > 0 {
+		return removed, errors.Join(errs...)
 	}
-	return removed, errors.Join(errs...)
+	if err := store.MarkSwept(ctx, pool, ns, seq); err != nil {
+		return removed, err
+	}
+	d.sweepMarks.swept(key, seq+1, d.opts.Mono())
+	return removed, nil
 }
 
 // sweepRecord keeps one listed claim's fences when due, and removes it when it is a free claim
@@ -202,13 +209,13 @@ func (d *Daemon) sweepRecord(ctx context.Context, cl *cluster, store *claim.Stor
 	if err != nil {
 		d.log.WithError(err).WithField("image", o.Ref.String()).Warn("pool sweep: image not checked")
 		if due {
-			d.keepFences(ctx, cl, store, o.Ref, o) // when in doubt, keep
+			err = errors.Join(err, d.keepFences(ctx, cl, store, o.Ref, o)) // when in doubt, keep
 		}
 		return 0, err
 	}
 	if !orphan {
 		if due {
-			d.keepFences(ctx, cl, store, o.Ref, o)
+			return 0, d.keepFences(ctx, cl, store, o.Ref, o)
 		}
 		return 0, nil
 	}
@@ -217,7 +224,7 @@ func (d *Daemon) sweepRecord(ctx context.Context, cl *cluster, store *claim.Stor
 	// long as the record lists them live (only a record without any is removed)
 	if len(o.Kept()) > 0 {
 		if due {
-			d.keepFences(ctx, cl, store, o.Ref, o)
+			return 0, d.keepFences(ctx, cl, store, o.Ref, o)
 		}
 		return 0, nil
 	}

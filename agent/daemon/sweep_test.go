@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -158,5 +159,54 @@ func TestANodeThatSkipsASweepStopsReportingItsFences(t *testing.T) {
 	}
 	if len(a.keptSnapshot()) != 0 || len(b.keptSnapshot()) != 1 {
 		t.Fatalf("fences kept: node-c %v, node-d %v; want none and one", a.keptSnapshot(), b.keptSnapshot())
+	}
+}
+
+// TestASweepThatCouldNotKeepAFenceIsNotMarked: a sweep whose renewal of a due fence failed does
+// not record itself, so the other nodes sweep at their next look instead of skipping (F9 of
+// docs/safety.md: a holder that cannot blocklist would otherwise stop everyone's renewals).
+func TestASweepThatCouldNotKeepAFenceIsNotMarked(t *testing.T) {
+	m := claim.NewMemory("00000000-0000-4000-8000-00000000000a")
+	a, _ := roundDaemonAs(t, m, "node-c", 0, 0)
+	ctx := context.Background()
+	img := claim.Image{Pool: "rbd", Image: "fenced"}
+	m.AddImage(img, "id-fenced")
+	x := otherNode(t, m)
+	r, err := x.Acquire(ctx, claim.Request{Image: img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.SetMapping(ctx, img, r.Holder.Epoch, "10.0.0.5:0/5", "/dev/rbd0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Fence(ctx, img); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := x.ForceRelease(ctx, img); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	m.SetHook(func(_ context.Context, call string, _ claim.Image) error {
+		if call == "blocklist" {
+			return errors.New("osd blocklist refused (test)")
+		}
+		return nil
+	})
+	pool := state.Pool{Cluster: "c1", Pool: "rbd"}
+	if _, err := a.sweepPool(ctx, pool); err == nil {
+		t.Fatal("a sweep whose fence renewal failed reported no error")
+	}
+	store, err := a.clusters["c1"].claims(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seq, err := store.SweptMark(ctx, "rbd", ""); seq != 0 || err != nil {
+		t.Fatalf("the failed sweep was recorded: mark %d, %v", seq, err)
+	}
+	m.SetHook(nil)
+	if _, err := a.sweepPool(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if seq, _ := store.SweptMark(ctx, "rbd", ""); seq != 1 {
+		t.Fatalf("the whole sweep was not recorded: mark %d", seq)
 	}
 }
