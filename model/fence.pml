@@ -73,6 +73,17 @@
  *   UNFENCE_UNCHECKED     variant: unfence --node without a new boot id and without --force
  *   OUTAGES               any outage of B and C at once, for any time (the limit of the protocol)
  *   OLD_AGENT=0           A's agent knows boot ids from the start (else it may predate them)
+ *   FLEET                 the fleet's sweep: an agent at its due time skips its sweep of the pool
+ *                         if another recorded one since its previous look (a sequence in the
+ *                         pool's claim index), else it sweeps and records it. A record waives the
+ *                         sweep duties (SR, the backstop) of every agent until the next tick (a tick
+ *                         is a quarter of the fence's life: two sweep periods of fence_expiry/8);
+ *                         the holder's renew round is never waived. Without FIX_SWEEP_MARK a sweep
+ *                         is recorded even when a renewal it owed failed (its blocklist calls fail)
+ *   FIX_SWEEP_MARK        (with FLEET) a sweep is recorded only once it made every renewal it owed
+ *   HOLDER_SILENT         the holder of record never renews in its renew round: its claim check
+ *                         (what feeds keepFences the record) never comes (no notice, the slow check
+ *                         not yet due); its Acquire, its sweeps and its other calls work
  */
 
 #ifndef LIFE
@@ -124,6 +135,7 @@ bool a_old;             /* A's agent predates boot ids and fences[]: its heartbe
 byte inc;               /* A's agent's incarnation (0, then 1 after its restart) */
 byte hb_boot, hb_inc;   /* A's heartbeat as last written: boot id (0: none), incarnation */
 bool two_unfenced_writers;
+bool waived;            /* FLEET: a sweep of the pool was recorded since the last tick */
 
 #define HB_BOOT    (a_old -> 0 : boot)
 #define A_REACH    (st[A] == UP && !(f_node && blk))   /* A's agent can reach the cluster */
@@ -135,16 +147,36 @@ bool two_unfenced_writers;
 /* n can renew: up, its blocklist calls work (A's agent: it knows fences and is not cut off) */
 #define CAN(n) (st[n] == UP && !nobl[n] && ((n) != A || (!a_old && !(f_node && blk))))
 /* n must renew: the holder of record; or, while the record is free or its holder is not
-   live, any live agent (A's too) */
+   live, any live agent (A's too).
+   RR(n): n's renew round (the holder of record; in the agent its claim check, checkClaim, and
+   keepFences of the record it read); SR(n): n's sweep of the pool (any other live agent, while
+   nobody renews as holder) */
 #if defined(NO_RENEW)
-#define RESP(n) 0
+#define RR(n) 0
+#define SR(n) 0
 #elif defined(HOLDER_ONLY)
-#define RESP(n) (holder == (n))
+#define RR(n) (holder == (n))
+#define SR(n) 0
+#elif defined(HOLDER_SILENT)
+#define RR(n) 0
+#define SR(n) (holder != (n) && st[holder] != UP)
 #else
-#define RESP(n) (holder == (n) || st[holder] != UP)
+#define RR(n) (holder == (n))
+#define SR(n) (holder != (n) && st[holder] != UP)
 #endif
+#define RESP(n) (RR(n) || SR(n))
 #define FDUE (f_live && blk)
 #ifdef FIX_BACKSTOP
+#define BACKSTOP 1
+#else
+#define BACKSTOP 0
+#endif
+#ifdef FLEET
+/* a sweep's duty (SR, and the backstop's at LATE) is waived while some node recorded a sweep
+   of the pool since the last tick; the holder's renew round never is */
+#define DUE_N(n) (CAN(n) && FDUE && ((RR(n) && age >= HALF) || \
+                  (!waived && ((SR(n) && age >= HALF) || (BACKSTOP && age >= LATE)))))
+#elif defined(FIX_BACKSTOP)
 #define DUE_N(n) (CAN(n) && FDUE && (age >= LATE || (RESP(n) && age >= HALF)))
 #else
 #define DUE_N(n) (CAN(n) && FDUE && RESP(n) && age >= HALF)
@@ -154,6 +186,24 @@ bool two_unfenced_writers;
 #define MAY_RENEW(n) (CAN(n) && f_live && (!blk || age > 0) && (RESP(n) || !blk || age >= LATE))
 #else
 #define MAY_RENEW(n) (CAN(n) && f_live && (!blk || age > 0) && RESP(n))
+#endif
+
+#ifdef FLEET
+/* what n's sweep owes the fence: a renewal due as sweeper (SR) or as backstop, or an entry that
+   ran out */
+#define SW_OWES(n) (f_live && ((SR(n) && (!blk || age >= HALF)) || (BACKSTOP && (!blk || age >= LATE))))
+/* n may record its sweep (the "/swept" sequence in the pool's index): with FIX_SWEEP_MARK only
+   once its sweep made every renewal it owed; without, also after a renewal that failed (its
+   blocklist calls fail) */
+#ifdef FIX_SWEEP_MARK
+#define MAY_MARK(n) (!SW_OWES(n))
+#else
+#define MAY_MARK(n) (!SW_OWES(n) || nobl[n])
+#endif
+#define MARK(n) \
+  waived = 1; \
+  printf("%c: sweeps the pool and records it: the others skip theirs this period\n", NM(n)); \
+  if :: SW_OWES(n) -> printf("%c: (though a renewal it owed FAILED)\n", NM(n)) :: else fi
 #endif
 
 /* a renewer finds the fenced node's heartbeat showing that the mapping is gone */
@@ -237,6 +287,9 @@ refused: skip
        st[n] = DOWN; km[n] = 0; acq[n] = 0; printf("%c: DIES (its kernel and any mapping with it)\n", NM(n))
      }
   :: atomic { st[n] == DOWN -> st[n] = UP; printf("%c: boots again: up, nothing mapped\n", NM(n)) }
+#ifdef FLEET
+  :: atomic { st[n] == UP && !waived && MAY_MARK(n) -> MARK(n) }
+#endif
 #ifdef NOBL
   :: atomic { !nobl[n] -> nobl[n] = 1; printf("%c: its blocklist calls FAIL from here (the rest works)\n", NM(n)) }
   :: atomic { nobl[n] -> nobl[n] = 0; printf("%c: its blocklist calls work again\n", NM(n)) }
@@ -271,6 +324,9 @@ end:
      }
   :: atomic { MAY_RENEW(A) -> RENEW(A) }
   :: atomic { CAN(A) && RESP(A) && f_live && HB_GONE -> MARK_GONE(A) }
+#ifdef FLEET
+  :: atomic { A_REACH && !a_old && !waived && MAY_MARK(A) -> MARK(A) }
+#endif
   od
 }
 
@@ -294,6 +350,9 @@ end:
   :: atomic {
        blk && !DUE && ASSUMED ->
        age++;
+#ifdef FLEET
+       waived = 0;
+#endif
        if
        :: age == LIFE ->
             blk = 0; printf("time: the entry is %d old: it RUNS OUT (a1 mapped: %d)\n", age, km[A]);
