@@ -1,0 +1,384 @@
+// Command fleettable prints the fleet benchmark's tables from the JSON lines TestFleet wrote
+// (agent/daemon/fleet_test.go; tests/bench/fleet runs it): for each revision and fleet size,
+// the steady state's RADOS calls per node per renew interval by kind and the OSD's own totals
+// per second, what a churn cycle and a takeover cost, and per kind a least-squares line
+// ops/s = a + b·nodes with a projection to a larger fleet.
+//
+//	fleettable [-nodes 1000] [-vols 100] [-renew 20s] results.jsonl
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+type line struct {
+	Rev                string   `json:"rev"`
+	Nodes              int      `json:"nodes"`
+	Vols               int      `json:"vols"`
+	RenewS             float64  `json:"renew_s"`
+	Phase              string   `json:"phase"`
+	Seconds            float64  `json:"seconds"`
+	Kind               string   `json:"kind"`
+	Count              *float64 `json:"count"`
+	PerSec             *float64 `json:"per_sec"`
+	PerNodePerInterval *float64 `json:"per_node_per_interval"`
+	Value              *float64 `json:"value"`
+}
+
+// run is one measurement: a revision at one fleet size.
+type run struct {
+	rev         string
+	nodes, vols int
+	renew       float64
+	lines       map[string]map[string]line // phase → kind → line
+}
+
+func (r *run) get(phase, kind string) (line, bool) {
+	l, ok := r.lines[phase][kind]
+	return l, ok
+}
+
+func (r *run) column() string { return fmt.Sprintf("%s N=%d", r.rev, r.nodes) }
+
+func main() {
+	projNodes := flag.Int("nodes", 1000, "project the fits to this many nodes")
+	projVols := flag.Int("vols", 100, "... each mapping this many volumes")
+	projRenew := flag.Duration("renew", 20*time.Second, "... and also at this renew_interval (the default's)")
+	flag.Parse()
+	if flag.NArg() != 1 {
+		fmt.Fprintln(os.Stderr, "usage: fleettable [-nodes N] [-vols V] [-renew D] results.jsonl")
+		os.Exit(2)
+	}
+	runs, err := load(flag.Arg(0))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fleettable:", err)
+		os.Exit(1)
+	}
+	if len(runs) == 0 {
+		fmt.Fprintln(os.Stderr, "fleettable: no measurements in", flag.Arg(0))
+		os.Exit(1)
+	}
+	steady(runs)
+	churnAndTakeover(runs)
+	fits(runs, *projNodes, *projVols, projRenew.Seconds())
+}
+
+func load(path string) ([]*run, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var revs []string
+	byKey := map[string]*run{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var l line
+		if json.Unmarshal(sc.Bytes(), &l) != nil || l.Kind == "" || l.Phase == "" {
+			continue
+		}
+		if !slices.Contains(revs, l.Rev) {
+			revs = append(revs, l.Rev)
+		}
+		key := fmt.Sprintf("%s|%d|%d", l.Rev, l.Nodes, l.Vols)
+		r := byKey[key]
+		if r == nil {
+			r = &run{rev: l.Rev, nodes: l.Nodes, vols: l.Vols, renew: l.RenewS, lines: map[string]map[string]line{}}
+			byKey[key] = r
+		}
+		if r.lines[l.Phase] == nil {
+			r.lines[l.Phase] = map[string]line{}
+		}
+		r.lines[l.Phase][l.Kind] = l
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	var runs []*run
+	for _, r := range byKey {
+		runs = append(runs, r)
+	}
+	sort.Slice(runs, func(i, j int) bool {
+		a, b := runs[i], runs[j]
+		if a.rev != b.rev {
+			return slices.Index(revs, a.rev) < slices.Index(revs, b.rev)
+		}
+		if a.vols != b.vols {
+			return a.vols < b.vols
+		}
+		return a.nodes < b.nodes
+	})
+	return runs, nil
+}
+
+// kinds returns the kinds of phase in any run that pass keep, counted kinds first.
+func kinds(runs []*run, phase string, keep func(string) bool) []string {
+	var out []string
+	for _, r := range runs {
+		for k := range r.lines[phase] {
+			if keep(k) && !slices.Contains(out, k) {
+				out = append(out, k)
+			}
+		}
+	}
+	rank := func(k string) int {
+		switch {
+		case strings.HasPrefix(k, "osd "):
+			return 3
+		case k == "all counted calls":
+			return 2
+		case strings.HasPrefix(k, "error ") || strings.HasPrefix(k, "map-error") || strings.HasPrefix(k, "unmap-error"):
+			return 1
+		}
+		return 0
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if ri, rj := rank(out[i]), rank(out[j]); ri != rj {
+			return ri < rj
+		}
+		return out[i] < out[j]
+	})
+	return out
+}
+
+func header(title string, runs []*run) {
+	fmt.Println()
+	fmt.Println(title)
+	fmt.Printf("  %-36s", "")
+	for _, r := range runs {
+		fmt.Printf(" %16s", r.column())
+	}
+	fmt.Println()
+}
+
+func row(name string, runs []*run, val func(*run) (float64, bool), format string) {
+	fmt.Printf("  %-36s", name)
+	for _, r := range runs {
+		if v, ok := val(r); ok {
+			fmt.Printf(" %16s", fmt.Sprintf(format, v))
+		} else {
+			fmt.Printf(" %16s", "-")
+		}
+	}
+	fmt.Println()
+}
+
+func counted(k string) bool {
+	return !strings.HasPrefix(k, "audit ") && !isFigure(k)
+}
+
+func isFigure(k string) bool {
+	return strings.HasPrefix(k, "cpu-") || strings.HasSuffix(k, "-mb") || k == "threads" || k == "goroutines" ||
+		strings.HasPrefix(k, "takeover-") || strings.HasSuffix(k, "-per-s") || strings.HasPrefix(k, "churn-")
+}
+
+func steady(runs []*run) {
+	vols := map[int]bool{}
+	renews := map[float64]bool{}
+	for _, r := range runs {
+		vols[r.vols], renews[r.renew] = true, true
+	}
+	title := "steady state: calls per node per renew interval, by kind (the wrapper's count; osd: the OSD's perf counters)"
+	header(title, runs)
+	for _, k := range kinds(runs, "steady", counted) {
+		row(k, runs, func(r *run) (float64, bool) {
+			l, ok := r.get("steady", k)
+			if !ok || l.PerNodePerInterval == nil {
+				return 0, false
+			}
+			return *l.PerNodePerInterval, true
+		}, "%.3f")
+	}
+	header("steady state: per second (at the measured renew interval)", runs)
+	for _, k := range []string{"all counted calls", "osd op_r", "osd op_w", "osd op_rw", "osd op"} {
+		row(k, runs, func(r *run) (float64, bool) {
+			l, ok := r.get("steady", k)
+			if !ok || l.PerSec == nil {
+				return 0, false
+			}
+			return *l.PerSec, true
+		}, "%.1f")
+	}
+	for _, k := range []string{"cpu-cores test process", "cpu-cores osd", "cpu-cores mon", "heap-alloc-mb", "rss-mb", "threads"} {
+		row(k, runs, figure("steady", k), "%.2f")
+	}
+	row("renew interval s", runs, func(r *run) (float64, bool) { return r.renew, true }, "%.1f")
+	row("volumes per node", runs, func(r *run) (float64, bool) { return float64(r.vols), true }, "%.0f")
+	row("steady phase s", runs, func(r *run) (float64, bool) {
+		l, ok := r.get("steady", "all counted calls")
+		return l.Seconds, ok
+	}, "%.1f")
+}
+
+func figure(phase, k string) func(*run) (float64, bool) {
+	return func(r *run) (float64, bool) {
+		l, ok := r.get(phase, k)
+		if !ok || l.Value == nil {
+			return 0, false
+		}
+		return *l.Value, true
+	}
+}
+
+// beyond is a kind's count in phase less what the steady state's rate makes in the same time:
+// what the phase's work itself cost (errors are counted as they are).
+func beyond(r *run, phase, k string) (float64, bool) {
+	l, ok := r.get(phase, k)
+	if !ok || l.Count == nil {
+		return 0, false
+	}
+	v := *l.Count
+	if s, ok := r.get("steady", k); ok && s.PerSec != nil && !strings.Contains(k, "error") {
+		v -= *s.PerSec * l.Seconds
+	}
+	return v, true
+}
+
+func churnAndTakeover(runs []*run) {
+	header("churn: calls per unmap+map cycle beyond the steady state's, by kind", runs)
+	for _, k := range kinds(runs, "churn", counted) {
+		row(k, runs, func(r *run) (float64, bool) {
+			v, ok := beyond(r, "churn", k)
+			c, ok2 := r.get("churn", "churn-cycles")
+			if !ok || !ok2 || c.Value == nil || *c.Value == 0 {
+				return 0, false
+			}
+			return v / *c.Value, true
+		}, "%.2f")
+	}
+	row("cycles", runs, figure("churn", "churn-cycles"), "%.0f")
+	header("takeover of the dead node's images by the others: calls beyond the steady state's, by kind", runs)
+	for _, k := range kinds(runs, "takeover", counted) {
+		row(k, runs, func(r *run) (float64, bool) { return beyond(r, "takeover", k) }, "%.0f")
+	}
+	for _, k := range []string{"takeover-images", "takeover-map-attempts", "takeover-lease-s", "takeover-s", "takeover-from-death-s"} {
+		row(k, runs, figure("takeover", k), "%.2f")
+	}
+	header("setup (agents start, every image mapped)", runs)
+	for _, k := range []string{"maps-per-s", "all counted calls", "osd op", "cpu-cores test process", "rss-mb", "threads"} {
+		row(k, runs, func(r *run) (float64, bool) {
+			l, ok := r.get("setup", k)
+			switch {
+			case !ok:
+				return 0, false
+			case l.Value != nil:
+				return *l.Value, true
+			case l.Count != nil:
+				return *l.Count, true
+			}
+			return 0, false
+		}, "%.1f")
+	}
+}
+
+// fit is the least-squares line y = a + b·x and its R².
+func fit(x, y []float64) (a, b, r2 float64) {
+	n := float64(len(x))
+	var sx, sy, sxx, sxy float64
+	for i := range x {
+		sx, sy, sxx, sxy = sx+x[i], sy+y[i], sxx+x[i]*x[i], sxy+x[i]*y[i]
+	}
+	den := n*sxx - sx*sx
+	if len(x) < 2 || den == 0 {
+		return math.NaN(), math.NaN(), math.NaN()
+	}
+	b = (n*sxy - sx*sy) / den
+	a = (sy - b*sx) / n
+	mean := sy / n
+	var ssr, sst float64
+	for i := range x {
+		e := y[i] - (a + b*x[i])
+		ssr += e * e
+		sst += (y[i] - mean) * (y[i] - mean)
+	}
+	r2 = 1
+	if sst > 0 {
+		r2 = 1 - ssr/sst
+	}
+	return a, b, r2
+}
+
+// perVolume says whether a kind's steady-state cost grows with the volumes a node holds (a
+// claim's object) rather than with the nodes alone (heartbeats, listings, the monitor).
+func perVolume(kind string) bool { return strings.HasSuffix(kind, " claim") }
+
+func fits(runs []*run, pNodes, pVols int, pRenew float64) {
+	type group struct {
+		rev  string
+		vols int
+		runs []*run
+	}
+	var groups []*group
+	for _, r := range runs {
+		i := slices.IndexFunc(groups, func(g *group) bool { return g.rev == r.rev && g.vols == r.vols })
+		if i < 0 {
+			groups = append(groups, &group{rev: r.rev, vols: r.vols})
+			i = len(groups) - 1
+		}
+		groups[i].runs = append(groups[i].runs, r)
+	}
+	fmt.Println()
+	fmt.Printf("steady state: least squares, per kind, of the fleet's calls per renew interval = a + b·nodes; projected to %d nodes × %d volumes\n", pNodes, pVols)
+	fmt.Println("  (per renew interval, so that runs with different intervals fit one line; ops/s = that / renew_interval.")
+	fmt.Println("  Kinds on a claim object are projected with b scaled by the volumes per node, the others (heartbeats,")
+	fmt.Println("  listings, the monitor) with the nodes alone; osd op_r and osd op with their read-claim part scaled.")
+	fmt.Println("  A pool listing (list-objects: the hourly sweep, at a random moment) costs the OSD in proportion to")
+	fmt.Println("  the objects in the pool, which the counted call does not show.)")
+	for _, g := range groups {
+		if len(g.runs) < 2 {
+			fmt.Printf("\n  %s, %d volumes per node: one fleet size only, no line to fit\n", g.rev, g.vols)
+			continue
+		}
+		var ns []string
+		for _, r := range g.runs {
+			ns = append(ns, fmt.Sprint(r.nodes))
+		}
+		fmt.Printf("\n  %s, %d volumes per node, nodes %s\n", g.rev, g.vols, strings.Join(ns, " "))
+		fmt.Printf("  %-36s %12s %12s %8s %16s %14s\n", "kind", "a /interval", "b /int./node", "R²", "proj /interval", fmt.Sprintf("proj ops/s %gs", pRenew))
+		scale := float64(pVols) / float64(g.vols)
+		slope := map[string]float64{}
+		for _, k := range kinds(g.runs, "steady", func(k string) bool {
+			return counted(k) && !strings.HasPrefix(k, "error ") && !strings.Contains(k, "map-error")
+		}) {
+			var x, y []float64
+			for _, r := range g.runs {
+				v := 0.0 // a kind a run did not see: none of it
+				if l, ok := r.get("steady", k); ok && l.PerNodePerInterval != nil {
+					v = *l.PerNodePerInterval * float64(r.nodes)
+				}
+				x, y = append(x, float64(r.nodes)), append(y, v)
+			}
+			a, b, r2 := fit(x, y)
+			slope[k] = b
+			perNode := b
+			switch {
+			case perVolume(k):
+				perNode = b * scale
+			case k == "all counted calls":
+				perNode = 0
+				for kk, bb := range slope {
+					if kk != k && !strings.HasPrefix(kk, "osd ") {
+						if perVolume(kk) {
+							bb *= scale
+						}
+						perNode += bb
+					}
+				}
+			case k == "osd op_r" || k == "osd op":
+				perNode = b + slope["read claim"]*(scale-1)
+			}
+			proj := a + perNode*float64(pNodes)
+			fmt.Printf("  %-36s %12.2f %12.3f %8.4f %16.0f %14.0f\n", k, a, b, r2, proj, proj/pRenew)
+		}
+	}
+}
