@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -20,8 +21,9 @@ import (
 // outside it can override it; an image's open and watcher listing show in the OSD's totals
 // only), FSID and OwnAddr (no cluster call).
 
-// fleetCounts counts calls by kind ("read claim", "cas-write heartbeat", "blocklist", ...), and
-// the failed ones by kind and error ("read claim: conflict").
+// fleetCounts counts calls by kind: the call, the object's class and where in the agent it
+// comes from ("read claim @renew", "cas-write heartbeat @heartbeat", "list-objects @sweep"),
+// and the failed ones by kind and error ("cas-write heartbeat @map: conflict").
 type fleetCounts struct {
 	mu     sync.Mutex
 	calls  map[string]int64
@@ -35,6 +37,7 @@ func newFleetCounts() *fleetCounts {
 
 func (c *fleetCounts) add(kind string, start time.Time, err error) {
 	took := time.Since(start)
+	kind += " @" + origin()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.calls[kind]++
@@ -95,6 +98,43 @@ func objectClass(oid string) string {
 		return "heartbeat"
 	case strings.HasPrefix(oid, "rbd-owner."):
 		return "rbd-owner-other"
+	}
+	return "other"
+}
+
+// origins name where in the agent a call comes from, by a function on its goroutine's stack:
+// the first entry one of whose names is there wins (closures and the goroutines a function
+// starts carry its name: renewRound.func1). A call none names is "other". Only names, so a
+// renamed function makes its calls "other" and nothing stops compiling.
+var origins = []struct{ fn, origin string }{
+	{"daemon.(*Daemon).sweep", "sweep"}, // sweepLoop, sweepPool: the pool sweep
+	{"daemon.(*Daemon).Map", "map"},
+	{"daemon.(*Daemon).Unmap", "unmap"},
+	{"daemon.(*heartbeats)", "heartbeat"},
+	{"daemon.(*Daemon).heartbeat", "heartbeat"},
+	{"daemon.(*Daemon).watchRound", "watch"}, // takeover watches
+	{"daemon.(*Daemon).renewRound", "renew"}, // the round of claim checks
+	{"daemon.(*Daemon).reconcile", "reconcile"},
+	{"daemon.(*Daemon).recover", "recover"},
+}
+
+func origin() string {
+	var pcs [128]uintptr
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs[:])])
+	var names []string
+	for {
+		f, more := frames.Next()
+		names = append(names, f.Function)
+		if !more {
+			break
+		}
+	}
+	for _, o := range origins {
+		for _, n := range names {
+			if strings.Contains(n, o.fn) {
+				return o.origin
+			}
+		}
 	}
 	return "other"
 }

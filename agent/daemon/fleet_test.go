@@ -41,7 +41,7 @@ import (
 // cluster, every one of its cluster calls counted by kind (fleet_count_test.go), and the OSD's
 // own op counters read through its admin socket. Skipped unless RBD_OWNER_FLEET is set:
 //
-//	RBD_OWNER_FLEET="nodes=10 vols=20 steady=60s renew=2s lease=6s churn=10 par=8"
+//	RBD_OWNER_FLEET="nodes=10 vols=20 steady=60s renew=2s lease=6s churn=10 par=8 sweep=1h"
 //
 //	nodes   agents (default 10)
 //	vols    images each maps (default 20); images fleet-00000... are created in pool rbd when
@@ -53,6 +53,9 @@ import (
 //	        fast: it only sets how long a takeover waits)
 //	churn   unmap+map cycles of the churn phase, on random nodes (default nodes)
 //	par     maps, unmaps and agent starts at once (default 8)
+//	sweep   orphan_sweep_interval (default 1h, the config's default): each node lists the pool
+//	        and reads every claim in it once per interval (the first at a random moment of the
+//	        first interval), so a steady phase shorter than it sees some nodes' sweeps
 //
 // Phases: setup (agents start, each maps its images), steady (nothing happens), churn (the
 // cycles), takeover (the last node dies: its agent stops without releasing anything, as in
@@ -88,19 +91,23 @@ func TestFleet(t *testing.T) {
 		f.mapAll()
 	})
 	time.Sleep(p.renew) // every renewal loop has run once since its last map
-	f.phase("steady", func() { time.Sleep(p.steady) })
+	f.phase("steady", func() {
+		// how often each node sweeps the pool: the daemon's sweepPeriod with this config
+		f.figure("sweep-period-s", max(min(config.DefaultFenceExpiry.D()/8, p.sweep), time.Second).Seconds())
+		time.Sleep(p.steady)
+	})
 	f.phase("churn", f.churn)
 	f.phase("takeover", f.takeover)
 	f.stopAll()
 }
 
 type fleetParams struct {
-	nodes, vols, churn, par int
-	steady, renew, lease    time.Duration
+	nodes, vols, churn, par     int
+	steady, renew, lease, sweep time.Duration
 }
 
 func parseFleetParams(spec string) (fleetParams, error) {
-	p := fleetParams{nodes: 10, vols: 20, churn: -1, par: 8, steady: 60 * time.Second, renew: 2 * time.Second}
+	p := fleetParams{nodes: 10, vols: 20, churn: -1, par: 8, steady: 60 * time.Second, renew: 2 * time.Second, sweep: time.Hour}
 	for _, kv := range strings.Fields(spec) {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
@@ -122,8 +129,10 @@ func parseFleetParams(spec string) (fleetParams, error) {
 			p.renew, err = time.ParseDuration(v)
 		case "lease":
 			p.lease, err = time.ParseDuration(v)
+		case "sweep":
+			p.sweep, err = time.ParseDuration(v)
 		default:
-			return p, fmt.Errorf("RBD_OWNER_FLEET: unknown parameter %q (nodes, vols, steady, renew, lease, churn, par)", k)
+			return p, fmt.Errorf("RBD_OWNER_FLEET: unknown parameter %q (nodes, vols, steady, renew, lease, churn, par, sweep)", k)
 		}
 		if err != nil {
 			return p, fmt.Errorf("RBD_OWNER_FLEET: %s: %w", kv, err)
@@ -135,8 +144,8 @@ func parseFleetParams(spec string) (fleetParams, error) {
 	if p.churn < 0 {
 		p.churn = p.nodes
 	}
-	if p.nodes < 2 || p.vols < 1 || p.par < 1 || p.renew <= 0 || p.lease < 2*p.renew || p.steady <= 0 {
-		return p, fmt.Errorf("RBD_OWNER_FLEET: want nodes >= 2, vols >= 1, par >= 1, steady > 0, renew > 0, lease >= 2 × renew: %+v", p)
+	if p.nodes < 2 || p.vols < 1 || p.par < 1 || p.renew <= 0 || p.lease < 2*p.renew || p.steady <= 0 || p.sweep <= 0 {
+		return p, fmt.Errorf("RBD_OWNER_FLEET: want nodes >= 2, vols >= 1, par >= 1, steady > 0, sweep > 0, renew > 0, lease >= 2 × renew: %+v", p)
 	}
 	return p, nil
 }
@@ -344,7 +353,7 @@ func (f *fleet) startNode(n *fleetNode) error {
 		Clusters:      []config.Cluster{{ID: "fleet", Monitors: []string{f.mon}, User: f.opts.User, Keyring: f.opts.Keyring}},
 		LeaseDuration: config.Duration(f.p.lease), RenewInterval: config.Duration(f.p.renew),
 		TakeoverPolicy: config.TakeoverAfterLeaseExpiry, FenceExpiry: config.DefaultFenceExpiry,
-		OrphanSweepInterval: config.Duration(time.Hour), // the defaults
+		OrphanSweepInterval: config.Duration(f.p.sweep),
 		MapTimeout:          config.Duration(30 * time.Second), MountTimeout: config.Duration(10 * time.Second),
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {

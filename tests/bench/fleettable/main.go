@@ -52,10 +52,11 @@ func (r *run) column() string { return fmt.Sprintf("%s N=%d", r.rev, r.nodes) }
 func main() {
 	projNodes := flag.Int("nodes", 1000, "project the fits to this many nodes")
 	projVols := flag.Int("vols", 100, "... each mapping this many volumes")
-	projRenew := flag.Duration("renew", 20*time.Second, "... and also at this renew_interval (the default's)")
+	projRenew := flag.Duration("renew", 20*time.Second, "... at this renew_interval (the default's)")
+	projSweep := flag.Duration("sweep", time.Hour, "... and this orphan_sweep_interval (the default's)")
 	flag.Parse()
 	if flag.NArg() != 1 {
-		fmt.Fprintln(os.Stderr, "usage: fleettable [-nodes N] [-vols V] [-renew D] results.jsonl")
+		fmt.Fprintln(os.Stderr, "usage: fleettable [-nodes N] [-vols V] [-renew D] [-sweep D] results.jsonl")
 		os.Exit(2)
 	}
 	runs, err := load(flag.Arg(0))
@@ -69,7 +70,7 @@ func main() {
 	}
 	steady(runs)
 	churnAndTakeover(runs)
-	fits(runs, *projNodes, *projVols, projRenew.Seconds())
+	fits(runs, *projNodes, *projVols, projRenew.Seconds(), projSweep.Seconds())
 }
 
 func load(path string) ([]*run, error) {
@@ -100,6 +101,9 @@ func load(path string) ([]*run, error) {
 			r.lines[l.Phase] = map[string]line{}
 		}
 		r.lines[l.Phase][l.Kind] = l
+		if l.Value != nil {
+			figures[l.Kind] = true
+		}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
@@ -177,10 +181,10 @@ func counted(k string) bool {
 	return !strings.HasPrefix(k, "audit ") && !isFigure(k)
 }
 
-func isFigure(k string) bool {
-	return strings.HasPrefix(k, "cpu-") || strings.HasSuffix(k, "-mb") || k == "threads" || k == "goroutines" ||
-		strings.HasPrefix(k, "takeover-") || strings.HasSuffix(k, "-per-s") || strings.HasPrefix(k, "churn-")
-}
+// figures are the kinds given as a value (CPU, memory, times), not as a count.
+var figures = map[string]bool{}
+
+func isFigure(k string) bool { return figures[k] }
 
 func steady(runs []*run) {
 	vols := map[int]bool{}
@@ -308,11 +312,18 @@ func fit(x, y []float64) (a, b, r2 float64) {
 	return a, b, r2
 }
 
-// perVolume says whether a kind's steady-state cost grows with the volumes a node holds (a
-// claim's object) rather than with the nodes alone (heartbeats, listings, the monitor).
-func perVolume(kind string) bool { return strings.HasSuffix(kind, " claim") }
+// perVolume says whether a kind's steady-state cost grows with the volumes a node holds (a call
+// on a claim's object, but the sweep's) rather than with the nodes alone (heartbeats, the
+// monitor).
+func perVolume(kind string) bool {
+	return strings.Contains(kind, " claim @") && !strings.HasSuffix(kind, "@sweep")
+}
 
-func fits(runs []*run, pNodes, pVols int, pRenew float64) {
+// sweep says whether a kind is the pool sweep's: each node lists the pool once per sweep period
+// and reads every claim in it, so the fleet's cost is nodes × (nodes × volumes) per period.
+func sweep(kind string) bool { return strings.HasSuffix(kind, "@sweep") }
+
+func fits(runs []*run, pNodes, pVols int, pRenew, pSweep float64) {
 	type group struct {
 		rev  string
 		vols int
@@ -328,12 +339,13 @@ func fits(runs []*run, pNodes, pVols int, pRenew float64) {
 		groups[i].runs = append(groups[i].runs, r)
 	}
 	fmt.Println()
-	fmt.Printf("steady state: least squares, per kind, of the fleet's calls per renew interval = a + b·nodes; projected to %d nodes × %d volumes\n", pNodes, pVols)
+	fmt.Printf("steady state: least squares, per kind, of the fleet's calls per renew interval = a + b·nodes; projected to %d nodes × %d volumes,\n", pNodes, pVols)
+	fmt.Printf("renew_interval %gs and a sweep every %gs\n", pRenew, pSweep)
 	fmt.Println("  (per renew interval, so that runs with different intervals fit one line; ops/s = that / renew_interval.")
-	fmt.Println("  Kinds on a claim object are projected with b scaled by the volumes per node, the others (heartbeats,")
-	fmt.Println("  listings, the monitor) with the nodes alone; osd op_r and osd op with their read-claim part scaled.")
-	fmt.Println("  A pool listing (list-objects: the hourly sweep, at a random moment) costs the OSD in proportion to")
-	fmt.Println("  the objects in the pool, which the counted call does not show.)")
+	fmt.Println("  Kinds on a claim object are projected with b scaled by the volumes per node, the others with the nodes")
+	fmt.Println("  alone. The sweep's kinds (@sweep) are not a line: each node lists the pool and reads every claim in it")
+	fmt.Println("  once per sweep period, nodes × nodes × volumes reads per period; they are projected from the reads per")
+	fmt.Println("  listing measured. The OSD's totals are fitted, not projected: compare them with the counted calls.)")
 	for _, g := range groups {
 		if len(g.runs) < 2 {
 			fmt.Printf("\n  %s, %d volumes per node: one fleet size only, no line to fit\n", g.rev, g.vols)
@@ -346,9 +358,9 @@ func fits(runs []*run, pNodes, pVols int, pRenew float64) {
 		fmt.Printf("\n  %s, %d volumes per node, nodes %s\n", g.rev, g.vols, strings.Join(ns, " "))
 		fmt.Printf("  %-36s %12s %12s %8s %16s %14s\n", "kind", "a /interval", "b /int./node", "R²", "proj /interval", fmt.Sprintf("proj ops/s %gs", pRenew))
 		scale := float64(pVols) / float64(g.vols)
-		slope := map[string]float64{}
+		var total float64
 		for _, k := range kinds(g.runs, "steady", func(k string) bool {
-			return counted(k) && !strings.HasPrefix(k, "error ") && !strings.Contains(k, "map-error")
+			return counted(k) && !strings.HasPrefix(k, "error ") && !strings.Contains(k, "map-error") && k != "all counted calls"
 		}) {
 			var x, y []float64
 			for _, r := range g.runs {
@@ -359,26 +371,50 @@ func fits(runs []*run, pNodes, pVols int, pRenew float64) {
 				x, y = append(x, float64(r.nodes)), append(y, v)
 			}
 			a, b, r2 := fit(x, y)
-			slope[k] = b
-			perNode := b
+			proj, projS := "-", "-"
 			switch {
-			case perVolume(k):
-				perNode = b * scale
-			case k == "all counted calls":
-				perNode = 0
-				for kk, bb := range slope {
-					if kk != k && !strings.HasPrefix(kk, "osd ") {
-						if perVolume(kk) {
-							bb *= scale
-						}
-						perNode += bb
-					}
+			case strings.HasPrefix(k, "osd "):
+			case sweep(k):
+				proj, projS = "(sweep: below)", ""
+			default:
+				perNode := b
+				if perVolume(k) {
+					perNode = b * scale
 				}
-			case k == "osd op_r" || k == "osd op":
-				perNode = b + slope["read claim"]*(scale-1)
+				p := a + perNode*float64(pNodes)
+				total += p
+				proj, projS = fmt.Sprintf("%.0f", p), fmt.Sprintf("%.0f", p/pRenew)
 			}
-			proj := a + perNode*float64(pNodes)
-			fmt.Printf("  %-36s %12.2f %12.3f %8.4f %16.0f %14.0f\n", k, a, b, r2, proj, proj/pRenew)
+			fmt.Printf("  %-36s %12.2f %12.3f %8.4f %16s %14s\n", k, a, b, r2, proj, projS)
+		}
+		fmt.Printf("  %-36s %12s %12s %8s %16.0f %14.0f\n", "all but the sweep", "", "", "", total, total/pRenew)
+		// the sweep: reads per listing against the claims in the pool
+		var perClaim []float64
+		for _, r := range g.runs {
+			l, ok1 := r.get("steady", "list-objects @sweep")
+			c, ok2 := r.get("steady", "read claim @sweep")
+			period := "?"
+			if p, ok := r.get("steady", "sweep-period-s"); ok && p.Value != nil {
+				period = fmt.Sprintf("%g", *p.Value)
+			}
+			if ok1 && ok2 && l.Count != nil && c.Count != nil && *l.Count > 0 {
+				perListing := *c.Count / *l.Count
+				perClaim = append(perClaim, perListing/float64(r.nodes*r.vols))
+				fmt.Printf("  sweep at %d nodes (every %ss): %.0f listings in %.0fs, %.0f claim reads per listing (%d claims in the pool)\n",
+					r.nodes, period, *l.Count, l.Seconds, perListing, r.nodes*r.vols)
+			}
+		}
+		if len(perClaim) > 0 {
+			var m float64
+			for _, v := range perClaim {
+				m += v
+			}
+			m /= float64(len(perClaim))
+			perSec := float64(pNodes) * m * float64(pNodes*pVols) / pSweep
+			fmt.Printf("  sweep projected: %d nodes each reading %.0f claims every %gs: %.0f reads/s; with the rest at renew %gs: %.0f ops/s\n",
+				pNodes, m*float64(pNodes*pVols), pSweep, perSec, pRenew, total/pRenew+perSec)
+		} else {
+			fmt.Println("  sweep: no listing in the steady phases measured (a sweep period is longer than they are)")
 		}
 	}
 }
