@@ -47,6 +47,15 @@ func (c *fleetCounts) add(kind string, start time.Time, err error) {
 	}
 }
 
+// items counts things that are not calls (the claims a listing returned: "items list-objects
+// @sweep"), with the origin as add gives it.
+func (c *fleetCounts) items(kind string, n int) {
+	kind = "items " + kind + " @" + origin()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls[kind] += int64(n)
+}
+
 // fleetSnapshot is the counts at one moment.
 type fleetSnapshot struct {
 	calls, errs map[string]int64
@@ -183,6 +192,7 @@ func (b countingBackend) Objects(ctx context.Context, pool string) ([]claim.Imag
 	t := time.Now()
 	imgs, err := b.Backend.Objects(ctx, pool)
 	b.c.add("list-objects", t, err)
+	b.c.items("list-objects", len(imgs))
 	return imgs, err
 }
 

@@ -178,7 +178,7 @@ func row(name string, runs []*run, val func(*run) (float64, bool), format string
 }
 
 func counted(k string) bool {
-	return !strings.HasPrefix(k, "audit ") && !isFigure(k)
+	return !strings.HasPrefix(k, "audit ") && !strings.HasPrefix(k, "items ") && !isFigure(k)
 }
 
 // figures are the kinds given as a value (CPU, memory, times), not as a count.
@@ -234,40 +234,103 @@ func figure(phase, k string) func(*run) (float64, bool) {
 	}
 }
 
-// beyond is a kind's count in phase less what the steady state's rate makes in the same time:
-// what the phase's work itself cost (errors are counted as they are).
-func beyond(r *run, phase, k string) (float64, bool) {
+// background says whether a kind is the agents' periodic work (renewals, heartbeats, sweeps,
+// reconciliation), which goes on during every phase: the steady state measures it.
+func background(k string) bool {
+	for _, o := range []string{"@renew", "@heartbeat", "@sweep", "@reconcile"} {
+		if strings.HasSuffix(k, o) || strings.Contains(k, o+":") {
+			return true
+		}
+	}
+	return false
+}
+
+// count is a kind's count in phase.
+func count(r *run, phase, k string) (float64, bool) {
 	l, ok := r.get(phase, k)
 	if !ok || l.Count == nil {
 		return 0, false
 	}
-	v := *l.Count
-	if s, ok := r.get("steady", k); ok && s.PerSec != nil && !strings.Contains(k, "error") {
-		v -= *s.PerSec * l.Seconds
+	return *l.Count, true
+}
+
+// own is what the phase's own work called (every kind but the background's), and beyond the
+// OSD's ops in the phase less what the steady state's rate makes in the same time: both what the
+// phase's work cost. The second is rough: the background's rounds come in bursts, and a short
+// phase holds one more or one fewer of them.
+func own(r *run, phase string) (float64, bool) {
+	var sum float64
+	found := false
+	for k, l := range r.lines[phase] {
+		if l.Count != nil && counted(k) && !background(k) && !strings.HasPrefix(k, "osd ") && k != "all counted calls" &&
+			!strings.HasPrefix(k, "error ") && !strings.Contains(k, "map-error") {
+			sum += *l.Count
+			found = true
+		}
+	}
+	return sum, found
+}
+
+func beyond(r *run, phase, k string) (float64, bool) {
+	v, ok := count(r, phase, k)
+	if !ok {
+		return 0, false
+	}
+	if s, ok := r.get("steady", k); ok && s.PerSec != nil {
+		v -= *s.PerSec * r.lines[phase][k].Seconds
 	}
 	return v, true
 }
 
-func churnAndTakeover(runs []*run) {
-	header("churn: calls per unmap+map cycle beyond the steady state's, by kind", runs)
-	for _, k := range kinds(runs, "churn", counted) {
+// phaseWork prints the calls of a phase's own work by kind (divided by per's value when per is
+// not ""), the OSD's ops beyond the steady state's, and the figures.
+func phaseWork(title, phase, per string, runs []*run, figs []string) {
+	header(title, runs)
+	div := func(r *run) (float64, bool) {
+		if per == "" {
+			return 1, true
+		}
+		c, ok := r.get(phase, per)
+		if !ok || c.Value == nil || *c.Value == 0 {
+			return 0, false
+		}
+		return *c.Value, true
+	}
+	format := "%.0f"
+	if per != "" {
+		format = "%.2f"
+	}
+	for _, k := range kinds(runs, phase, func(k string) bool {
+		return counted(k) && !background(k) && k != "all counted calls" && !strings.HasPrefix(k, "osd ")
+	}) {
 		row(k, runs, func(r *run) (float64, bool) {
-			v, ok := beyond(r, "churn", k)
-			c, ok2 := r.get("churn", "churn-cycles")
-			if !ok || !ok2 || c.Value == nil || *c.Value == 0 {
-				return 0, false
-			}
-			return v / *c.Value, true
-		}, "%.2f")
+			v, ok := count(r, phase, k)
+			d, ok2 := div(r)
+			return v / d, ok && ok2
+		}, format)
 	}
-	row("cycles", runs, figure("churn", "churn-cycles"), "%.0f")
-	header("takeover of the dead node's images by the others: calls beyond the steady state's, by kind", runs)
-	for _, k := range kinds(runs, "takeover", counted) {
-		row(k, runs, func(r *run) (float64, bool) { return beyond(r, "takeover", k) }, "%.0f")
+	row("the phase's own calls", runs, func(r *run) (float64, bool) {
+		v, ok := own(r, phase)
+		d, ok2 := div(r)
+		return v / d, ok && ok2
+	}, format)
+	for _, k := range []string{"osd op_r", "osd op_rw", "osd op"} {
+		row(k+" beyond the steady state's", runs, func(r *run) (float64, bool) {
+			v, ok := beyond(r, phase, k)
+			d, ok2 := div(r)
+			return v / d, ok && ok2
+		}, format)
 	}
-	for _, k := range []string{"takeover-images", "takeover-map-attempts", "takeover-lease-s", "takeover-s", "takeover-from-death-s"} {
-		row(k, runs, figure("takeover", k), "%.2f")
+	for _, k := range figs {
+		row(k, runs, figure(phase, k), "%.2f")
 	}
+}
+
+func churnAndTakeover(runs []*run) {
+	phaseWork("churn: calls per unmap+map cycle, by kind (the renewals', heartbeats' and sweeps' are in the steady state)",
+		"churn", "churn-cycles", runs, []string{"churn-cycles"})
+	phaseWork("takeover of the dead node's images by the others: calls, by kind (the renewals', heartbeats' and sweeps' are in the steady state)",
+		"takeover", "", runs, []string{"takeover-images", "takeover-map-attempts", "takeover-lease-s", "takeover-s", "takeover-from-death-s"})
 	header("setup (agents start, every image mapped)", runs)
 	for _, k := range []string{"maps-per-s", "all counted calls", "osd op", "cpu-cores test process", "rss-mb", "threads"} {
 		row(k, runs, func(r *run) (float64, bool) {
@@ -344,8 +407,9 @@ func fits(runs []*run, pNodes, pVols int, pRenew, pSweep float64) {
 	fmt.Println("  (per renew interval, so that runs with different intervals fit one line; ops/s = that / renew_interval.")
 	fmt.Println("  Kinds on a claim object are projected with b scaled by the volumes per node, the others with the nodes")
 	fmt.Println("  alone. The sweep's kinds (@sweep) are not a line: each node lists the pool and reads every claim in it")
-	fmt.Println("  once per sweep period, nodes × nodes × volumes reads per period; they are projected from the reads per")
-	fmt.Println("  listing measured. The OSD's totals are fitted, not projected: compare them with the counted calls.)")
+	fmt.Println("  once per sweep period, nodes × nodes × volumes reads per period; they are projected from the claims each")
+	fmt.Println("  listing returned and the reads per claim listed. The OSD's totals are fitted, not projected: compare")
+	fmt.Println("  them with the counted calls.)")
 	for _, g := range groups {
 		if len(g.runs) < 2 {
 			fmt.Printf("\n  %s, %d volumes per node: one fleet size only, no line to fit\n", g.rev, g.vols)
@@ -388,20 +452,25 @@ func fits(runs []*run, pNodes, pVols int, pRenew, pSweep float64) {
 			fmt.Printf("  %-36s %12.2f %12.3f %8.4f %16s %14s\n", k, a, b, r2, proj, projS)
 		}
 		fmt.Printf("  %-36s %12s %12s %8s %16.0f %14.0f\n", "all but the sweep", "", "", "", total, total/pRenew)
-		// the sweep: reads per listing against the claims in the pool
+		// the sweep: the claims each listing returned, and the sweep's reads per claim listed, over
+		// the whole run (a listing's reads may fall in the next phase, or between two)
 		var perClaim []float64
 		for _, r := range g.runs {
-			l, ok1 := r.get("steady", "list-objects @sweep")
-			c, ok2 := r.get("steady", "read claim @sweep")
+			var listings, listed, reads float64
+			for phase := range r.lines {
+				l, _ := count(r, phase, "list-objects @sweep")
+				i, _ := count(r, phase, "items list-objects @sweep")
+				c, _ := count(r, phase, "read claim @sweep")
+				listings, listed, reads = listings+l, listed+i, reads+c
+			}
 			period := "?"
 			if p, ok := r.get("steady", "sweep-period-s"); ok && p.Value != nil {
 				period = fmt.Sprintf("%g", *p.Value)
 			}
-			if ok1 && ok2 && l.Count != nil && c.Count != nil && *l.Count > 0 {
-				perListing := *c.Count / *l.Count
-				perClaim = append(perClaim, perListing/float64(r.nodes*r.vols))
-				fmt.Printf("  sweep at %d nodes (every %ss): %.0f listings in %.0fs, %.0f claim reads per listing (%d claims in the pool)\n",
-					r.nodes, period, *l.Count, l.Seconds, perListing, r.nodes*r.vols)
+			if listed > 0 {
+				perClaim = append(perClaim, reads/listed)
+				fmt.Printf("  sweep at %d nodes (every %ss): %.0f listings in the run returned %.0f claims each (%d in the pool once set up); %.3f reads per claim listed\n",
+					r.nodes, period, listings, listed/listings, r.nodes*r.vols, reads/listed)
 			}
 		}
 		if len(perClaim) > 0 {
@@ -411,10 +480,11 @@ func fits(runs []*run, pNodes, pVols int, pRenew, pSweep float64) {
 			}
 			m /= float64(len(perClaim))
 			perSec := float64(pNodes) * m * float64(pNodes*pVols) / pSweep
-			fmt.Printf("  sweep projected: %d nodes each reading %.0f claims every %gs: %.0f reads/s; with the rest at renew %gs: %.0f ops/s\n",
-				pNodes, m*float64(pNodes*pVols), pSweep, perSec, pRenew, total/pRenew+perSec)
+			fmt.Printf("  sweep projected: %d nodes each listing the %d claims of the pool and reading %.3f per claim every %gs: %.0f reads/s;\n",
+				pNodes, pNodes*pVols, m, pSweep, perSec)
+			fmt.Printf("  with the rest at renew %gs: %.0f ops/s\n", pRenew, total/pRenew+perSec)
 		} else {
-			fmt.Println("  sweep: no listing in the steady phases measured (a sweep period is longer than they are)")
+			fmt.Println("  sweep: no listing in the runs (a sweep period is much longer than they are)")
 		}
 	}
 }
