@@ -91,10 +91,17 @@ lab-down:
 
 # The benchmark table on the lab's real kernels, the agent on the fake kernel and the claim
 # operations on a throwaway cluster (tests/bench/run; docs/benchmarks.md has a dated run).
-# bench-go: only the Go benchmarks (fake kernel, test cluster).
+# PARTS=fleet: only the fleet benchmark (tests/bench/fleet: N agents in one process against a
+# throwaway cluster, the RADOS calls by kind against N, before and after a revision): no lab,
+# no packages. bench-go: only the Go benchmarks (fake kernel, test cluster).
+ifeq ($(strip $(PARTS)),fleet)
+bench: deps
+	@tests/bench/fleet
+else
 bench: package
 	@tests/deps lab
 	@tests/bench/run
+endif
 
 bench-go: deps
 	@RACE= tests/go-test -run '^$$' -bench . -benchtime 300x ./agent/...

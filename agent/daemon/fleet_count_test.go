@@ -1,0 +1,225 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim"
+)
+
+// The fleet benchmark's counting of RADOS calls (fleet_test.go), kept apart so that it can be
+// adapted when claim.Backend changes: countingBackend embeds the interface, so it still
+// compiles when methods are added (those are passed through uncounted until a line is added
+// here), and it overrides the calls that reach the cluster.
+//
+// Not counted here: ImageInfo (its result type is unexported from package claim, so no method
+// outside it can override it; an image's open and watcher listing show in the OSD's totals
+// only), FSID and OwnAddr (no cluster call).
+
+// fleetCounts counts calls by kind: the call, the object's class and where in the agent it
+// comes from ("read claim @renew", "cas-write heartbeat @heartbeat", "list-objects @sweep"),
+// and the failed ones by kind and error ("cas-write heartbeat @map: conflict").
+type fleetCounts struct {
+	mu     sync.Mutex
+	calls  map[string]int64
+	errs   map[string]int64
+	taking map[string]time.Duration // the summed latency of each kind
+}
+
+func newFleetCounts() *fleetCounts {
+	return &fleetCounts{calls: map[string]int64{}, errs: map[string]int64{}, taking: map[string]time.Duration{}}
+}
+
+func (c *fleetCounts) add(kind string, start time.Time, err error) {
+	took := time.Since(start)
+	kind += " @" + origin()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls[kind]++
+	c.taking[kind] += took
+	if err != nil {
+		c.errs[kind+": "+errorKind(err)]++
+	}
+}
+
+// items counts things that are not calls (the claims a listing returned: "items list-objects
+// @sweep"), with the origin as add gives it.
+func (c *fleetCounts) items(kind string, n int) {
+	kind = "items " + kind + " @" + origin()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls[kind] += int64(n)
+}
+
+// fleetSnapshot is the counts at one moment.
+type fleetSnapshot struct {
+	calls, errs map[string]int64
+	taking      map[string]time.Duration
+}
+
+func (c *fleetCounts) snapshot() fleetSnapshot {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := fleetSnapshot{calls: map[string]int64{}, errs: map[string]int64{}, taking: map[string]time.Duration{}}
+	for k, v := range c.calls {
+		s.calls[k] = v
+	}
+	for k, v := range c.errs {
+		s.errs[k] = v
+	}
+	for k, v := range c.taking {
+		s.taking[k] = v
+	}
+	return s
+}
+
+// since is what was counted between before and s, kinds sorted.
+func (s fleetSnapshot) since(before fleetSnapshot) (kinds []string, calls, errs map[string]int64, taking map[string]time.Duration) {
+	calls, errs, taking = map[string]int64{}, map[string]int64{}, map[string]time.Duration{}
+	for k, v := range s.calls {
+		if d := v - before.calls[k]; d > 0 {
+			calls[k] = d
+			taking[k] = s.taking[k] - before.taking[k]
+			kinds = append(kinds, k)
+		}
+	}
+	for k, v := range s.errs {
+		if d := v - before.errs[k]; d > 0 {
+			errs[k] = d
+		}
+	}
+	sort.Strings(kinds)
+	return kinds, calls, errs, taking
+}
+
+// objectClass names what an object is by its name: a claim, a node's heartbeat, another object
+// of rbd-owner's (whatever a later version adds), or something else.
+func objectClass(oid string) string {
+	switch {
+	case strings.HasPrefix(oid, "rbd-owner.claim."):
+		return "claim"
+	case strings.HasPrefix(oid, "rbd-owner.node."):
+		return "heartbeat"
+	case strings.HasPrefix(oid, "rbd-owner."):
+		return "rbd-owner-other"
+	}
+	return "other"
+}
+
+// origins name where in the agent a call comes from, by a function on its goroutine's stack:
+// the first entry one of whose names is there wins (closures and the goroutines a function
+// starts carry its name: renewRound.func1). A call none names is "other". Only names, so a
+// renamed function makes its calls "other" and nothing stops compiling.
+var origins = []struct{ fn, origin string }{
+	{"daemon.(*Daemon).sweep", "sweep"}, // sweepLoop, sweepPool: the pool sweep
+	{"daemon.(*Daemon).Map", "map"},
+	{"daemon.(*Daemon).Unmap", "unmap"},
+	{"daemon.(*heartbeats)", "heartbeat"},
+	{"daemon.(*Daemon).heartbeat", "heartbeat"},
+	{"daemon.(*Daemon).watchRound", "watch"}, // takeover watches
+	{"daemon.(*Daemon).renewRound", "renew"}, // the round of claim checks
+	{"daemon.(*Daemon).reconcile", "reconcile"},
+	{"daemon.(*Daemon).recover", "recover"},
+}
+
+func origin() string {
+	var pcs [128]uintptr
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs[:])])
+	var names []string
+	for {
+		f, more := frames.Next()
+		names = append(names, f.Function)
+		if !more {
+			break
+		}
+	}
+	for _, o := range origins {
+		for _, n := range names {
+			if strings.Contains(n, o.fn) {
+				return o.origin
+			}
+		}
+	}
+	return "other"
+}
+
+// errorKind is a short name for a failed call's error.
+func errorKind(err error) string {
+	switch {
+	case errors.Is(err, claim.ErrConflict):
+		return "conflict"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	}
+	return apiError(err).Code
+}
+
+// countingBackend is a node's claim.Backend with its cluster calls counted in c.
+type countingBackend struct {
+	claim.Backend
+	c *fleetCounts
+}
+
+func (b countingBackend) Read(ctx context.Context, loc claim.Image, oid string) ([]byte, uint64, error) {
+	t := time.Now()
+	data, ver, err := b.Backend.Read(ctx, loc, oid)
+	b.c.add("read "+objectClass(oid), t, err)
+	return data, ver, err
+}
+
+func (b countingBackend) CompareAndWrite(ctx context.Context, loc claim.Image, oid string, ver uint64, data []byte) error {
+	t := time.Now()
+	err := b.Backend.CompareAndWrite(ctx, loc, oid, ver, data)
+	b.c.add("cas-write "+objectClass(oid), t, err)
+	return err
+}
+
+func (b countingBackend) CompareAndRemove(ctx context.Context, loc claim.Image, oid string, ver uint64) error {
+	t := time.Now()
+	err := b.Backend.CompareAndRemove(ctx, loc, oid, ver)
+	b.c.add("cas-remove "+objectClass(oid), t, err)
+	return err
+}
+
+func (b countingBackend) Objects(ctx context.Context, pool string) ([]claim.Image, error) {
+	t := time.Now()
+	imgs, err := b.Backend.Objects(ctx, pool)
+	b.c.add("list-objects", t, err)
+	b.c.items("list-objects", len(imgs))
+	return imgs, err
+}
+
+func (b countingBackend) Pools(ctx context.Context) ([]string, error) {
+	t := time.Now()
+	ps, err := b.Backend.Pools(ctx)
+	b.c.add("list-pools", t, err)
+	return ps, err
+}
+
+func (b countingBackend) ImageID(ctx context.Context, img claim.Image) (string, bool, error) {
+	t := time.Now()
+	id, ok, err := b.Backend.ImageID(ctx, img)
+	b.c.add("image-id", t, err)
+	return id, ok, err
+}
+
+func (b countingBackend) Blocklist(ctx context.Context, addr string, expire time.Duration) (time.Time, error) {
+	t := time.Now()
+	until, err := b.Backend.Blocklist(ctx, addr, expire)
+	b.c.add("blocklist (mon)", t, err)
+	return until, err
+}
+
+func (b countingBackend) Unblocklist(ctx context.Context, addr string) error {
+	t := time.Now()
+	err := b.Backend.Unblocklist(ctx, addr)
+	b.c.add("unblocklist (mon)", t, err)
+	return err
+}
