@@ -12,10 +12,11 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 )
 
-// The fleet benchmark's counting of RADOS calls (fleet_test.go), kept apart so that it can be
-// adapted when claim.Backend changes: countingBackend embeds the interface, so it still
-// compiles when methods are added (those are passed through uncounted until a line is added
-// here), and it overrides the calls that reach the cluster.
+// The fleet benchmark's counting of RADOS calls (fleet_test.go). The wrapper of claim.Backend
+// (countingBackend) is in fleet_backend_test.go, kept apart because the interface changes between
+// the revisions the benchmark compares: it embeds the interface, so it still compiles when
+// methods are added (those are passed through uncounted until a method is added there), and it
+// overrides the calls that reach the cluster.
 //
 // Not counted here: ImageInfo (its result type is unexported from package claim, so no method
 // outside it can override it; an image's open and watcher listing show in the OSD's totals
@@ -159,67 +160,4 @@ func errorKind(err error) string {
 		return "canceled"
 	}
 	return apiError(err).Code
-}
-
-// countingBackend is a node's claim.Backend with its cluster calls counted in c.
-type countingBackend struct {
-	claim.Backend
-	c *fleetCounts
-}
-
-func (b countingBackend) Read(ctx context.Context, loc claim.Image, oid string) ([]byte, uint64, error) {
-	t := time.Now()
-	data, ver, err := b.Backend.Read(ctx, loc, oid)
-	b.c.add("read "+objectClass(oid), t, err)
-	return data, ver, err
-}
-
-func (b countingBackend) CompareAndWrite(ctx context.Context, loc claim.Image, oid string, ver uint64, data []byte) error {
-	t := time.Now()
-	err := b.Backend.CompareAndWrite(ctx, loc, oid, ver, data)
-	b.c.add("cas-write "+objectClass(oid), t, err)
-	return err
-}
-
-func (b countingBackend) CompareAndRemove(ctx context.Context, loc claim.Image, oid string, ver uint64) error {
-	t := time.Now()
-	err := b.Backend.CompareAndRemove(ctx, loc, oid, ver)
-	b.c.add("cas-remove "+objectClass(oid), t, err)
-	return err
-}
-
-func (b countingBackend) Objects(ctx context.Context, pool string) ([]claim.Image, error) {
-	t := time.Now()
-	imgs, err := b.Backend.Objects(ctx, pool)
-	b.c.add("list-objects", t, err)
-	b.c.items("list-objects", len(imgs))
-	return imgs, err
-}
-
-func (b countingBackend) Pools(ctx context.Context) ([]string, error) {
-	t := time.Now()
-	ps, err := b.Backend.Pools(ctx)
-	b.c.add("list-pools", t, err)
-	return ps, err
-}
-
-func (b countingBackend) ImageID(ctx context.Context, img claim.Image) (string, bool, error) {
-	t := time.Now()
-	id, ok, err := b.Backend.ImageID(ctx, img)
-	b.c.add("image-id", t, err)
-	return id, ok, err
-}
-
-func (b countingBackend) Blocklist(ctx context.Context, addr string, expire time.Duration) (time.Time, error) {
-	t := time.Now()
-	until, err := b.Backend.Blocklist(ctx, addr, expire)
-	b.c.add("blocklist (mon)", t, err)
-	return until, err
-}
-
-func (b countingBackend) Unblocklist(ctx context.Context, addr string) error {
-	t := time.Now()
-	err := b.Backend.Unblocklist(ctx, addr)
-	b.c.add("unblocklist (mon)", t, err)
-	return err
 }
