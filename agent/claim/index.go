@@ -142,14 +142,15 @@ func (s *Store) MarkSwept(ctx context.Context, pool, namespace string, seen uint
 // BuildIndex is the one-time migration of a namespace from agents before the index: it lists
 // every object in it (the only listing rbd-owner ever does), indexes every claim object it
 // finds, and marks the index built. It returns how many claim objects it found. A namespace
-// with neither claims nor an index is left untouched (and listed again the next time).
-func (s *Store) BuildIndex(ctx context.Context, pool, namespace string) (int, error) {
+// with neither claims nor an index is left untouched (and listed again the next time) unless
+// markEmpty.
+func (s *Store) BuildIndex(ctx context.Context, pool, namespace string, markEmpty bool) (int, error) {
 	loc := Image{Pool: pool, Namespace: namespace}
 	imgs, err := s.b.Objects(ctx, pool, namespace)
 	if err != nil {
 		return 0, fmt.Errorf("build the claim index of %s: %w", poolNS(loc), err)
 	}
-	if len(imgs) == 0 {
+	if len(imgs) == 0 && !markEmpty {
 		// no claim here: a pool or namespace rbd-owner never used (another application's, say)
 		// is left without an object of rbd-owner's; its next listing lists it again
 		if _, ver, err := s.b.ReadKeys(ctx, loc, IndexObject, []string{indexBuiltKey}); err != nil || ver == 0 {

@@ -152,7 +152,7 @@ func TestOrphanRemovalDropsItsIndexKeyAndStaleKeysGoWithTheirImage(t *testing.T)
 	if _, err := m.SetKeys(ctx, stale, IndexObject, map[string][]byte{"half": []byte(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
-	pl, err := a.ListPlace(ctx, "rbd", "")
+	pl, err := a.ListPlace(ctx, "rbd", "", true)
 	if err != nil || len(pl.Stale) != 1 || pl.Stale[0] != stale {
 		t.Fatalf("stale keys: %+v, %v", pl.Stale, err)
 	}

@@ -335,7 +335,7 @@ func (s *Store) ListReadable(ctx context.Context, pool string, extraNamespaces .
 	}
 	var out []Record
 	for _, ns := range nss {
-		pl, err := s.ListPlace(ctx, pool, ns)
+		pl, err := s.ListPlace(ctx, pool, ns, false)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -359,19 +359,21 @@ type PlaceList struct {
 
 // ListPlace reads a pool and namespace's claim index and every claim record it names: never a
 // listing of the pool, except once, when the index was never built (BuildIndex: the migration
-// from agents before the index, reported through Config.OnIndexBuilt).
-func (s *Store) ListPlace(ctx context.Context, pool, namespace string) (PlaceList, error) {
+// from agents before the index, reported through Config.OnIndexBuilt). markEmpty (the sweeps,
+// of pools this node claims in) marks the index of a namespace without claims built too, so
+// that it is not listed again; an admin's listing of every pool leaves other pools alone.
+func (s *Store) ListPlace(ctx context.Context, pool, namespace string, markEmpty bool) (PlaceList, error) {
 	idx, err := s.ReadIndex(ctx, pool, namespace)
 	if err != nil {
 		return PlaceList{}, err
 	}
 	if !idx.Built {
 		start := time.Now()
-		found, err := s.BuildIndex(ctx, pool, namespace)
+		found, err := s.BuildIndex(ctx, pool, namespace, markEmpty)
 		if err != nil {
 			return PlaceList{}, err
 		}
-		if s.cfg.OnIndexBuilt != nil && (found > 0 || idx.Version != 0) {
+		if s.cfg.OnIndexBuilt != nil && (found > 0 || idx.Version != 0 || markEmpty) {
 			s.cfg.OnIndexBuilt(pool, namespace, found, time.Since(start))
 		}
 		if idx, err = s.ReadIndex(ctx, pool, namespace); err != nil {

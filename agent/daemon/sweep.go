@@ -160,7 +160,7 @@ func (d *Daemon) sweepPlace(ctx context.Context, cl *cluster, store *claim.Store
 		d.forgetKeptIn(cl.cfg.ID, pool, ns)
 		return 0, nil
 	}
-	pl, err := store.ListPlace(ctx, pool, ns)
+	pl, err := store.ListPlace(ctx, pool, ns, true)
 	if err != nil {
 		d.log.WithError(err).WithField("cluster", cl.cfg.ID).WithField("place", where).Warn("sweep skipped: the claims could not be listed through the index; retried at the next sweep")
 		return 0, err

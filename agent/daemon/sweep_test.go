@@ -81,21 +81,23 @@ func TestOrphanSweepRunsByItself(t *testing.T) {
 }
 
 // TestAPlaceIsSweptOncePerPeriodByTheFleetAndNeverListed: two nodes sweep the same pool; the
-// first sweep builds the pool's index (its one listing, from claims made before the index), and
+// first sweep builds the index of each of its namespaces (one listing each, from claims made
+// before the index; a namespace without claims too, so that it is not listed again), and
 // from then on, each period, one node sweeps through the index and the other finds the mark
 // moved and reads nothing more: the fleet reads each claim once per period, not once per node.
 func TestAPlaceIsSweptOncePerPeriodByTheFleetAndNeverListed(t *testing.T) {
 	m := claim.NewMemory("00000000-0000-4000-8000-000000000008")
 	a, monoA := roundDaemonAs(t, m, "node-c", 6, 6)
 	b, monoB := roundDaemonAs(t, m, "node-d", 0, 0)
+	m.AddImage(claim.Image{Pool: "rbd", Namespace: "empty", Image: "e"}, "id-e") // a namespace without claims
 	pool := state.Pool{Cluster: "c1", Pool: "rbd"}
 	period := a.sweepPeriod()
 	m.Counts(true)
 	if _, err := a.sweepPool(context.Background(), pool); err != nil {
 		t.Fatal(err)
 	}
-	if got := m.Counts(true); got["objects"] != 1 || got["read claim"] != 6 {
-		t.Fatalf("the first sweep did %v, want the one listing (the index's build) and each claim read", got)
+	if got := m.Counts(true); got["objects"] != 2 || got["read claim"] != 6 {
+		t.Fatalf("the first sweep did %v, want one listing per namespace (the indexes' build) and each claim read", got)
 	}
 	for i := range 4 {
 		monoA.Advance(period)
