@@ -126,22 +126,7 @@ func TestANodeThatSkipsASweepStopsReportingItsFences(t *testing.T) {
 	a, monoA := roundDaemonAs(t, m, "node-c", 0, 0)
 	b, monoB := roundDaemonAs(t, m, "node-d", 0, 0)
 	ctx := context.Background()
-	img := claim.Image{Pool: "rbd", Image: "fenced"}
-	m.AddImage(img, "id-fenced")
-	x := otherNode(t, m)
-	r, err := x.Acquire(ctx, claim.Request{Image: img})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := x.SetMapping(ctx, img, r.Holder.Epoch, "10.0.0.5:0/5", "/dev/rbd0"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := x.Fence(ctx, img); err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := x.ForceRelease(ctx, img); !ok || err != nil {
-		t.Fatal(ok, err)
-	}
+	img := freeFencedClaim(t, m)
 	pool := state.Pool{Cluster: "c1", Pool: "rbd"}
 	for _, d := range []*Daemon{a, b} {
 		if _, err := d.sweepPool(ctx, pool); err != nil {
@@ -171,22 +156,7 @@ func TestASweepThatCouldNotKeepAFenceIsNotMarked(t *testing.T) {
 	m := claim.NewMemory("00000000-0000-4000-8000-00000000000a")
 	a, _ := roundDaemonAs(t, m, "node-c", 0, 0)
 	ctx := context.Background()
-	img := claim.Image{Pool: "rbd", Image: "fenced"}
-	m.AddImage(img, "id-fenced")
-	x := otherNode(t, m)
-	r, err := x.Acquire(ctx, claim.Request{Image: img})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := x.SetMapping(ctx, img, r.Holder.Epoch, "10.0.0.5:0/5", "/dev/rbd0"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := x.Fence(ctx, img); err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := x.ForceRelease(ctx, img); !ok || err != nil {
-		t.Fatal(ok, err)
-	}
+	freeFencedClaim(t, m)
 	m.SetHook(func(_ context.Context, call string, _ claim.Image) error {
 		if call == "blocklist" {
 			return errors.New("osd blocklist refused (test)")
@@ -211,4 +181,28 @@ func TestASweepThatCouldNotKeepAFenceIsNotMarked(t *testing.T) {
 	if seq, _ := store.SweptMark(ctx, "rbd", ""); seq != 1 {
 		t.Fatalf("the whole sweep was not recorded: mark %d", seq)
 	}
+}
+
+// freeFencedClaim makes, on m, a free claim that keeps a live fence: another node held the image
+// "fenced" with a mapping, an admin fenced it and force-released the claim.
+func freeFencedClaim(t *testing.T, m *claim.Memory) claim.Image {
+	t.Helper()
+	ctx := context.Background()
+	img := claim.Image{Pool: "rbd", Image: "fenced"}
+	m.AddImage(img, "id-fenced")
+	x := otherNode(t, m)
+	r, err := x.Acquire(ctx, claim.Request{Image: img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.SetMapping(ctx, img, r.Holder.Epoch, "10.0.0.5:0/5", "/dev/rbd0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Fence(ctx, img); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := x.ForceRelease(ctx, img); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	return img
 }
