@@ -105,6 +105,9 @@ type ImageRequest struct {
 	Namespace string `json:"namespace,omitempty"`
 	Image     string `json:"image"`
 	Force     bool   `json:"force,omitempty"`
+	// Node, for a fence, names a node instead of an image: every hold of that node, cluster-wide
+	// (admin; Pool and Image stay empty).
+	Node string `json:"node,omitempty"`
 }
 
 // Ref is the image the request names.
@@ -144,6 +147,22 @@ type FenceResponse struct {
 	Expires    time.Time `json:"expires"`
 	// FencedAddrs lists every address when several holders (rox/rwx) were fenced.
 	FencedAddrs []string `json:"fenced_addrs,omitempty"`
+	// Node, Holds and Incomplete answer a node's fence: each of its holds fenced, and what could
+	// not be found or fenced (the fence is then not complete: run it again, or fence those images
+	// one at a time).
+	Node       string       `json:"node,omitempty"`
+	Holds      []FencedHold `json:"holds,omitempty"`
+	Incomplete []string     `json:"incomplete,omitempty"`
+}
+
+// FencedHold is one hold a node's fence blocklisted.
+type FencedHold struct {
+	image.Ref
+	Epoch   uint64    `json:"epoch"`
+	Addr    string    `json:"addr"`
+	Expires time.Time `json:"expires"`
+	// Again: it was fenced already (its entry was added again, moving its expiry).
+	Again bool `json:"again,omitempty"`
 }
 
 // UnfenceResponse lists the fenced mappings whose fences were lifted.

@@ -51,6 +51,9 @@ type Backend interface {
 	// Blocklist adds a client address to the cluster's blocklist for expire, and returns when
 	// it ends as the monitors recorded it, on their clock (what `osd blocklist ls` shows).
 	Blocklist(ctx context.Context, addr string, expire time.Duration) (time.Time, error)
+	// BlocklistEntries reads every entry of the cluster's blocklist (`osd blocklist ls`),
+	// whoever added it: addresses and ranges.
+	BlocklistEntries(ctx context.Context) ([]BlockEntry, error)
 	// Unblocklist removes a client address from the blocklist (no error when it is not listed).
 	Unblocklist(ctx context.Context, addr string) error
 	// OwnAddr is this client's own address ("" when unknown): its read-only opens of an

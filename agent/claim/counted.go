@@ -79,6 +79,11 @@ func (c *counted) Blocklist(ctx context.Context, addr string, expire time.Durati
 	return c.Backend.Blocklist(ctx, addr, expire)
 }
 
+func (c *counted) BlocklistEntries(ctx context.Context) ([]BlockEntry, error) {
+	c.count("blocklist-ls", "none")
+	return c.Backend.BlocklistEntries(ctx)
+}
+
 func (c *counted) Unblocklist(ctx context.Context, addr string) error {
 	c.count("unblocklist", "none")
 	return c.Backend.Unblocklist(ctx, addr)

@@ -19,6 +19,13 @@ type acquireInput struct {
 	Takeover bool
 	// TakeFenced: holders an admin fenced may be taken over (see Request.TakeFenced)
 	TakeFenced bool
+	// TakeCovered: holders whose mapping someone's blocklist entry already cuts off may be
+	// taken over without waiting for their leases (see Request.TakeCovered)
+	TakeCovered bool
+	// Covered holds, by fenceKey, the blocklist entry that already cuts each holder's mapping
+	// off (Covering), as read once before the decision; CoverErr says why it could not be read.
+	Covered  map[string]BlockEntry
+	CoverErr error
 	// NextStep phrases the reader's next step when this request may not take over (see
 	// Request.NextStep); nil: the claim layer's own words
 	NextStep func(holders []Holder) string
@@ -115,18 +122,25 @@ func decideAcquire(cur *Record, in acquireInput) (acquirePlan, error) {
 	}
 	var evict []Holder
 	if !cur.Free() && !(cur.Access == in.Access && in.Access != RWO) {
-		if !in.Takeover && !(in.TakeFenced && allFenced(cur.Holders)) {
-			if in.NextStep != nil {
-				return acquirePlan{}, held(in.NextStep(cur.Holders))
-			}
-			if in.TakeFenced {
-				return acquirePlan{}, held("an admin may fence it (`rbd-owner fence`), after which a map takes it over; or map with takeover (the admin role, or takeover_policy after-lease-expiry) once its lease has expired")
-			}
-			return acquirePlan{}, held("map with takeover only once its lease has expired, or have an admin run `rbd-owner fence` and `rbd-owner release --force`")
+		if !in.Takeover && !in.TakeCovered && !(in.TakeFenced && allFenced(cur.Holders)) {
+			return acquirePlan{}, held(in.refusal(cur.Holders))
 		}
 		for _, h := range cur.Holders {
-			if in.Fenced[fenceKey(h)] || h.Fenced {
+			if in.Fenced[fenceKey(h)] || (h.Fenced && (in.TakeFenced || in.Takeover)) {
 				continue // blocklisted already, by this call or by an admin (fenced again below)
+			}
+			if _, ok := in.Covered[fenceKey(h)]; ok && (in.TakeCovered || in.Takeover) && h.fenceAddr() != "" {
+				// someone else's entry cuts its mapping off already: no lease to wait for; it is
+				// fenced again below with this node's own entry, which is renewed, since theirs may
+				// be lifted at any time (docs/safety.md, "after-fence")
+				continue
+			}
+			if !in.Takeover {
+				why := in.refusal(cur.Holders)
+				if in.TakeCovered {
+					why = fmt.Sprintf("node %s's mapping (%s) is on no blocklist entry%s; %s", h.NodeID, orNone(h.fenceAddr()), in.coverNote(), why)
+				}
+				return acquirePlan{}, held(why)
 			}
 			lv, ok := in.Leases[h.NodeID]
 			if !ok {
@@ -174,6 +188,54 @@ func decideAcquire(cur *Record, in acquireInput) (acquirePlan, error) {
 	cur.Holders = append(cur.Holders, h)
 	cur.Access = in.Access
 	return acquirePlan{Next: cur, Evict: evict, Holder: h}, nil
+}
+
+// needsCoverage says whether the decision on cur may turn on the blocklist: the request may take
+// covered holds over, and some holder of a conflicting hold is neither fenced already nor
+// (for a takeover) past its lease.
+func (in acquireInput) needsCoverage(cur *Record) bool {
+	if cur.Free() || !(in.TakeCovered || in.Takeover) || (cur.Access == in.Access && in.Access != RWO) || cur.Holder(in.Self) != nil {
+		return false
+	}
+	if cur.ImageID != "" && cur.ImageID != in.Info.ID {
+		return false
+	}
+	for _, h := range cur.Holders {
+		if h.Fenced || in.Fenced[fenceKey(h)] {
+			continue
+		}
+		if lv, ok := in.Leases[h.NodeID]; in.Takeover && ok && lv.Expired {
+			continue
+		}
+		return true
+	}
+	return false
+}
+
+// refusal is what a reader of a refusal may do next when this request may not take over.
+func (in acquireInput) refusal(hs []Holder) string {
+	if in.NextStep != nil {
+		return in.NextStep(hs)
+	}
+	if in.TakeFenced {
+		return "an admin may fence it (`rbd-owner fence`), after which a map takes it over; or map with takeover (the admin role, or takeover_policy after-lease-expiry) once its lease has expired"
+	}
+	return "map with takeover only once its lease has expired, or have an admin run `rbd-owner fence` and `rbd-owner release --force`"
+}
+
+// coverNote says why the blocklist could not be read, when it could not.
+func (in acquireInput) coverNote() string {
+	if in.CoverErr == nil {
+		return ""
+	}
+	return " (the blocklist could not be read: " + in.CoverErr.Error() + ")"
+}
+
+func orNone(a string) string {
+	if a == "" {
+		return "no address recorded"
+	}
+	return a
 }
 
 // allFenced says whether every holder was fenced by an admin.

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,6 +40,13 @@ type Heartbeat struct {
 	// BootID is the node's kernel boot id: a fence of one of its mappings ends when its
 	// heartbeat shows another one (see KeepFences).
 	BootID string `json:"boot_id,omitempty"`
+	// Holds are the images of this pool and namespace the node may hold (a superset: an image
+	// is added before the claim that holds it is written, and dropped once the hold is
+	// released), so that its holds are found without listing pools (NodeHolds: an admin's
+	// `fence --node`). Agents before it ignore the field.
+	Holds []string `json:"holds,omitempty"`
+	// HoldsListed is set by the agents that keep Holds (an empty list is then no holds).
+	HoldsListed bool `json:"holds_listed,omitempty"`
 }
 
 // heartbeatObject is the name of node's heartbeat object.
@@ -277,6 +286,7 @@ func (s *Store) Heartbeat(ctx context.Context, pool, namespace string) error {
 	for attempt := 0; attempt < 8; attempt++ {
 		s.hbMu.Lock()
 		last, cached := s.hbLast[key]
+		edits := maps.Clone(s.hbEdits[key])
 		s.hbMu.Unlock()
 		hb, ver := &Heartbeat{}, last.ver
 		if cached {
@@ -298,6 +308,7 @@ func (s *Store) Heartbeat(ctx context.Context, pool, namespace string) error {
 		hb.Format, hb.NodeID, hb.Incarnation, hb.Hostname, hb.NodeAddr = HeartbeatFormat, s.cfg.Node.ID, me.Incarnation, me.Hostname, me.NodeAddr
 		hb.Seq++
 		hb.RenewedAt, hb.LeaseSeconds, hb.AgentVersion, hb.BootID = s.cfg.Now().UTC(), me.LeaseSeconds, me.AgentVersion, me.BootID
+		hb.Holds, hb.HoldsListed = editHolds(hb.Holds, edits), true
 		out, err := encodeHeartbeat(hb)
 		if err != nil {
 			return err
@@ -306,6 +317,11 @@ func (s *Store) Heartbeat(ctx context.Context, pool, namespace string) error {
 		s.hbMu.Lock()
 		if err == nil {
 			s.hbLast[key] = hbWritten{ver: nv, hb: *hb}
+			for img, add := range edits {
+				if cur, ok := s.hbEdits[key][img]; ok && cur == add {
+					delete(s.hbEdits[key], img) // written; an edit made since stays
+				}
+			}
 		} else if s.hbLast[key].ver == ver {
 			delete(s.hbLast, key) // read it again: another write came between, or this one's fate is unknown
 		}
@@ -318,6 +334,61 @@ func (s *Store) Heartbeat(ctx context.Context, pool, namespace string) error {
 		}
 	}
 	return fmt.Errorf("heartbeat in %s: %w: written concurrently (is node id %s used twice?)", key, ErrBusy, s.cfg.Node.ID)
+}
+
+// NoteHold has img listed among this node's holds (add) or no longer (drop) by the next
+// heartbeat in its place. Acquire adds the image itself, before its claim; the agent adds the
+// holds it finds at its start (those of an agent before the list), and a release drops them.
+func (s *Store) NoteHold(img Image, add bool) {
+	key := poolNS(img)
+	s.hbMu.Lock()
+	defer s.hbMu.Unlock()
+	if s.hbEdits[key] == nil {
+		s.hbEdits[key] = map[string]bool{}
+	}
+	s.hbEdits[key][img.Image] = add
+}
+
+// Holds are the images this node's last heartbeat in img's place listed, and the edits not
+// written yet (for tests and status).
+func (s *Store) Holds(pool, namespace string) []string {
+	key := poolNS(Image{Pool: pool, Namespace: namespace})
+	s.hbMu.Lock()
+	defer s.hbMu.Unlock()
+	return editHolds(slices.Clone(s.hbLast[key].hb.Holds), s.hbEdits[key])
+}
+
+// mayList says whether this node's heartbeat in img's place may list img: it does, or it has
+// not been read or written by this store yet.
+func (s *Store) mayList(img Image) bool {
+	key := poolNS(img)
+	s.hbMu.Lock()
+	defer s.hbMu.Unlock()
+	last, ok := s.hbLast[key]
+	if _, edited := s.hbEdits[key][img.Image]; edited || !ok {
+		return true
+	}
+	return slices.Contains(last.hb.Holds, img.Image)
+}
+
+// editHolds applies edits (image: add or drop) to a sorted list of images.
+func editHolds(holds []string, edits map[string]bool) []string {
+	if len(edits) == 0 {
+		return holds
+	}
+	set := map[string]bool{}
+	for _, h := range holds {
+		set[h] = true
+	}
+	for img, add := range edits {
+		if add {
+			set[img] = true
+		} else {
+			delete(set, img)
+		}
+	}
+	out := slices.Sorted(maps.Keys(set))
+	return out
 }
 
 // hbWritten is this store's last heartbeat write in a place: the object's version after it,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"sort"
 	"strings"
@@ -30,6 +31,7 @@ type Memory struct {
 	namespaces  map[string][]string // pool: its RBD namespaces
 	counts      map[string]int      // calls by call and object kind (Counts)
 	blocklisted map[string]time.Time
+	ranges      map[netip.Prefix]time.Time // `osd blocklist range add`
 	version     uint64
 	own         string
 	onCall      func(ctx context.Context, call string, img Image) error
@@ -57,7 +59,8 @@ type memImage struct {
 // NewMemory returns an empty in-memory cluster with the given fsid.
 func NewMemory(fsid string) *Memory {
 	return &Memory{fsid: fsid, objects: map[memKey]memObject{}, images: map[Image]memImage{}, pools: map[string]bool{},
-		namespaces: map[string][]string{}, counts: map[string]int{}, blocklisted: map[string]time.Time{}}
+		namespaces: map[string][]string{}, counts: map[string]int{}, blocklisted: map[string]time.Time{},
+		ranges: map[netip.Prefix]time.Time{}}
 }
 
 // AddImage creates (or recreates, with a new id) an image.
@@ -153,10 +156,72 @@ func (m *Memory) BlocklistedUntil(addr string) (time.Time, bool) {
 	return until, true
 }
 
-// Blocklisted says whether addr is on the blocklist (and its entry has not expired).
+// Blocklisted says whether addr is cut off as the OSDs judge it: its own entry, its ip's
+// (ip:0/0) or a range holding its ip, none expired.
 func (m *Memory) Blocklisted(addr string) bool {
-	_, ok := m.BlocklistedUntil(addr)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := Covering(m.entries(), addr)
 	return ok
+}
+
+// entries is the blocklist as `osd blocklist ls` shows it (mu held): the entries not expired.
+func (m *Memory) entries() []BlockEntry {
+	var out []BlockEntry
+	now := m.now()
+	for a, until := range m.blocklisted {
+		if now.Before(until) {
+			out = append(out, BlockEntry{Addr: a, Until: until})
+		}
+	}
+	for p, until := range m.ranges {
+		if now.Before(until) {
+			out = append(out, BlockEntry{Range: p, Until: until})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out
+}
+
+// BlocklistRange adds a range entry for expire, as `osd blocklist range add CIDR` does (what
+// ceph-csi's fencing of a node Kubernetes declared out of service adds, or a NetworkFence).
+func (m *Memory) BlocklistRange(cidr string, expire time.Duration) error {
+	p, err := parseRange(cidr)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.ranges[p] = m.now().Add(expire)
+	m.dropWatchers()
+	return nil
+}
+
+// UnblocklistRange removes a range entry (`osd blocklist range rm`).
+func (m *Memory) UnblocklistRange(cidr string) error {
+	p, err := parseRange(cidr)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.ranges, p)
+	return nil
+}
+
+// dropWatchers drops the watches of blocklisted clients, as the OSDs do (mu held).
+func (m *Memory) dropWatchers() {
+	entries := m.entries()
+	for k, im := range m.images {
+		var kept []string
+		for _, w := range im.watchers {
+			if _, cut := Covering(entries, w); !cut {
+				kept = append(kept, w)
+			}
+		}
+		im.watchers = kept
+		m.images[k] = im
+	}
 }
 
 // Version is the claim object's current version (0: none).
@@ -407,18 +472,18 @@ func (m *Memory) Blocklist(ctx context.Context, addr string, expire time.Duratio
 	defer m.mu.Unlock()
 	until := m.now().Add(expire)
 	m.blocklisted[addr] = until
-	// a blocklisted client's watches are dropped by the OSDs
-	for k, im := range m.images {
-		var kept []string
-		for _, w := range im.watchers {
-			if w != addr {
-				kept = append(kept, w)
-			}
-		}
-		im.watchers = kept
-		m.images[k] = im
-	}
+	m.dropWatchers()
 	return until, nil
+}
+
+// BlocklistEntries lists the entries not expired, addresses and ranges.
+func (m *Memory) BlocklistEntries(ctx context.Context) ([]BlockEntry, error) {
+	if err := m.hook(ctx, "blocklist-ls", Image{}); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.entries(), nil
 }
 
 // Unblocklist removes addr from the blocklist.

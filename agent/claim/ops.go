@@ -19,6 +19,11 @@ type Request struct {
 	// blocklisted and marked fenced in the record), without waiting for their leases. It is
 	// what a map may do whoever asks; Takeover is the admin's, or the policy's.
 	TakeFenced bool
+	// TakeCovered allows taking the image from holders whose mapping an entry in the cluster's
+	// blocklist already cuts off, whoever added it (ceph-csi's fencing of a node Kubernetes
+	// declared out of service, a NetworkFence, an admin), without waiting for their leases:
+	// takeover_policy after-fence. The takeover still blocklists them with its own entries.
+	TakeCovered bool
 	// NextStep, when set, phrases what the one reading a refusal may do next when this request
 	// may not take the image over (no Takeover) and it is held: the caller knows who reads
 	// (an admin, or ceph-csi) and under which policy. Given the holders.
@@ -53,7 +58,7 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 		return nil, fmt.Errorf("acquire %s: %w", req.Image, err)
 	}
 	in := acquireInput{Self: s.cfg.Node.ID, FSID: s.fsid, Image: req.Image, Access: access, ReadOnly: req.ReadOnly,
-		Takeover: req.Takeover, TakeFenced: req.TakeFenced, NextStep: req.NextStep, Info: info, Me: s.me(), Fenced: map[string]bool{}}
+		Takeover: req.Takeover, TakeFenced: req.TakeFenced, TakeCovered: req.TakeCovered, NextStep: req.NextStep, Info: info, Me: s.me(), Fenced: map[string]bool{}}
 	var res Result
 	fences := map[string]Fence{}      // holders this call has blocklisted (see acquireInput.Fenced)
 	renewed := map[string]time.Time{} // the record's live fences this call blocklisted again
@@ -66,6 +71,9 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 			return nil, err
 		}
 		in.Leases = leases
+		if in.Covered == nil && in.CoverErr == nil && in.needsCoverage(cur) {
+			in.Covered, in.CoverErr = s.coverage(ctx, cur)
+		}
 		plan, err := decideAcquire(cur, in)
 		if err != nil {
 			return nil, err
@@ -94,6 +102,7 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 		// node held nothing there (and nobody watched). No heartbeat, no claim. A refusal writes
 		// nothing; a lost race keeps the heartbeat just written.
 		if !beat {
+			s.NoteHold(req.Image, true) // listed before the claim is written: a superset
 			if err := s.Heartbeat(ctx, req.Image.Pool, req.Image.Namespace); err != nil {
 				return nil, fmt.Errorf("no claim made, since this node's liveness could not be recorded first: %w", err)
 			}
@@ -113,6 +122,24 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 		s.notifyAll(ctx, req.Image, "taken over by node "+s.cfg.Node.ID+" after a fence", holds)
 	}
 	return &res, nil
+}
+
+// coverage reads the cluster's blocklist and finds, for each holder of cur, the entry that
+// already cuts its mapping off (its fence address: the mapping's client, else its whole node).
+func (s *Store) coverage(ctx context.Context, cur *Record) (map[string]BlockEntry, error) {
+	entries, err := s.b.BlocklistEntries(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]BlockEntry{}
+	for _, h := range cur.Holders {
+		if a := h.fenceAddr(); a != "" {
+			if e, ok := Covering(entries, a); ok {
+				out[fenceKey(h)] = e
+			}
+		}
+	}
+	return out, nil
 }
 
 // notifyAll leaves notices (notify) after a change that is written, and hands the failures to
@@ -232,15 +259,21 @@ type ReleaseResult struct {
 	// NotHeld, when nothing was released, says why in words a person reads: who holds the image
 	// now, or who released this node's hold before ("" when Released).
 	NotHeld string
+	// Unlisted is why the image could not be dropped from the holds this node's heartbeat
+	// lists (nil when it was, or still is held): the hold is released all the same, and the next
+	// heartbeat in the place drops it.
+	Unlisted error
 }
 
 // ReleaseHold is Release, saying why there was nothing to release when this node no longer
 // held the image at epoch: taken over by another node, or force-released by an admin.
 func (s *Store) ReleaseHold(ctx context.Context, img Image, epoch uint64) (ReleaseResult, error) {
 	var res ReleaseResult
+	holdsNone := false
 	_, err := s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
 		res = ReleaseResult{}
 		h := cur.Holder(s.cfg.Node.ID)
+		holdsNone = h == nil
 		if h == nil || h.Epoch != epoch {
 			res.NotHeld = notHeld(cur, s.cfg.Node.ID, epoch)
 			return nil, nil // not ours (any more): leave it alone
@@ -253,11 +286,19 @@ func (s *Store) ReleaseHold(ctx context.Context, img Image, epoch uint64) (Relea
 			}
 		}
 		cur.without(s.cfg.Node.ID)
-		res.Released = true
+		res.Released, holdsNone = true, true
 		return cur, nil
 	})
 	if err != nil {
 		return ReleaseResult{}, fmt.Errorf("release %s: %w", img, err)
+	}
+	if holdsNone && s.mayList(img) {
+		// no longer listed among this node's holds: after the release, so the list stays a
+		// superset of its holds
+		s.NoteHold(img, false)
+		if err := s.Heartbeat(ctx, img.Pool, img.Namespace); err != nil {
+			res.Unlisted = fmt.Errorf("release %s: released, but not yet dropped from this node's list of holds (the next heartbeat drops it): %w", img, err)
+		}
 	}
 	return res, nil
 }
@@ -408,14 +449,31 @@ type FenceResult struct {
 // and marks them fenced in the record, so that they can no longer renew. The holders stay in
 // the record until ForceRelease. Fencing again blocklists again (moving the expiry).
 func (s *Store) Fence(ctx context.Context, img Image) (*FenceResult, error) {
+	res, err := s.fenceHolders(ctx, img, "")
+	if err != nil {
+		return nil, fmt.Errorf("fence %s: %w", img, err)
+	}
+	return res, nil
+}
+
+// fenceHolders blocklists the mapping of every holder of img (node "") or of node's hold only,
+// marks them fenced in one compare-and-set, and leaves each fenced node a notice.
+func (s *Store) fenceHolders(ctx context.Context, img Image, node string) (*FenceResult, error) {
 	var res FenceResult
 	rec, err := s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
 		res = FenceResult{}
-		if cur.Free() {
-			return nil, fmt.Errorf("%w: %s has no holder to fence", ErrNoClaim, img)
+		if cur.Free() || (node != "" && cur.Holder(node) == nil) {
+			who := ""
+			if node != "" {
+				who = " of node " + node
+			}
+			return nil, fmt.Errorf("%w: %s has no holder%s to fence", ErrNoClaim, img, who)
 		}
 		now := s.cfg.Now().UTC()
 		for i := range cur.Holders {
+			if node != "" && cur.Holders[i].NodeID != node {
+				continue
+			}
 			f, err := s.fence(ctx, img, cur.Holders[i], now)
 			if err != nil {
 				return nil, err
@@ -427,7 +485,7 @@ func (s *Store) Fence(ctx context.Context, img Image) (*FenceResult, error) {
 		return cur, nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("fence %s: %w", img, err)
+		return nil, err
 	}
 	res.Record = rec
 	holds := map[string]uint64{}

@@ -1,10 +1,8 @@
 package claim
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
@@ -393,38 +391,50 @@ func (r *Rados) Blocklist(ctx context.Context, addr string, expire time.Duration
 
 // blocklistExpiry reads addr's entry from the monitors' blocklist (false when it has none).
 func (r *Rados) blocklistExpiry(addr string) (time.Time, bool, error) {
-	out, _, err := r.conn.MonCommand([]byte(`{"prefix":"osd blocklist ls","format":"json"}`))
+	entries, err := r.blocklistLs()
 	if err != nil {
-		return time.Time{}, false, cephconn.Classify(fmt.Errorf("osd blocklist ls: %w", err), "osd blocklist ls", cephconn.BlocklistCap)
+		return time.Time{}, false, err
 	}
-	return parseBlocklistExpiry(out, addr)
+	return blocklistExpiry(entries, addr)
 }
 
-// parseBlocklistExpiry finds addr's expiry in the JSON of `osd blocklist ls`: a list of
-// {"addr", "until"} (followed, on releases that have range entries, by a list of {"range",
-// "until"}).
+// blocklistLs reads the monitors' blocklist (`osd blocklist ls`; the agent's user needs
+// `mon 'allow r'`, which `profile rbd` grants).
+func (r *Rados) blocklistLs() ([]BlockEntry, error) {
+	out, _, err := r.conn.MonCommand([]byte(`{"prefix":"osd blocklist ls","format":"json"}`))
+	if err != nil {
+		return nil, cephconn.Classify(fmt.Errorf("osd blocklist ls: %w", err), "osd blocklist ls", cephconn.BlocklistCap)
+	}
+	return ParseBlocklist(out)
+}
+
+// BlocklistEntries reads every entry of the cluster's blocklist, addresses and ranges.
+func (r *Rados) BlocklistEntries(ctx context.Context) ([]BlockEntry, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return r.blocklistLs()
+}
+
+// parseBlocklistExpiry finds addr's own expiry in the JSON of `osd blocklist ls`.
 func parseBlocklistExpiry(out []byte, addr string) (time.Time, bool, error) {
-	dec := json.NewDecoder(bytes.NewReader(out))
-	for dec.More() {
-		var entries []struct {
-			Addr  string `json:"addr"`
-			Range string `json:"range"`
-			Until string `json:"until"`
+	entries, err := ParseBlocklist(out)
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	return blocklistExpiry(entries, addr)
+}
+
+// blocklistExpiry finds addr's own entry (not a wider one) among entries.
+func blocklistExpiry(entries []BlockEntry, addr string) (time.Time, bool, error) {
+	for _, e := range entries {
+		if e.Addr == "" || e.Addr != bareAddr(addr) {
+			continue
 		}
-		if err := dec.Decode(&entries); err != nil {
-			return time.Time{}, false, fmt.Errorf("osd blocklist ls: %w", err)
+		if e.Until.IsZero() {
+			return time.Time{}, false, fmt.Errorf("osd blocklist ls: %s: expiry not understood", e.Addr)
 		}
-		for _, e := range entries {
-			if e.Addr == "" || bareAddr(e.Addr) != bareAddr(addr) {
-				continue
-			}
-			for _, layout := range []string{"2006-01-02T15:04:05.000000-0700", "2006-01-02T15:04:05.000000Z0700", "2006-01-02 15:04:05.000000", time.RFC3339Nano} {
-				if t, err := time.Parse(layout, e.Until); err == nil {
-					return t.UTC(), true, nil
-				}
-			}
-			return time.Time{}, false, fmt.Errorf("osd blocklist ls: %s: expiry %q not understood", e.Addr, e.Until)
-		}
+		return e.Until, true, nil
 	}
 	return time.Time{}, false, nil
 }

@@ -85,6 +85,9 @@ type Store struct {
 	// hbLast is this store's last heartbeat write in each place (Heartbeat)
 	hbMu   sync.Mutex
 	hbLast map[string]hbWritten
+	// hbEdits are the changes to the holds a heartbeat lists, by place, not written yet
+	// (image: added, or dropped)
+	hbEdits map[string]map[string]bool
 	// pendingNotices are the notices not written yet (RetryNotices)
 	noticeMu       sync.Mutex
 	pendingNotices []pendingNotice
@@ -120,7 +123,8 @@ func NewStoreOn(b Backend, cfg Config) (*Store, error) {
 		start := time.Now()
 		cfg.Mono = func() time.Duration { return time.Since(start) } // monotonic reading
 	}
-	return &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver(), kept: map[string]keptAt{}, hbLast: map[string]hbWritten{}}, nil
+	return &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver(), kept: map[string]keptAt{}, hbLast: map[string]hbWritten{},
+		hbEdits: map[string]map[string]bool{}}, nil
 }
 
 // FSID is the cluster's fsid.

@@ -71,7 +71,16 @@ func (c *Client) Status(ctx context.Context) (*api.Status, error) {
 
 // Claims lists the claims of a pool, cluster-wide.
 func (c *Client) Claims(ctx context.Context, cluster, pool string) ([]api.Claim, error) {
+	return c.ClaimsOf(ctx, cluster, pool, "")
+}
+
+// ClaimsOf lists the claims of a pool (every pool when ""), or the holds of one node
+// cluster-wide (node != "": found through its heartbeats, without listing pools).
+func (c *Client) ClaimsOf(ctx context.Context, cluster, pool, node string) ([]api.Claim, error) {
 	q := url.Values{}
+	if node != "" {
+		q.Set("node", node)
+	}
 	if cluster != "" {
 		q.Set("cluster", cluster)
 	}

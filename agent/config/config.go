@@ -23,6 +23,10 @@ const DefaultPath = "/etc/rbd-owner/config.yaml"
 const (
 	TakeoverManual           = "manual"
 	TakeoverAfterLeaseExpiry = "after-lease-expiry"
+	// TakeoverAfterFence takes over only holds whose mapping an entry in the cluster's blocklist
+	// already cuts off, whoever added it (an admin's `rbd-owner fence --node`, ceph-csi's fencing
+	// of a node Kubernetes declared out of service, a NetworkFence): the default.
+	TakeoverAfterFence = "after-fence"
 )
 
 // Policies for a mapping made on this node outside rbd-owner (an operator's `rbd map`, a CSI
@@ -249,7 +253,7 @@ func (c *Config) fill(machineID string) error {
 		c.RenewInterval = Duration(c.LeaseDuration.D() / 3)
 	}
 	if c.TakeoverPolicy == "" {
-		c.TakeoverPolicy = TakeoverManual
+		c.TakeoverPolicy = TakeoverAfterFence
 	}
 	if c.Unmanaged == "" {
 		c.Unmanaged = UnmanagedFenceIfClaimed
@@ -316,7 +320,7 @@ func (c *Config) validate() error {
 	if err := c.checkLease(); err != nil {
 		return err
 	}
-	if err := oneOf("takeover_policy", c.TakeoverPolicy, TakeoverManual, TakeoverAfterLeaseExpiry); err != nil {
+	if err := oneOf("takeover_policy", c.TakeoverPolicy, TakeoverManual, TakeoverAfterFence, TakeoverAfterLeaseExpiry); err != nil {
 		return err
 	}
 	if err := oneOf("unmanaged", c.Unmanaged, UnmanagedFenceIfClaimed, UnmanagedAdoptOrFence, UnmanagedReport); err != nil {

@@ -70,7 +70,7 @@ func TestNodeIDFromMachineID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.NodeID != "0123456789abcdef0123456789abcdef" || c.TakeoverPolicy != TakeoverManual {
+	if c.NodeID != "0123456789abcdef0123456789abcdef" || c.TakeoverPolicy != TakeoverAfterFence {
 		t.Fatalf("defaults: %+v", c)
 	}
 	if _, err := Parse([]byte("clusters: []\n"), filepath.Join(t.TempDir(), "absent")); err == nil || !strings.Contains(err.Error(), "node_id") {
@@ -84,7 +84,7 @@ func TestShippedConfigParses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.Clusters) != 0 || c.TakeoverPolicy != TakeoverManual {
+	if len(c.Clusters) != 0 || c.TakeoverPolicy != TakeoverAfterFence {
 		t.Fatalf("shipped config: %+v", c)
 	}
 }

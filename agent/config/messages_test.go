@@ -35,7 +35,7 @@ func TestErrorsInTheFilesTerms(t *testing.T) {
 		{"a list for a duration", head + "lease_duration: [60s]\n",
 			`line 7: lease_duration: a list is not a duration; write a number and a unit (ms, s, m or h), e.g. 30s, 1m or 1h30m`},
 		{"bad enum value", head + "takeover_policy: sometimes\n",
-			`line 7: takeover_policy: "sometimes" is not accepted; the values are manual and after-lease-expiry`},
+			`line 7: takeover_policy: "sometimes" is not accepted; the values are manual, after-fence and after-lease-expiry`},
 		{"enum value close to one", head + "unmanaged: Report\n",
 			`line 7: unmanaged: "Report" is not accepted; did you mean report? (the values are fence-if-claimed, adopt-or-fence and report)`},
 		{"wrong type: bool", head + "per_image_metrics: maybe\n",

@@ -150,6 +150,14 @@ func (c *cluster) connect(ctx context.Context) (*claim.Store, Connection, error)
 		}
 		return nil, Connection{}, err
 	}
+	// the holds this node's state names, listed by its first heartbeat in each place whatever
+	// that heartbeat listed before (an agent before the list, a list cut short by a crash), so
+	// that `fence --node` finds them all
+	for _, m := range c.d.state.All() {
+		if m.Cluster == c.cfg.ID && m.Claimed {
+			store.NoteHold(m.Ref.Head(), true)
+		}
+	}
 	return store, conn, nil
 }
 

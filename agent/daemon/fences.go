@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -11,6 +12,8 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/image"
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/metrics"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/state"
@@ -213,4 +216,56 @@ func (d *Daemon) UnfenceNode(ctx context.Context, req api.UnfenceNodeRequest, pe
 				nf.Fence.At.UTC().Format(time.RFC3339), nf.Fence.By, how)})
 	}
 	return out, err
+}
+
+// fenceNode fences every hold of a node cluster-wide (admin; `rbd-owner fence --node`): see
+// claim.Store.FenceNode. Each hold fenced is audited, and the whole in one summary; what could
+// not be found or fenced is answered as incomplete, never left out silently.
+func (d *Daemon) fenceNode(ctx context.Context, req api.ImageRequest, peer *peercred.Cred) (*api.FenceResponse, error) {
+	cl, err := d.cluster(req.Cluster)
+	if err != nil {
+		return nil, err
+	}
+	store, err := cl.claims(ctx)
+	if err != nil {
+		return nil, err
+	}
+	fenced, errs := store.FenceNode(ctx, req.Node)
+	out := &api.FenceResponse{Node: req.Node}
+	images := map[string]bool{}
+	for _, f := range fenced {
+		if f.Err != nil {
+			errs = append(errs, f.Err)
+			continue
+		}
+		k := state.Key{Cluster: cl.cfg.ID, Ref: krbd.Spec{Pool: f.Image.Pool, Namespace: f.Image.Namespace, Image: f.Image.Image}}
+		d.rememberPool(k)
+		d.metrics.Fenced(cl.cfg.ID, metrics.CauseAdmin)
+		images[f.Image.String()] = true
+		out.FencedAddrs = append(out.FencedAddrs, f.Fence.Addr)
+		out.Holds = append(out.Holds, api.FencedHold{Ref: image.Ref{Pool: f.Image.Pool, Namespace: f.Image.Namespace, Image: f.Image.Image},
+			Epoch: f.Fence.Epoch, Addr: f.Fence.Addr, Expires: f.Fence.Expires, Again: f.Again})
+		if out.FencedAddr == "" {
+			out.FencedAddr, out.Expires = f.Fence.Addr, f.Fence.Expires
+		}
+		d.audit.Record(audit.Entry{Event: audit.Fence, Cluster: cl.cfg.ID, Pool: f.Image.Pool, Namespace: f.Image.Namespace, Image: f.Image.Image,
+			Epoch: f.Fence.Epoch, OwnerNode: req.Node, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer), Warning: true,
+			Message: fmt.Sprintf("fenced %s, holder of %s, until %s (fence --node %s): the next map by any node takes it over", f.Fence.Described(), f.Image, f.Fence.Expires.Format(time.RFC3339), req.Node)})
+	}
+	for _, err := range errs {
+		out.Incomplete = append(out.Incomplete, err.Error())
+	}
+	if len(out.Holds) == 0 && len(errs) == 0 {
+		return nil, fmt.Errorf("fence --node %s: %w: no claim of cluster %s names it as a holder (its heartbeats list none; check the node id with `rbd-owner claims`)", req.Node, claim.ErrNoClaim, cl.cfg.ID)
+	}
+	summary := fmt.Sprintf("fenced node %s: %d holds on %d images blocklisted and marked fenced", req.Node, len(out.Holds), len(images))
+	if len(errs) > 0 {
+		summary += fmt.Sprintf("; INCOMPLETE, %d not found or not fenced: %v", len(errs), errors.Join(errs...))
+	}
+	d.audit.Record(audit.Entry{Event: audit.Fence, Cluster: cl.cfg.ID, OwnerNode: req.Node, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
+		Warning: true, Error: len(errs) > 0, Message: summary})
+	if len(out.Holds) == 0 {
+		return nil, fmt.Errorf("fence --node %s: nothing fenced: %w", req.Node, errors.Join(errs...))
+	}
+	return out, nil
 }

@@ -177,6 +177,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 		}
 		res, err = store.Acquire(ctx, claim.Request{Image: t.img, Access: access, ReadOnly: readOnly,
 			Takeover: req.Takeover || d.cfg.TakeoverPolicy == config.TakeoverAfterLeaseExpiry, TakeFenced: true,
+			TakeCovered: d.cfg.TakeoverPolicy != config.TakeoverManual,
 			NextStep: func(hs []claim.Holder) string { return d.nextStepWhenHeld(ctx, t, hs) }})
 		var held *claim.HeldError
 		if errors.As(err, &held) {
@@ -288,10 +289,17 @@ func (d *Daemon) nextStepWhenHeld(ctx context.Context, t target, holders []claim
 		cluster = "--cluster " + t.key.Cluster + " "
 	}
 	fence := fmt.Sprintf("`rbd-owner fence %s%s` then `rbd-owner release --force %s%s`", cluster, t.img, cluster, t.img)
-	if c, _ := callerFrom(ctx); c.role >= peercred.RoleAdmin {
-		return fmt.Sprintf("if %s dead: map with --takeover once its lease has expired, or run %s", who, fence)
+	nodeFence := "`rbd-owner fence --node NODE`"
+	if len(holders) == 1 {
+		nodeFence = fmt.Sprintf("`rbd-owner fence %s--node %s`", cluster, holders[0].NodeID)
 	}
-	return fmt.Sprintf("this caller (CSI role) may not take it over under takeover_policy: manual: if %s dead, ask an admin to run %s on any node, or set takeover_policy: after-lease-expiry to let maps take over an expired lease", who, fence)
+	if c, _ := callerFrom(ctx); c.role >= peercred.RoleAdmin {
+		return fmt.Sprintf("if %s dead: run %s (every hold of that node; then map again), map with --takeover once its lease has expired, or run %s", who, nodeFence, fence)
+	}
+	if d.cfg.TakeoverPolicy == config.TakeoverAfterFence {
+		return fmt.Sprintf("under takeover_policy: after-fence a map takes it over once the holder's mapping is on the cluster's blocklist: if %s dead, ask an admin to run %s on any node (or have Kubernetes' out-of-service taint make ceph-csi fence it): the next NodeStage then maps it", who, nodeFence)
+	}
+	return fmt.Sprintf("this caller (CSI role) may not take it over under takeover_policy: manual: if %s dead, ask an admin to run %s on any node, or set takeover_policy: after-fence (maps take over holds already blocklisted) or after-lease-expiry (also an expired lease)", who, fence)
 }
 
 // persist writes m to the state file at a saga step. A write that fails (a full disk, a

@@ -305,6 +305,10 @@ func (d *Daemon) listClaims(w http.ResponseWriter, r *http.Request, onlyOrphans 
 		return
 	}
 	pool := r.URL.Query().Get("pool")
+	if node := r.URL.Query().Get("node"); node != "" {
+		d.listNodeHolds(w, r, cl, store, node, pool)
+		return
+	}
 	if c, _ := callerFrom(r.Context()); pool == "" && c.role != peercred.RoleAdmin {
 		// every pool's claims: a read of every claim in the cluster, not a call for the CSI role
 		d.deny(w, r.Method+" "+r.URL.Path+" of every pool", c, "listing the claims of every pool is an admin call: name a pool (--pool POOL), or run it as root or a member of rbd-owner-admin")
@@ -341,6 +345,26 @@ func (d *Daemon) listClaims(w http.ResponseWriter, r *http.Request, onlyOrphans 
 			c := apiClaim(cl.cfg.ID, &recs[i])
 			c.Orphan = orphan
 			out = append(out, *c)
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// listNodeHolds answers the claims that name node as a holder, cluster-wide (only in pool when
+// one is named), found through node's heartbeats: what `fence --node` would fence.
+func (d *Daemon) listNodeHolds(w http.ResponseWriter, r *http.Request, cl *cluster, store *claim.Store, node, pool string) {
+	holds, errs := store.NodeHolds(r.Context(), node)
+	if len(holds) == 0 && len(errs) > 0 {
+		writeError(w, apiError(fmt.Errorf("claims of node %s: %w", node, errors.Join(errs...))))
+		return
+	}
+	for _, err := range errs {
+		d.log.WithError(err).WithField("node", node).Warn("claims of a node: a place could not be read; the list may be short")
+	}
+	out := []api.Claim{}
+	for _, h := range holds {
+		if pool == "" || h.Record.Pool == pool {
+			out = append(out, *apiClaim(cl.cfg.ID, &h.Record))
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -400,6 +424,12 @@ func (d *Daemon) RemoveOrphans(ctx context.Context, req api.OrphansRequest, peer
 
 // Fence blocklists the mappings of an image's holders (admin).
 func (d *Daemon) Fence(ctx context.Context, req api.ImageRequest, peer *peercred.Cred) (*api.FenceResponse, error) {
+	if req.Node != "" {
+		if req.Pool != "" || req.Image != "" {
+			return nil, fmt.Errorf("%w: fence names an image or a node (--node), not both", errInvalid)
+		}
+		return d.fenceNode(ctx, req, peer)
+	}
 	t, err := d.target(req.Cluster, req.Ref())
 	if err != nil {
 		return nil, err

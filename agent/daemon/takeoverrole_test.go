@@ -22,16 +22,20 @@ import (
 )
 
 // TestTakeoverNeedsTheAdminRoleOrThePolicy maps, through the API, an image another node holds,
-// as every role on every socket, with and without "takeover", under both policies, against a
-// holder whose lease this node has seen expire and against one an admin has fenced:
+// as every role on every socket, with and without "takeover", under every policy, against a
+// holder whose lease this node has seen expire, one an admin has fenced, and one whose mapping
+// someone else blocklisted (ceph-csi's fencing, a librbd lock break):
 //   - "takeover" from a CSI-role caller is refused (403, a denied audit entry), whatever the
 //     policy: nothing in a CSI container may fence another node;
 //   - a CSI-role map takes over an expired lease only under after-lease-expiry, and an
 //     admin-fenced hold under either policy;
+//   - a map takes over a hold someone else blocklisted at once, without a lease, under
+//     after-fence and after-lease-expiry (and an admin's takeover under manual), fencing it
+//     with its own entry;
 //   - an admin's takeover takes over an expired lease under either policy; without it, the
 //     admin's map is a CSI map.
 func TestTakeoverNeedsTheAdminRoleOrThePolicy(t *testing.T) {
-	for _, policy := range []string{config.TakeoverManual, config.TakeoverAfterLeaseExpiry} {
+	for _, policy := range []string{config.TakeoverManual, config.TakeoverAfterFence, config.TakeoverAfterLeaseExpiry} {
 		t.Run(policy, func(t *testing.T) { takeoverByRole(t, policy) })
 	}
 }
@@ -63,10 +67,11 @@ func takeoverByRole(t *testing.T, policy string) {
 		socket string
 	}{{peercred.RoleCSI, socketCSI}, {peercred.RoleCSI, socketMain}, {peercred.RoleAdmin, socketMain}} {
 		for _, takeover := range []bool{false, true} {
-			for _, fenced := range []bool{false, true} {
+			for _, hold := range []string{"live", "fenced", "covered"} {
+				fenced, covered := hold == "fenced", hold == "covered"
 				i++
 				image := fmt.Sprintf("img%d", i)
-				name := fmt.Sprintf("%s@%s takeover=%v fenced=%v", who.role, who.socket, takeover, fenced)
+				name := fmt.Sprintf("%s@%s takeover=%v %s", who.role, who.socket, takeover, hold)
 				img := claim.Image{Pool: "rbd", Image: image}
 				c.m.AddImage(img, "id-"+image)
 				n.k.AddImage("rbd", "", image, 16<<20)
@@ -83,6 +88,12 @@ func takeoverByRole(t *testing.T, policy string) {
 						t.Fatal(err)
 					}
 				}
+				if covered {
+					if _, err := c.m.Blocklist(context.Background(), addr, time.Hour); err != nil {
+						t.Fatal(err)
+					}
+				}
+				mayCover := covered && (policy != config.TakeoverManual || takeover)
 				denied := who.role < peercred.RoleAdmin && takeover
 				mayExpire := takeover || policy == config.TakeoverAfterLeaseExpiry
 				before := len(audited())
@@ -119,15 +130,18 @@ func takeoverByRole(t *testing.T, policy string) {
 					if len(got) == 0 {
 						t.Errorf("%s: no denied audit entry naming the takeover", name)
 					}
-					if taken || (!fenced && c.m.Blocklisted(addr)) {
+					if taken || (!fenced && !covered && c.m.Blocklisted(addr)) {
 						t.Errorf("%s: refused, yet taken %v / fenced %v", name, taken, c.m.Blocklisted(addr))
 					}
-				case fenced || mayExpire:
+				case fenced || mayExpire || mayCover:
 					if code != http.StatusOK || !taken || !c.m.Blocklisted(addr) {
 						t.Errorf("%s: %d %+v, taken %v, fenced %v: want taken over", name, code, e, taken, c.m.Blocklisted(addr))
 					}
+					if f := rec.Fences; mayCover && !mayExpire && (len(f) != 1 || f[0].Addr != addr || f[0].By != "node-b" || len(refusals) != 0) {
+						t.Errorf("%s: a blocklisted hold is not taken over at once with this node's own fence: %+v, refusals %q", name, f, refusals)
+					}
 				default:
-					if code != http.StatusConflict || e == nil || e.Code != api.CodeClaimedElsewhere || taken || c.m.Blocklisted(addr) {
+					if code != http.StatusConflict || e == nil || e.Code != api.CodeClaimedElsewhere || taken || (!covered && c.m.Blocklisted(addr)) {
 						t.Errorf("%s: %d %+v, taken %v: want refused as held elsewhere, nothing fenced", name, code, e, taken)
 					}
 					if e != nil && e.RetryAfterSeconds != 0 {
@@ -138,12 +152,16 @@ func takeoverByRole(t *testing.T, policy string) {
 					fence := fmt.Sprintf("`rbd-owner fence rbd/%s` then `rbd-owner release --force rbd/%s`", image, image)
 					for _, msg := range refusals {
 						if who.role >= peercred.RoleAdmin {
-							if !strings.Contains(msg, "if node node-a is dead: map with --takeover once its lease has expired, or run "+fence) {
+							if !strings.Contains(msg, "if node node-a is dead: run `rbd-owner fence --node node-a` (every hold of that node; then map again), map with --takeover once its lease has expired, or run "+fence) {
 								t.Errorf("%s: the admin is not told its next step: %s", name, msg)
 							}
 							continue
 						}
-						if !strings.Contains(msg, "this caller (CSI role) may not take it over under takeover_policy: manual: if node node-a is dead, ask an admin to run "+fence+" on any node, or set takeover_policy: after-lease-expiry") ||
+						want := "this caller (CSI role) may not take it over under takeover_policy: manual: if node node-a is dead, ask an admin to run " + fence + " on any node, or set takeover_policy: after-fence"
+						if policy == config.TakeoverAfterFence {
+							want = "node node-a's mapping (" + addr + ") is on no blocklist entry; under takeover_policy: after-fence a map takes it over once the holder's mapping is on the cluster's blocklist: if node node-a is dead, ask an admin to run `rbd-owner fence --node node-a` on any node"
+						}
+						if !strings.Contains(msg, want) ||
 							strings.Contains(msg, "map with takeover") || strings.Contains(msg, "retry") || strings.Contains(msg, "possible in") {
 							t.Errorf("%s: the CSI caller is not told what it can do: %s", name, msg)
 						}

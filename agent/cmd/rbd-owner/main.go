@@ -43,8 +43,9 @@ commands:
   map     [--cluster ID] [--access rwo|rox|rwx] [--read-only] [--volume-id ID] [--takeover] [--no-udev] POOL[/NAMESPACE]/IMAGE[@SNAP]
   unmap   [--cluster ID] [--force] (POOL[/NAMESPACE]/IMAGE[@SNAP] | /dev/rbdN)
   status  [--json]                                          this node's devices and claims
-  claims  [--cluster ID] [--pool POOL] [--json] [--remove-orphans]   the claims of a pool, cluster-wide
+  claims  [--cluster ID] [--pool POOL] [--node NODE] [--json] [--remove-orphans]   the claims of a pool, cluster-wide, or of one node
   fence   [--cluster ID] POOL[/NAMESPACE]/IMAGE             blocklist the owner's mapping (admin)
+  fence   [--cluster ID] --node NODE                        blocklist every hold of a dead node (admin)
   release [--cluster ID] --force POOL[/NAMESPACE]/IMAGE     drop a dead owner's claim (admin, after fence)
   unfence [--cluster ID] POOL[/NAMESPACE]/IMAGE             lift the fence on this node's unmapped intruders (admin)
   unfence [--cluster ID] --node NODE [--force]              lift a node's whole-node fences once it rebooted (admin)
@@ -412,6 +413,7 @@ func runClaims(ctx context.Context, c *client.Client, args []string, out *output
 	fs := flags("claims")
 	cluster := fs.String("cluster", "", "cluster id from the config")
 	pool := fs.String("pool", "", "only this pool")
+	node := fs.String("node", "", "only the holds of this node, cluster-wide (what fence --node fences)")
 	asJSON := fs.Bool("json", false, "JSON output")
 	prune := fs.Bool("remove-orphans", false, "remove the claims of deleted images (admin)")
 	if _, err := parse(fs, args, 0); err != nil {
@@ -432,7 +434,7 @@ func runClaims(ctx context.Context, c *client.Client, args []string, out *output
 		fmt.Fprintf(out, "%d orphaned claims removed\n", len(resp.Removed))
 		return nil
 	}
-	claims, err := c.Claims(ctx, *cluster, *pool)
+	claims, err := c.ClaimsOf(ctx, *cluster, *pool, *node)
 	if err != nil {
 		return err
 	}
@@ -494,11 +496,57 @@ func imageCommand(name string, args []string, out *output) (req api.ImageRequest
 	return api.ImageRequest{Cluster: *cluster, Pool: spec.Pool, Namespace: spec.Namespace, Image: spec.Image}, pos[0], nil
 }
 
-func runUnfence(ctx context.Context, c *client.Client, args []string, out *output) error {
+// hasFlag says whether args carry the flag name (--name, -name, with or without =value).
+func hasFlag(args []string, name string) bool {
 	for _, a := range args {
-		if a == "--node" || a == "-node" || strings.HasPrefix(a, "--node=") || strings.HasPrefix(a, "-node=") {
-			return runUnfenceNode(ctx, c, args, out)
+		if a == "--"+name || a == "-"+name || strings.HasPrefix(a, "--"+name+"=") || strings.HasPrefix(a, "-"+name+"=") {
+			return true
 		}
+	}
+	return false
+}
+
+// runFenceNode is `fence --node NODE`: every hold of NODE, cluster-wide.
+func runFenceNode(ctx context.Context, c *client.Client, args []string, out *output) error {
+	fs := flags("fence")
+	cluster := fs.String("cluster", "", "cluster id from the config")
+	node := fs.String("node", "", "the dead node whose holds to fence")
+	j := fs.Bool("json", false, "JSON output")
+	if _, err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	out.json = *j
+	if *node == "" {
+		return usageError{"fence --node: name the node (its node_id, as `rbd-owner claims` shows it)"}
+	}
+	resp, err := c.Fence(ctx, api.ImageRequest{Cluster: *cluster, Node: *node})
+	if err != nil {
+		return err
+	}
+	if out.json {
+		if err := printJSON(out, resp); err != nil {
+			return err
+		}
+	} else {
+		for _, h := range resp.Holds {
+			again := ""
+			if h.Again {
+				again = " (fenced already: entry added again)"
+			}
+			fmt.Fprintf(out, "fenced %s on %s (epoch %d) until %s%s\n", h.Addr, h.Ref, h.Epoch, h.Expires.Format(time.RFC3339), again)
+		}
+		fmt.Fprintf(out, "node %s: %d holds fenced; the next map of each image by any node takes it over (no release --force needed)\n", resp.Node, len(resp.Holds))
+	}
+	if len(resp.Incomplete) > 0 {
+		return fmt.Errorf("fence --node %s is INCOMPLETE, %d not found or not fenced (run it again, or fence those images one at a time): %s",
+			*node, len(resp.Incomplete), strings.Join(resp.Incomplete, "; "))
+	}
+	return nil
+}
+
+func runUnfence(ctx context.Context, c *client.Client, args []string, out *output) error {
+	if hasFlag(args, "node") {
+		return runUnfenceNode(ctx, c, args, out)
 	}
 	req, _, err := imageCommand("unfence", args, out)
 	if err != nil {
@@ -549,6 +597,9 @@ func runUnfenceNode(ctx context.Context, c *client.Client, args []string, out *o
 }
 
 func runFence(ctx context.Context, c *client.Client, args []string, out *output) error {
+	if hasFlag(args, "node") {
+		return runFenceNode(ctx, c, args, out)
+	}
 	req, arg, err := imageCommand("fence", args, out)
 	if err != nil {
 		return err

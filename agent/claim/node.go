@@ -1,0 +1,116 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+)
+
+// A node's holds, cluster-wide, without listing a pool: each node's heartbeat object in a pool
+// and namespace lists the images it may hold there (Heartbeat.Holds, a superset kept by the
+// holder), so that an admin who declares a node dead fences all of it in one call
+// (`rbd-owner fence --node`). Finding them costs one read for the cluster's pools, one per pool
+// (its namespaces), one per place (the node's heartbeat) and one per listed image (its claim).
+
+// NodeHold is one hold of a node, found through the lists of its heartbeats.
+type NodeHold struct {
+	Record Record
+	Holder Holder // the node's entry in Record
+}
+
+// NodeHolds finds node's holds in every pool and namespace of the cluster: the images its
+// heartbeats list whose claim names node as a holder (an image listed but released since is
+// left out). What could not be read (a pool this agent's user may not read, a claim record
+// unreadable, a heartbeat of an agent that does not list its holds) is returned beside what was
+// found, one error each: the holds found are then not all of them.
+func (s *Store) NodeHolds(ctx context.Context, node string) ([]NodeHold, []error) {
+	if node == "" {
+		return nil, []error{fmt.Errorf("%w: no node named", ErrInvalid)}
+	}
+	pools, err := s.b.Pools(ctx)
+	if err != nil {
+		return nil, []error{fmt.Errorf("holds of node %s: %w", node, err)}
+	}
+	var out []NodeHold
+	var errs []error
+	for _, pool := range pools {
+		nss, err := s.placesOf(ctx, pool)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("holds of node %s in pool %s: its namespaces: %w", node, pool, err))
+		}
+		for _, ns := range nss {
+			loc := Image{Pool: pool, Namespace: ns}
+			data, _, err := s.b.Read(ctx, loc, heartbeatObject(node))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("holds of node %s in %s: %w", node, poolNS(loc), err))
+				continue
+			}
+			if data == nil {
+				continue // the node never held anything here
+			}
+			hb, err := decodeHeartbeat(data)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("holds of node %s in %s: %w", node, poolNS(loc), err))
+				continue
+			}
+			if !hb.HoldsListed {
+				errs = append(errs, fmt.Errorf("holds of node %s in %s: its heartbeat was written by an agent (%s) that does not list its holds: fence them one at a time (`rbd-owner fence IMAGE`, `rbd-owner claims --pool %s`)",
+					node, poolNS(loc), hb.AgentVersion, pool))
+				continue
+			}
+			for _, name := range hb.Holds {
+				img := Image{Pool: pool, Namespace: ns, Image: name}
+				rec, err := s.Inspect(ctx, img)
+				if errors.Is(err, ErrNoClaim) || errors.Is(err, ErrInvalid) {
+					continue // released and removed since, or a name no claim could have
+				}
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				if h := rec.Holder(node); h != nil {
+					out = append(out, NodeHold{Record: *rec, Holder: *h})
+				}
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Record.Ref.String() < out[j].Record.Ref.String() })
+	return out, errs
+}
+
+// NodeFenceImage is what FenceNode did to one hold.
+type NodeFenceImage struct {
+	Image Image
+	Fence Fence
+	// Again: the hold was fenced already (by an admin, or an earlier fence --node); its entry
+	// was added again, which moves its expiry
+	Again bool
+	Err   error // the hold could not be fenced
+}
+
+// FenceNode fences every hold of node cluster-wide (admin action; the lease is not waited for):
+// each hold's mapping is blocklisted (its recorded client address, else the node's whole
+// address, ip:0/0) and the hold is marked fenced in its claim, so that the next map by any node
+// takes it over (no release --force needed), and the node is left a notice. Other holders of a
+// shared image are left alone. It is idempotent: fencing again blocklists again. The holds that
+// could not be found or fenced are returned as errors beside the others.
+func (s *Store) FenceNode(ctx context.Context, node string) ([]NodeFenceImage, []error) {
+	holds, errs := s.NodeHolds(ctx, node)
+	var out []NodeFenceImage
+	for _, h := range holds {
+		img := h.Record.Ref
+		res, err := s.fenceHolders(ctx, img, node)
+		if errors.Is(err, ErrNoClaim) {
+			continue // released since it was found
+		}
+		if err != nil {
+			out = append(out, NodeFenceImage{Image: img, Err: fmt.Errorf("fence node %s's hold on %s: %w", node, img, err)})
+			continue
+		}
+		for _, f := range res.Fences {
+			out = append(out, NodeFenceImage{Image: img, Fence: f, Again: h.Holder.Fenced})
+		}
+	}
+	return out, errs
+}
