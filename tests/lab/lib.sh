@@ -394,7 +394,7 @@ EOF
     || { cat "$LAB_DIR/logs/ceph-up.log" >&2; die "ceph up failed"; }
   FSID=$(awk '$1=="fsid"{print $3}' "$CEPHDIR/ceph.conf")
   [[ $FSID =~ ^[0-9a-f-]{36}$ ]] || die "ceph up: no fsid in $CEPHDIR/ceph.conf (got '$FSID')"
-  local im; for im in img2 img3 ns1/img4 kimg1 ns1/kimg2 skew1 enf1 enf2 csi1 csi2 fence1; do rbd create --size 64M "rbd/$im" || die "rbd create $im"; done
+  local im; for im in img2 img3 ns1/img4 kimg1 ns1/kimg2 skew1 enf1 enf2 csi1 csi2 fence1 nf1 nf2 cov1 cov2; do rbd create --size 64M "rbd/$im" || die "rbd create $im"; done
   rbd snap create rbd/kimg1@s1 >/dev/null 2>&1 || die "rbd snap create kimg1@s1"
   # every OSD's PG read lease outlasts the faults' stalls (5 x osd_heartbeat_grace, as osd.1's
   # below): each pool lives on one OSD alone, and a PG whose lease ran out while its OSD was
