@@ -79,9 +79,13 @@ func TestBlocklistEntriesReadsRangesOnARealCluster(t *testing.T) {
 		}
 	}
 	mon(`{"prefix":"osd blocklist","blocklistop":"add","range":"range","addr":"127.0.0.3/32","expire":600.0}`)
-	t.Cleanup(func() { _, _, _ = admin.MonCommand([]byte(`{"prefix":"osd blocklist","blocklistop":"rm","range":"range","addr":"127.0.0.3/32"}`)) })
+	t.Cleanup(func() {
+		_, _, _ = admin.MonCommand([]byte(`{"prefix":"osd blocklist","blocklistop":"rm","range":"range","addr":"127.0.0.3/32"}`))
+	})
 	mon(`{"prefix":"osd blocklist","blocklistop":"add","addr":"127.0.0.4:0/0","expire":600.0}`)
-	t.Cleanup(func() { _, _, _ = admin.MonCommand([]byte(`{"prefix":"osd blocklist","blocklistop":"rm","addr":"127.0.0.4:0/0"}`)) })
+	t.Cleanup(func() {
+		_, _, _ = admin.MonCommand([]byte(`{"prefix":"osd blocklist","blocklistop":"rm","addr":"127.0.0.4:0/0"}`))
+	})
 	entries, err := a.Backend().BlocklistEntries(ctx(t))
 	if err != nil {
 		t.Fatal(err)

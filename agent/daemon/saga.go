@@ -178,7 +178,7 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 		res, err = store.Acquire(ctx, claim.Request{Image: t.img, Access: access, ReadOnly: readOnly,
 			Takeover: req.Takeover || d.cfg.TakeoverPolicy == config.TakeoverAfterLeaseExpiry, TakeFenced: true,
 			TakeCovered: d.cfg.TakeoverPolicy != config.TakeoverManual,
-			NextStep: func(hs []claim.Holder) string { return d.nextStepWhenHeld(ctx, t, hs) }})
+			NextStep:    func(hs []claim.Holder) string { return d.nextStepWhenHeld(ctx, t, hs) }})
 		var held *claim.HeldError
 		if errors.As(err, &held) {
 			d.watches.add(t.key, time.Now().Add(watchFor(d.cfg.LeaseDuration.D())))
