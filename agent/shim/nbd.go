@@ -60,7 +60,7 @@ func nonKrbdRefusal(args []string) string {
 	case len(w) > 1 && w[0] == "device" && (w[1] == "map" || w[1] == "attach"):
 		cmd, w = "device "+w[1], w[2:]
 	case len(w) > 1 && w[0] == "nbd" && w[1] == "map":
-		// Ceph's older spelling of `device map -t nbd` (still accepted, not listed in its help)
+		// Ceph's older spelling of `device map -t nbd` (hidden from its help where still accepted)
 		return refusal("rbd nbd map", "nbd", first(w[2:]))
 	default:
 		return ""
@@ -73,8 +73,9 @@ func nonKrbdRefusal(args []string) string {
 }
 
 // hiddenKrbdMap is the refusal of an rbd command line that Ceph's rbd may read as a krbd map
-// although parse did not (an option it does not know took the word after it, or parse failed):
-// such a map would be made without a claim. "" for any other.
+// although parse did not: parse takes an option it does not know for a flag, so the word after
+// it, which Ceph's rbd may take for the option's value, hid the map; or parse failed. Passed to
+// Ceph's rbd, such a map would be made without a claim. "" for any other.
 func hiddenKrbdMap(args []string, c *cmdline, parseErr error) string {
 	w := leadingWords(args, rbdOption, rbdCommandWords, true)
 	if !(len(w) > 0 && w[0] == "map") && !(len(w) > 1 && w[0] == "device" && w[1] == "map") {
