@@ -2,7 +2,9 @@
 // rbd node plugin runs `rbd` by name for all its krbd work), it sends krbd `map`, `unmap` and
 // `device list` to the agent's CSI socket and runs Ceph's real `rbd` for everything else, with
 // the same arguments, standard streams and exit status. It is built without cgo and without
-// Ceph's libraries, so it runs in any container image.
+// Ceph's libraries, so it runs in any container image. The same binary is also the drop-in
+// `rbd-nbd` (Main dispatches on the name it was run by); a map or attach through any device type
+// but krbd is refused by both (nbd.go).
 //
 // What it prints is what ceph-csi parses from Ceph's own `rbd`: map prints the device on stdout;
 // an unmap of an image that is not mapped fails with "rbd: <spec>: not a mapped image or
@@ -18,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,10 +33,12 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/image"
 )
 
-// Defaults, overridden by the environment (RBD_OWNER_SOCKET, RBD_OWNER_REAL_RBD).
+// Defaults, overridden by the environment (RBD_OWNER_SOCKET, RBD_OWNER_REAL_RBD,
+// RBD_OWNER_REAL_RBD_NBD).
 const (
-	DefaultSocket  = "/run/rbd-owner/csi/csi.sock"
-	DefaultRealRBD = "/usr/bin/rbd"
+	DefaultSocket     = "/run/rbd-owner/csi/csi.sock"
+	DefaultRealRBD    = "/usr/bin/rbd"
+	DefaultRealRBDNBD = "/usr/bin/rbd-nbd"
 	// AccessOption is the map option that selects the access mode ("rbd-owner.access=rwx"):
 	// a StorageClass's mapOptions carry it; it never reaches the kernel.
 	AccessOption = "rbd-owner.access"
@@ -46,14 +51,16 @@ type Agent interface {
 	Status(ctx context.Context) (*api.Status, error)
 }
 
-// Env is what Run works with.
+// Env is what Run and RunNBD work with.
 type Env struct {
-	Agent   Agent
-	Socket  string // for messages
-	RealRBD string
-	Stdout  io.Writer
-	Stderr  io.Writer
-	// Exec replaces the process with the real rbd (syscall.Exec); it returns only on failure.
+	Agent      Agent
+	Socket     string // for messages
+	RealRBD    string
+	RealRBDNBD string
+	Stdout     io.Writer
+	Stderr     io.Writer
+	// Exec replaces the process with the real rbd or rbd-nbd (syscall.Exec); it returns only
+	// on failure.
 	Exec func(path string, argv []string, env []string) error
 	// Timeout bounds one call to the agent (default 5 minutes: a map may wait for its cluster).
 	Timeout time.Duration
@@ -69,7 +76,21 @@ func FromEnvironment() Env {
 	if real == "" {
 		real = DefaultRealRBD
 	}
-	return Env{Agent: client.New(sock), Socket: sock, RealRBD: real, Stdout: os.Stdout, Stderr: os.Stderr, Exec: syscall.Exec}
+	realNBD := os.Getenv("RBD_OWNER_REAL_RBD_NBD")
+	if realNBD == "" {
+		realNBD = DefaultRealRBDNBD
+	}
+	return Env{Agent: client.New(sock), Socket: sock, RealRBD: real, RealRBDNBD: realNBD,
+		Stdout: os.Stdout, Stderr: os.Stderr, Exec: syscall.Exec}
+}
+
+// Main runs the drop-in by the name it was run as (argv[0]): `rbd-nbd` is RunNBD, anything
+// else (`rbd`) is Run.
+func Main(argv0 string, args []string, env Env) int {
+	if filepath.Base(argv0) == "rbd-nbd" {
+		return RunNBD(args, env)
+	}
+	return Run(args, env)
 }
 
 // Exit statuses: Ceph's rbd exits with the errno of its failure; the shim does the same.
@@ -83,6 +104,8 @@ const (
 	exitENOTCONN = 107
 	exitETIMEOUT = 110
 	exitSHUTDOWN = 108
+	// EOPNOTSUPP: a map through a device type other than krbd
+	exitEOPNOTSUPP = 95
 )
 
 // Run runs one `rbd` command line (args without the program name) and returns its exit status.
@@ -90,8 +113,14 @@ func Run(args []string, env Env) int {
 	if env.Timeout == 0 {
 		env.Timeout = 5 * time.Minute
 	}
+	if line := nonKrbdRefusal(args); line != "" {
+		return fail(env, exitEOPNOTSUPP, "%s", line)
+	}
 	cl, err := parse(args)
 	if err != nil || !cl.krbd() {
+		if line := hiddenKrbdMap(args, cl, err); line != "" {
+			return fail(env, exitEINVAL, "%s", line)
+		}
 		// not ours (or not understood as ours): Ceph's rbd decides, exactly as asked
 		return passThrough(args, env)
 	}
@@ -109,12 +138,18 @@ func Run(args []string, env Env) int {
 }
 
 func passThrough(args []string, env Env) int {
-	if self, err := os.Executable(); err == nil && sameFile(self, env.RealRBD) {
-		fmt.Fprintf(env.Stderr, "rbd: rbd-owner's rbd would run itself as the real rbd (%s); set RBD_OWNER_REAL_RBD to Ceph's rbd\n", env.RealRBD)
+	return execReal("rbd", env.RealRBD, "RBD_OWNER_REAL_RBD", args, env)
+}
+
+// execReal replaces this process with Ceph's program PROG at REAL (named by the environment
+// variable VAR), with the same arguments, streams and environment; it returns only on failure.
+func execReal(prog, real, envVar string, args []string, env Env) int {
+	if self, err := os.Executable(); err == nil && sameFile(self, real) {
+		fmt.Fprintf(env.Stderr, "%s: rbd-owner's %s would run itself as the real %s (%s); set %s to Ceph's %s\n", prog, prog, prog, real, envVar, prog)
 		return exitEINVAL
 	}
-	err := env.Exec(env.RealRBD, append([]string{"rbd"}, args...), os.Environ())
-	fmt.Fprintf(env.Stderr, "rbd: rbd-owner's rbd cannot run Ceph's rbd (%s): %v\n", env.RealRBD, err)
+	err := env.Exec(real, append([]string{prog}, args...), os.Environ())
+	fmt.Fprintf(env.Stderr, "%s: rbd-owner's %s cannot run Ceph's %s (%s): %v\n", prog, prog, prog, real, err)
 	return 127
 }
 

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"strings"
 	"testing"
 
@@ -44,16 +46,23 @@ type result struct {
 	exec           []string // the argv the real rbd was run with, nil if not run
 }
 
+// run runs the drop-in rbd.
 func run(t *testing.T, a *fakeAgent, args ...string) result {
+	t.Helper()
+	return runAs(t, a, "rbd", args...)
+}
+
+// runAs runs the drop-in by the name ARGV0, as Main does.
+func runAs(t *testing.T, a *fakeAgent, argv0 string, args ...string) result {
 	t.Helper()
 	var out, errb bytes.Buffer
 	var r result
-	env := Env{Agent: a, Socket: "/run/test.sock", RealRBD: "/usr/bin/rbd", Stdout: &out, Stderr: &errb,
+	env := Env{Agent: a, Socket: "/run/test.sock", RealRBD: "/usr/bin/rbd", RealRBDNBD: "/usr/bin/rbd-nbd", Stdout: &out, Stderr: &errb,
 		Exec: func(path string, argv []string, _ []string) error {
 			r.exec = append([]string{path}, argv...)
 			return errors.New("exec recorded by the test")
 		}}
-	r.code = Run(args, env)
+	r.code = Main(argv0, args, env)
 	r.stdout, r.stderr = out.String(), errb.String()
 	return r
 }
@@ -151,11 +160,19 @@ func TestPassThrough(t *testing.T) {
 	for _, args := range [][]string{
 		{"info", "rbd/img", "--format", "json"},
 		{"snap", "create", "rbd/img@s1"},
-		{"--id", "x", "-m", "1.2.3.4", "map", "rbd/img", "--device-type", "nbd"},
-		{"device", "list", "--device-type=nbd", "--format=json"},
-		{"unmap", "/dev/nbd0", "-t", "nbd"},
 		{"status", "rbd/img"},
+		{"--foo", "bar", "info", "rbd/img"},
+		{"help", "map"},
 		{},
+		// nbd mappings made before rbd-owner can still be listed and taken down
+		{"device", "list", "--device-type=nbd", "--format=json"},
+		{"device", "ls", "-t", "nbd"},
+		{"unmap", "/dev/nbd0", "-t", "nbd"},
+		{"--id", "x", "unmap", "-t=nbd", "rbd/img"},
+		{"device", "unmap", "--device-type", "nbd", "rbd/img"},
+		{"device", "detach", "-t", "nbd", "/dev/nbd0"},
+		// attach is not a krbd command (Ceph's rbd says so)
+		{"device", "attach", "rbd/img", "--device", "/dev/rbd0"},
 	} {
 		r := run(t, a, args...)
 		if strings.Join(r.exec, " ") != strings.Join(append([]string{"/usr/bin/rbd", "rbd"}, args...), " ") {
@@ -187,5 +204,148 @@ func TestKrbdMapNeverPassesThrough(t *testing.T) {
 	r := run(t, a, "device", "map", "-t", "krbd", "-o", "ms_mode=crc", "p/i@s")
 	if r.code != 0 || a.maps[0].Snapshot != "s" || a.maps[0].Options[0] != "ms_mode=crc" {
 		t.Fatalf("device map spelling: %+v %+v", r, a.maps)
+	}
+}
+
+// The refusal's reason and next step (refusal in nbd.go), spelled out here so that a change of
+// wording shows in the test.
+const (
+	refusedWhy = "this node's rbd-owner protects RWO images only through krbd mappings it makes; "
+	nbdNext    = "remove `mounter: rbd-nbd` from the StorageClass (use the default krbd mounter; a volume provisioned with it keeps it in its PersistentVolume)"
+	krbdNext   = "map it with the default device type, krbd"
+)
+
+// A map or attach through a device type other than krbd is refused by the drop-in rbd in one
+// stderr line, exit 95 (EOPNOTSUPP): never handed to Ceph's rbd (which would run rbd-nbd from
+// its own directory), never sent to the agent.
+func TestNonKrbdMapRefused(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		line string
+	}{
+		// ceph-csi v3.12.2's createPath with `mounter: rbd-nbd` (internal/rbd/rbd_attach.go)
+		{[]string{"--id", "csi-rbd-node", "-m", "10.0.0.1:6789,10.0.0.2:6789", "--keyfile=/tmp/csi/keys/keyfile-1",
+			"--log-file", "/var/log/ceph/rbd-nbd-0001-vol.log", "map", "replicapool/ns1/csi-vol-1", "--device-type", "nbd",
+			"--options", "try-netlink", "--options", "reattach-timeout=300", "--options", "io-timeout=0", "--options", "cookie=0001-vol"},
+			"rbd map --device-type nbd of replicapool/ns1/csi-vol-1: " + refusedWhy + nbdNext},
+		{[]string{"map", "rbd/img", "--device-type=nbd"}, "rbd map --device-type nbd of rbd/img: " + refusedWhy + nbdNext},
+		{[]string{"map", "rbd/img", "-t", "nbd"}, "rbd map --device-type nbd of rbd/img: " + refusedWhy + nbdNext},
+		{[]string{"map", "rbd/img", "-t=nbd"}, "rbd map --device-type nbd of rbd/img: " + refusedWhy + nbdNext},
+		{[]string{"map", "-tnbd", "rbd/img"}, "rbd map --device-type nbd of rbd/img: " + refusedWhy + nbdNext},
+		{[]string{"map", "--read-only", "rbd/img@s1", "-t", "krbd", "-t", "nbd"}, "rbd map --device-type nbd of rbd/img@s1: " + refusedWhy + nbdNext},
+		// the device type and other options before the command
+		{[]string{"-t", "nbd", "map", "rbd/img"}, "rbd map --device-type nbd of rbd/img: " + refusedWhy + nbdNext},
+		{[]string{"--device-type", "nbd", "--id", "x", "map", "rbd/img"}, "rbd map --device-type nbd of rbd/img: " + refusedWhy + nbdNext},
+		{[]string{"-tnbd", "map", "rbd/img"}, "rbd map --device-type nbd of rbd/img: " + refusedWhy + nbdNext},
+		{[]string{"--rbd_cache", "false", "map", "rbd/img", "-t", "nbd"}, "rbd map --device-type nbd of rbd/img: " + refusedWhy + nbdNext},
+		{[]string{"--debug-rbd=20", "--no-such-switch", "map", "rbd/img", "-t", "nbd"}, "rbd map --device-type nbd of rbd/img: " + refusedWhy + nbdNext},
+		// device map, device attach
+		{[]string{"device", "map", "-t", "nbd", "rbd/img"}, "rbd device map --device-type nbd of rbd/img: " + refusedWhy + nbdNext},
+		{[]string{"device", "attach", "--device-type", "nbd", "rbd/img", "--device", "/dev/nbd0"}, "rbd device attach --device-type nbd of rbd/img: " + refusedWhy + nbdNext},
+		{[]string{"-t", "nbd", "device", "attach", "-o", "cookie=x", "p/ns/img"}, "rbd device attach --device-type nbd of p/ns/img: " + refusedWhy + nbdNext},
+		// Ceph's older `nbd map`, which needs no device type
+		{[]string{"--id", "x", "nbd", "map", "rbd/img"}, "rbd nbd map of rbd/img: " + refusedWhy + nbdNext},
+		// other device types
+		{[]string{"device", "map", "-t", "ubbd", "rbd/img"}, "rbd device map --device-type ubbd of rbd/img: " + refusedWhy + krbdNext},
+		{[]string{"map", "--device-type", "ggate", "rbd/img"}, "rbd map --device-type ggate of rbd/img: " + refusedWhy + krbdNext},
+		// no image named: the line says so by naming none
+		{[]string{"map", "-t", "nbd"}, "rbd map --device-type nbd: " + refusedWhy + nbdNext},
+	} {
+		a := &fakeAgent{}
+		r := run(t, a, c.args...)
+		if want := "rbd-owner: refused: " + c.line + "\n"; r.code != exitEOPNOTSUPP || r.stderr != want || r.stdout != "" || r.exec != nil || len(a.maps) != 0 {
+			t.Errorf("%v:\n got %+v\nwant exit %d, stderr %q", c.args, r, exitEOPNOTSUPP, want)
+		}
+	}
+}
+
+// The drop-in rbd-nbd refuses map and attach (exit 1, as rbd-nbd fails) and runs Ceph's
+// rbd-nbd for everything else; Main picks it by the name it was run as.
+func TestRbdNbd(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		line string
+	}{
+		// ceph-csi v3.12.2's createPath re-attaching a volume after a plugin restart
+		{[]string{"--id", "csi-rbd-node", "-m", "10.0.0.1:6789", "--keyfile=/tmp/csi/keys/keyfile-1", "--log-file", "/var/log/ceph/rbd-nbd-0001-vol.log",
+			"attach", "replicapool/ns1/csi-vol-1", "--device", "/dev/nbd0", "--try-netlink", "--reattach-timeout=300", "--io-timeout=0", "--cookie=0001-vol"},
+			"rbd-nbd attach of replicapool/ns1/csi-vol-1"},
+		{[]string{"map", "rbd/img"}, "rbd-nbd map of rbd/img"},
+		{[]string{"--id", "x", "-c", "/etc/ceph/ceph.conf", "map", "rbd/img@s1", "--read-only"}, "rbd-nbd map of rbd/img@s1"},
+		{[]string{"--device", "/dev/nbd3", "--nbds_max", "16", "--read_only", "map", "rbd/img"}, "rbd-nbd map of rbd/img"},
+		{[]string{"--rbd_cache", "false", "--debug-rbd=20", "map", "rbd/img"}, "rbd-nbd map of rbd/img"},
+		{[]string{"--no-such-switch", "map", "rbd/img"}, "rbd-nbd map of rbd/img"},
+		{[]string{"--", "map", "rbd/img"}, "rbd-nbd map of rbd/img"},
+		{[]string{"attach", "--device", "/dev/nbd0", "rbd/img"}, "rbd-nbd attach of rbd/img"},
+		{[]string{"map"}, "rbd-nbd map"},
+	} {
+		for _, argv0 := range []string{"rbd-nbd", "/usr/lib/rbd-owner/bin/rbd-nbd"} {
+			a := &fakeAgent{}
+			r := runAs(t, a, argv0, c.args...)
+			if want := "rbd-owner: refused: " + c.line + ": " + refusedWhy + nbdNext + "\n"; r.code != exitFailure || r.stderr != want || r.stdout != "" || r.exec != nil || len(a.maps) != 0 {
+				t.Errorf("%s %v:\n got %+v\nwant exit %d, stderr %q", argv0, c.args, r, exitFailure, want)
+			}
+		}
+	}
+	for _, args := range [][]string{
+		{"unmap", "/dev/nbd0"},
+		{"--id", "x", "unmap", "rbd/img"},
+		{"detach", "/dev/nbd0"},
+		{"detach", "rbd/map"},
+		{"list-mapped", "--format", "json", "--pretty-format"},
+		{"--help"},
+		{"--version"},
+		{"--id", "x", "-m", "10.0.0.1", "list-mapped"},
+		{},
+	} {
+		a := &fakeAgent{}
+		r := runAs(t, a, "rbd-nbd", args...)
+		if got, want := strings.Join(r.exec, " "), strings.Join(append([]string{"/usr/bin/rbd-nbd", "rbd-nbd"}, args...), " "); got != want || r.code != 127 || len(a.maps)+len(a.unmaps) != 0 {
+			t.Errorf("%v: exec %q, want %q (%+v)", args, got, want, r)
+		}
+	}
+	// the name decides: the same command line as rbd is Ceph's rbd's
+	if r := runAs(t, &fakeAgent{}, "/usr/lib/rbd-owner/bin/rbd", "list-mapped"); len(r.exec) < 2 || r.exec[0] != "/usr/bin/rbd" || r.exec[1] != "rbd" {
+		t.Fatalf("rbd list-mapped: %+v", r)
+	}
+}
+
+// A drop-in never runs itself as the real program (a loop).
+func TestRealProgramIsNotTheDropIn(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Skip(err)
+	}
+	var errb bytes.Buffer
+	env := Env{Agent: &fakeAgent{}, RealRBD: self, RealRBDNBD: self, Stdout: io.Discard, Stderr: &errb,
+		Exec: func(string, []string, []string) error { t.Fatal("exec"); return nil }}
+	for _, c := range []struct{ argv0, want string }{
+		{"rbd", "rbd: rbd-owner's rbd would run itself as the real rbd (" + self + "); set RBD_OWNER_REAL_RBD to Ceph's rbd\n"},
+		{"rbd-nbd", "rbd-nbd: rbd-owner's rbd-nbd would run itself as the real rbd-nbd (" + self + "); set RBD_OWNER_REAL_RBD_NBD to Ceph's rbd-nbd\n"},
+	} {
+		errb.Reset()
+		if code := Main(c.argv0, []string{"info", "rbd/img"}, env); code != exitEINVAL || errb.String() != c.want {
+			t.Errorf("%s: exit %d, stderr %q, want %q", c.argv0, code, errb.String(), c.want)
+		}
+	}
+}
+
+// A krbd map that parse does not read as one, but Ceph's rbd may (an option it does not know
+// took the next word as its value, or the line does not parse), is refused, never passed to
+// Ceph's rbd (a map without a claim).
+func TestHiddenKrbdMapRefused(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		line string
+	}{
+		{[]string{"--rbd_default_features", "3", "map", "rbd/img"}, "rbd: map refused by rbd-owner: option --rbd_default_features is not supported for a krbd map through rbd-owner"},
+		{[]string{"--debug-rbd", "20", "device", "map", "-t", "krbd", "rbd/img"}, "rbd: map refused by rbd-owner: option --debug-rbd is not supported for a krbd map through rbd-owner"},
+		{[]string{"map", "rbd/img", "-t"}, "rbd: map refused by rbd-owner: option -t needs a value"},
+	} {
+		a := &fakeAgent{}
+		r := run(t, a, c.args...)
+		if r.code != exitEINVAL || r.stderr != c.line+"\n" || r.exec != nil || len(a.maps) != 0 {
+			t.Errorf("%v:\n got %+v\nwant stderr %q", c.args, r, c.line)
+		}
 	}
 }

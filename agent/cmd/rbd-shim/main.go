@@ -1,6 +1,8 @@
-// Command rbd-shim is rbd-owner's drop-in `rbd` (installed as /usr/lib/rbd-owner/bin/rbd): put
-// that directory first on a CSI plugin's PATH and its krbd map, unmap and device list go through
-// the agent; every other rbd command runs Ceph's rbd unchanged. See package shim.
+// Command rbd-shim is rbd-owner's drop-in `rbd` (installed as /usr/lib/rbd-owner/bin/rbd) and
+// drop-in `rbd-nbd` (/usr/lib/rbd-owner/bin/rbd-nbd, a link to the same binary): put that
+// directory first on a CSI plugin's PATH and its krbd map, unmap and device list go through the
+// agent, a map or attach through nbd (or any device type but krbd) is refused, and every other
+// command runs Ceph's rbd or rbd-nbd unchanged. See package shim.
 package main
 
 import (
@@ -10,5 +12,5 @@ import (
 )
 
 func main() {
-	os.Exit(shim.Run(os.Args[1:], shim.FromEnvironment()))
+	os.Exit(shim.Main(os.Args[0], os.Args[1:], shim.FromEnvironment()))
 }
