@@ -261,3 +261,20 @@ func TestNodeHoldsAndFenceNode(t *testing.T) {
 		t.Fatalf("a map after the node fence: %+v %v", r, err)
 	}
 }
+
+// TestNodeHoldsSaysWhatItCannotSee: a heartbeat written by an agent before the list of holds is
+// not taken for "no holds": the place is named as not read, with the way around it.
+func TestNodeHoldsSaysWhatItCannotSee(t *testing.T) {
+	ctx := context.Background()
+	m := NewMemory("fsid")
+	b := memNode(t, m, "node-b", newClock())
+	m.AddImage(Image{Pool: "rbd", Image: "x"}, "idx")
+	m.Put(Image{Pool: "rbd"}, heartbeatObject("node-old"), []byte(`{"format":2,"node_id":"node-old","seq":4,"agent_version":"0.9"}`))
+	holds, errs := b.NodeHolds(ctx, "node-old")
+	if len(holds) != 0 || len(errs) != 1 || !strings.Contains(errs[0].Error(), "written by an agent (0.9) that does not list its holds: fence them one at a time") {
+		t.Fatalf("an old agent's heartbeat: %v %v", holds, errs)
+	}
+	if _, errs := b.FenceNode(ctx, "node-old"); len(errs) != 1 {
+		t.Fatalf("fence --node of an old agent's node: %v", errs)
+	}
+}
