@@ -148,3 +148,18 @@ func Covering(entries []BlockEntry, addr string) (BlockEntry, bool) {
 	}
 	return BlockEntry{}, false
 }
+
+// coveringNode is the entry that cuts a mapping's client off as part of its whole node: ip:0/0 or
+// a range holding its ip, never the client's own address. Ceph keeps one entry per address,
+// whoever added it: a taker's own entry for the client would be that very entry, lifted with it
+// by whoever added it (docs/safety.md, F10); an entry for the node is always another one.
+func coveringNode(entries []BlockEntry, clientAddr string) (BlockEntry, bool) {
+	own := bareAddr(clientAddr)
+	var others []BlockEntry
+	for _, e := range entries {
+		if e.Range.IsValid() || e.Addr != own {
+			others = append(others, e)
+		}
+	}
+	return Covering(others, clientAddr)
+}

@@ -129,16 +129,19 @@ func decideAcquire(cur *Record, in acquireInput) (acquirePlan, error) {
 			if in.Fenced[fenceKey(h)] || (h.Fenced && (in.TakeFenced || in.Takeover)) {
 				continue // blocklisted already, by this call or by an admin (fenced again below)
 			}
-			if _, ok := in.Covered[fenceKey(h)]; ok && (in.TakeCovered || in.Takeover) && h.fenceAddr() != "" {
-				// someone else's entry cuts its mapping off already: no lease to wait for; it is
-				// fenced again below with this node's own entry, which is renewed, since theirs may
-				// be lifted at any time (docs/safety.md, "after-fence")
+			if _, ok := in.Covered[fenceKey(h)]; ok && (in.TakeCovered || in.Takeover) && h.ClientAddr != "" {
+				// an entry for its whole node cuts its mapping off already: no lease to wait for;
+				// it is fenced again below with this node's own entry for the exact client, which
+				// is renewed, since theirs may be lifted at any time (docs/safety.md, F10)
 				continue
 			}
 			if !in.Takeover {
 				why := in.refusal(cur.Holders)
-				if in.TakeCovered {
-					why = fmt.Sprintf("node %s's mapping (%s) is on no blocklist entry%s; %s", h.NodeID, orNone(h.fenceAddr()), in.coverNote(), why)
+				switch {
+				case in.TakeCovered && h.ClientAddr == "":
+					why = fmt.Sprintf("node %s recorded no mapping address, so its fence would be its whole address, the very entry a node fence uses and lifts: it is not taken over before its lease expires, whatever the blocklist shows%s; %s", h.NodeID, in.coverNote(), why)
+				case in.TakeCovered:
+					why = fmt.Sprintf("node %s's mapping (%s) is on no blocklist entry for its whole node (ip:0/0 or a range)%s; %s", h.NodeID, h.ClientAddr, in.coverNote(), why)
 				}
 				return acquirePlan{}, held(why)
 			}
@@ -229,13 +232,6 @@ func (in acquireInput) coverNote() string {
 		return ""
 	}
 	return " (the blocklist could not be read: " + in.CoverErr.Error() + ")"
-}
-
-func orNone(a string) string {
-	if a == "" {
-		return "no address recorded"
-	}
-	return a
 }
 
 // allFenced says whether every holder was fenced by an admin.

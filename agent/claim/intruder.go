@@ -100,7 +100,15 @@ type Verdict struct {
 	Holders []Holder
 	// Mine is this node's own holder entry (AdoptOwn).
 	Mine Holder
+	// Unfenceable (with Report): the mapping can write to an image held elsewhere, but its
+	// kernel client is not its own (no noshare), so a fence would cut every other mapping that
+	// client serves on a live node: reported at error priority, never fenced automatically.
+	Unfenceable bool
 }
+
+// unfenceableRemedy is what to do about a writable mapping without noshare of an image held
+// elsewhere.
+const unfenceableRemedy = "it was mapped without noshare, so its kernel client may serve every mapping of this node with the same options, and a fence would cut them all: NOT fenced, TWO WRITERS ARE POSSIBLE. Unmap it now; map through rbd-owner (the drop-in rbd first on ceph-csi's PATH), or add noshare to the StorageClass's mapOptions so that such a mapping is fenced alone; an admin who accepts cutting that client's every mapping may blocklist its address"
 
 // holdersText names holders as "node-a@7,node-b@8".
 func holdersText(hs []Holder) string {
@@ -116,8 +124,9 @@ func holdersText(hs []Holder) string {
 //
 //   - this node's own hold records this very client: adopt it back (unless an admin fenced it);
 //   - anyone else holds the image, or this node holds it for another device: fence it, unless
-//     it cannot write (read-only), the image is shared rwx (several writers are allowed), or
-//     the policy only reports;
+//     it cannot write (read-only), the image is shared rwx (several writers are allowed), the
+//     policy only reports, or its kernel client is not its own (no noshare: a fence would cut
+//     every mapping that client serves, on a live node; reported at error priority);
 //   - free: adopt it under adopt-or-fence if it can write and has a client of its own;
 //     otherwise report it.
 func decideUnmanaged(cur *Record, self string, u Unmanaged, policy UnmanagedPolicy) Verdict {
@@ -153,6 +162,8 @@ func decideUnmanaged(cur *Record, self string, u Unmanaged, policy UnmanagedPoli
 			return Verdict{Action: Report, Holders: others, Why: held + ", which allows several writers: not fenced"}
 		case policy == ReportOnly:
 			return Verdict{Action: Report, Holders: others, Why: held + "; the unmanaged policy is report: not fenced"}
+		case !u.OwnClient:
+			return Verdict{Action: Report, Holders: others, Unfenceable: true, Why: held + "; " + unfenceableRemedy}
 		}
 		return Verdict{Action: FenceIntruder, Holders: others, Why: held}
 	}

@@ -52,8 +52,9 @@ func TestDecideUnmanaged(t *testing.T) {
 		{"own claim, even under report: adopted back", rec(RWO, mineThis), w, ReportOnly, AdoptOwn, ""},
 		{"own claim fenced by an admin: reported", rec(RWO, fencedThis), w, AdoptOrFence, Report, "fenced"},
 		{"own claim naming no mapping yet: adopted back", rec(RWO, mineNone), w, FenceIfClaimed, AdoptOwn, "names no mapping yet"},
-		{"own claim naming no mapping, shared client: fenced", rec(RWO, mineNone), shared, FenceIfClaimed, FenceIntruder, "node-b@8"},
-		{"shared client held elsewhere: fenced all the same", rec(RWO, other), shared, FenceIfClaimed, FenceIntruder, ""},
+		{"own claim naming no mapping, shared client: reported, it cannot be fenced alone", rec(RWO, mineNone), shared, FenceIfClaimed, Report, "node-b@8; it was mapped without noshare"},
+		{"shared client held elsewhere: reported, never fenced (it would cut the node's other mappings)", rec(RWO, other), shared, FenceIfClaimed, Report, "NOT fenced, TWO WRITERS ARE POSSIBLE"},
+		{"shared client held elsewhere, adopt-or-fence: reported", rec(RWO, other), shared, AdoptOrFence, Report, "add noshare to the StorageClass's mapOptions"},
 		{"no record, fence-if-claimed: reported", nil, w, FenceIfClaimed, Report, "not claimed"},
 		{"free record, adopt-or-fence: adopted", rec(""), w, AdoptOrFence, Adopt, ""},
 		{"no record, adopt-or-fence: adopted", nil, w, AdoptOrFence, Adopt, ""},
@@ -238,7 +239,7 @@ func TestUnmanagedFenceRecordedEvenWhenTheWriteFails(t *testing.T) {
 		}
 		return nil
 	})
-	got, err := b.Unmanaged(ctx, Unmanaged{Image: img, ClientAddr: "10.0.0.2:0/9", Device: "/dev/rbd1"}, FenceIfClaimed)
+	got, err := b.Unmanaged(ctx, Unmanaged{Image: img, ClientAddr: "10.0.0.2:0/9", Device: "/dev/rbd1", OwnClient: true}, FenceIfClaimed)
 	if err == nil || got == nil || got.Intruder == nil || !m.Blocklisted("10.0.0.2:0/9") || !errors.Is(err, cephconn.ErrUnavailable) {
 		t.Fatalf("fence with a failing write: %+v %v", got, err)
 	}

@@ -124,8 +124,10 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 	return &res, nil
 }
 
-// coverage reads the cluster's blocklist and finds, for each holder of cur, the entry that
-// already cuts its mapping off (its fence address: the mapping's client, else its whole node).
+// coverage reads the cluster's blocklist and finds, for each holder of cur whose mapping's
+// client is recorded, the entry for its whole node (ip:0/0 or a range) that already cuts that
+// client off. A hold with no client recorded is never covered: its fence would be ip:0/0, the
+// very entry a node fence uses, lifted with it (docs/safety.md, F10).
 func (s *Store) coverage(ctx context.Context, cur *Record) (map[string]BlockEntry, error) {
 	entries, err := s.b.BlocklistEntries(ctx)
 	if err != nil {
@@ -133,10 +135,11 @@ func (s *Store) coverage(ctx context.Context, cur *Record) (map[string]BlockEntr
 	}
 	out := map[string]BlockEntry{}
 	for _, h := range cur.Holders {
-		if a := h.fenceAddr(); a != "" {
-			if e, ok := Covering(entries, a); ok {
-				out[fenceKey(h)] = e
-			}
+		if h.ClientAddr == "" {
+			continue
+		}
+		if e, ok := coveringNode(entries, h.ClientAddr); ok {
+			out[fenceKey(h)] = e
 		}
 	}
 	return out, nil

@@ -33,6 +33,8 @@ type unmanagedDevice struct {
 	inflight bool   // a judgement of a pending device is under way (judgeAtOnce)
 	// since is when this device was first noted (kept while it stays noted).
 	since time.Time
+	// unfenceable: it can write to an image held elsewhere and could not be fenced alone
+	unfenceable bool
 }
 
 // problem is the device's line in status.
@@ -188,7 +190,7 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 		d.notePending(dv, "acting on its claim failed: "+err.Error(), false)
 		return err
 	}
-	entry := unmanagedDevice{dev: dv, cluster: cl.cfg.ID, verdict: res.Action, why: res.Why}
+	entry := unmanagedDevice{dev: dv, cluster: cl.cfg.ID, verdict: res.Action, why: res.Why, unfenceable: res.Unfenceable}
 	if len(res.Holders) > 0 {
 		entry.owner = res.Holders[0].NodeID
 	}
@@ -302,6 +304,12 @@ func (d *Daemon) noteUnmanaged(u unmanagedDevice) {
 	d.mu.Unlock()
 	if u.pending || u.verdict != claim.Report || (seen && !old.pending && old.why == u.why) {
 		return // fences and adoptions are audited where they happen; a report once
+	}
+	if u.unfenceable {
+		d.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.Reported, Cluster: u.cluster, Pool: u.dev.Pool,
+			Namespace: u.dev.Namespace, Image: u.dev.Image, Device: u.dev.DevNode, OwnerNode: u.owner, Error: true,
+			Message: fmt.Sprintf("%s maps %s outside rbd-owner while %s", u.dev.DevNode, u.dev.Spec(), u.why)})
+		return
 	}
 	d.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.Reported, Cluster: u.cluster, Pool: u.dev.Pool,
 		Namespace: u.dev.Namespace, Image: u.dev.Image, Device: u.dev.DevNode, OwnerNode: u.owner, Warning: true,

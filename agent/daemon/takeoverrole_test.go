@@ -79,7 +79,7 @@ func takeoverByRole(t *testing.T, policy string) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				addr := fmt.Sprintf("10.0.0.1:0/%d", 100+i)
+				addr := fmt.Sprintf("10.0.%d.1:0/%d", i, 100+i) // an ip of its own: a node entry covers it alone
 				if _, err := a.SetMapping(context.Background(), img, r.Holder.Epoch, addr, "/dev/rbd0"); err != nil {
 					t.Fatal(err)
 				}
@@ -88,8 +88,8 @@ func takeoverByRole(t *testing.T, policy string) {
 						t.Fatal(err)
 					}
 				}
-				if covered {
-					if _, err := c.m.Blocklist(context.Background(), addr, time.Hour); err != nil {
+				if covered { // the holder's node blocklisted by someone else, as ceph-csi's fallback does
+					if _, err := c.m.Blocklist(context.Background(), fmt.Sprintf("10.0.%d.1:0/0", i), time.Hour); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -159,7 +159,7 @@ func takeoverByRole(t *testing.T, policy string) {
 						}
 						want := "this caller (CSI role) may not take it over under takeover_policy: manual: if node node-a is dead, ask an admin to run " + fence + " on any node, or set takeover_policy: after-fence"
 						if policy == config.TakeoverAfterFence {
-							want = "node node-a's mapping (" + addr + ") is on no blocklist entry; under takeover_policy: after-fence a map takes it over once the holder's mapping is on the cluster's blocklist: if node node-a is dead, ask an admin to run `rbd-owner fence --node node-a` on any node"
+							want = "node node-a's mapping (" + addr + ") is on no blocklist entry for its whole node (ip:0/0 or a range); under takeover_policy: after-fence a map takes it over once the holder's mapping is on the cluster's blocklist: if node node-a is dead, ask an admin to run `rbd-owner fence --node node-a` on any node"
 						}
 						if !strings.Contains(msg, want) ||
 							strings.Contains(msg, "map with takeover") || strings.Contains(msg, "retry") || strings.Contains(msg, "possible in") {
