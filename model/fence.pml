@@ -46,7 +46,7 @@
  * client exists, it is not unmapped and its address is not on the blocklist (a1, while the entry
  * is in force, is fenced; B's and C's mappings are never fenced here). A frozen or cut-off node's
  * mapping counts (it writes as soon as it resumes). Asserted where a writer can appear: the
- * entry running out, a map, the admin's unfence.
+ * entry running out, a map, the admin's unfence, and (AFTER_FENCE, below) a third party's lift.
  *
  * Assumption (OUTAGES drops it): while B or C holds a mapping or a claim it may map at once and
  * cannot renew (cut off, or its blocklist calls fail), the other can, or less than a tick passes:
@@ -84,6 +84,60 @@
  *   HOLDER_SILENT         the holder of record never renews in its renew round: its claim check
  *                         (what feeds keepFences the record) never comes (no notice, the slow check
  *                         not yet due); its Acquire, its sweeps and its other calls work
+ *
+ * The takeover policy after-fence (AFTER_FENCE; docs/safety.md, "Takeover of a hold someone else
+ * fenced"). Why here and not in rbd_owner.pml: what makes such a takeover safe is not the order of
+ * blocklist call and compare-and-set (rbd_owner.pml checks that for every takeover, and its
+ * ROLES/POLICY_AFTER only decide who may start one) but that the holder, alive and writing, stays
+ * cut off for as long as its mapping may exist, while another party's entry comes and goes and
+ * the taker's own entry has a life and must be renewed: entry lifetimes and renewal are this
+ * model's subject (in rbd_owner.pml every entry is permanent and no one else's, so neither an
+ * own entry that nobody renews nor another party's removal could fail there). Which holds a
+ * policy lets a node take is a choice of when, not of whether the holder is cut off: COVER_ANY
+ * (any hold taken at any moment) passes with exactly the states of the listing's rule.
+ * With AFTER_FENCE the run starts before any takeover: A holds the image, alive (up, its agent
+ * reaching the cluster, its heartbeat going on) and a1 mapped and writing; no fence yet. A third
+ * party X (ceph-csi's out-of-service fencing, a csi-addons NetworkFence, an admin by hand) adds
+ * one entry and lifts it, each at any moment, any number of times: a range ip/32 over A's node
+ * (`osd blocklist range add`), A's node as ip:0/0 (`osd blocklist add <ip>`: ceph-csi where the
+ * cluster has no ranges), or a1's exact address (an admin). X's entries of A's node cut A's
+ * agent's own client too. X's entry is in no record and nobody renews it. B and C may take A's
+ * hold over while it is live, under after-fence only when it is covered, in three steps of their
+ * Acquire with anything in between:
+ *   decide:    the claim read (A's hold), the listing read (`osd blocklist ls`): covered (every
+ *              client of the hold: a1's address if the hold recorded it, else A's node), so the
+ *              lease wait is waived (the listing is stale from here: X may lift its entry);
+ *   blocklist: its own entry for A's hold (a1's address, else A's whole node ip:0/0), as any
+ *              takeover (a failed call ends the Acquire: no claim);
+ *   write:     the compare-and-set of epoch+1, failing if A's hold is no longer the record's
+ *              (A released it, the other one took it); with FIX_CLAIM_RENEWS its own new fence is
+ *              renewed first if it is due or ran out meanwhile (the agent's renewDue runs on the
+ *              record to be written, the new fence in it), as the record's other fences are;
+ *              the fence recorded (fences[]: with the boot id A's hold recorded), renewed from
+ *              then on like any fence.
+ * A is then what it is in the rest of this model: it may go on writing whenever no entry covers
+ * a1, be frozen and resume, reboot, restart its agent, have a1 unmapped by hand (its agent then
+ * records the fence gone, if it reaches the cluster) or release its hold once a1 is gone.
+ *   AFTER_FENCE           the above; checked as everything else: never two unfenced writers, a1
+ *                         writing while neither X's entry nor the taker's is in force
+ *   SHARED_KEYS           (with AFTER_FENCE) the blocklist as Ceph keeps it: one entry per
+ *                         address, whoever added it. X's ip:0/0 is the entry of a whole-node
+ *                         fence of A, X's a1 that of a fence of a1: an add of it adds nothing,
+ *                         X's removal removes the taker's fence with it, and it runs out with it.
+ *                         Without: every party's entries are apart (the argument's premise)
+ *   FIX_OWN_KEY           (F10's fix) the waiver only where the taker's own entry is an address a
+ *                         node fencer never lists (A's hold recorded a1: a1's exact address), and
+ *                         only on coverage by another entry than a1's own; otherwise the hold is
+ *                         not taken here (the lease wait applies, as before)
+ *   X_NO_EXACT            X lists nodes only (ranges, ip:0/0), never a client's exact address
+ *   COVER_ANY             (with AFTER_FENCE) the listing read may show anything (a monitor that
+ *                         lags, any policy's rule): B and C take A's live hold at any moment
+ *   TRUST_X               variant: the taker adds no entry of its own and records no fence: X's
+ *                         entry is all that cuts a1
+ *   OWN_UNRECORDED        variant: the taker adds its own entry but does not record the fence in
+ *                         the claim, so nobody renews it
+ *   TAKE_NO_RENEW_OWN     variant: the takeover's own new fence is not renewed before its
+ *                         compare-and-set (F6's renewal covers the record's older fences only)
  */
 
 #ifndef LIFE
@@ -129,6 +183,32 @@ byte f_inc;             /* the incarnation in that heartbeat (only GONE_ON_NEW_H
 bool blk;               /* on the blocklist, in force */
 byte age;               /* ticks since it was last added */
 
+#ifdef AFTER_FENCE
+/* X's entry (one at a time): none, or its address. The blocklist is Ceph's: one entry per
+   address, whoever added it (SHARED_KEYS; without it every party's entries are apart) */
+#define XR 1            /* a range, ip/32 (`osd blocklist range add`): a key of its own */
+#define XN 2            /* A's whole node, ip:0/0 (`osd blocklist add <ip>`): a whole-node fence's key */
+#define XA 3            /* a1's exact address: a client fence's key */
+byte xk;
+byte pend[4];           /* B, C: a takeover of A's live hold under way: 1 decided (covered as read),
+                           2 its own entry added, its compare-and-set to come */
+#define XCUT     (xk != 0)
+#define XGONE    xk = 0
+#define XNODE    (xk == XR || xk == XN)   /* A's agent's own client is cut too */
+/* X's entry is the taker's fence's entry (the same address) */
+#ifdef SHARED_KEYS
+#define SAMEKEY  ((xk == XN && f_node) || (xk == XA && !f_node))
+#else
+#define SAMEKEY  0
+#endif
+#define PEND(n)  (pend[n] != 0)
+#else
+#define XCUT     0
+#define XNODE    0
+#define SAMEKEY  0
+#define PEND(n)  0
+#endif
+
 /* A's kernel and agent, and A's heartbeat object */
 byte boot;              /* A's current boot id (1, then 2 after its reboot) */
 bool a_old;             /* A's agent predates boot ids and fences[]: its heartbeat has no boot id */
@@ -138,14 +218,31 @@ bool two_unfenced_writers;
 bool waived;            /* FLEET: a sweep of the pool was recorded since the last tick */
 
 #define HB_BOOT    (a_old -> 0 : boot)
-#define A_REACH    (st[A] == UP && !(f_node && blk))   /* A's agent can reach the cluster */
-#define A_WRITES   (km[A] && !blk)
+/* every client of A's hold covered, as the listing shows it now: by X's whole-node entry, or
+   by its entry of a1's exact address where A's hold recorded a1 (f_node: it recorded none) */
+#define LISTED     (XNODE || (xk == XA && !f_node))
+#ifdef FIX_OWN_KEY
+/* F10's fix: the waiver only where the taker's own entry is an address no node fencer lists
+   (A's hold recorded a1: a1's exact address), and only on coverage by another entry than that */
+#define OWN_OK     (!f_node && xk != XA)
+#else
+#define OWN_OK     1
+#endif
+#ifdef COVER_ANY
+#define COVERED    OWN_OK
+#else
+#define COVERED    (LISTED && OWN_OK)
+#endif
+/* A's agent can reach the cluster: up, its node not cut off by a whole-node entry (the fence's,
+   or X's) */
+#define A_REACH    (st[A] == UP && !(f_node && blk) && !XNODE)
+#define A_WRITES   (km[A] && !blk && !XCUT)
 #define WRITERS    (A_WRITES + km[B] + km[C])
 #define CHECK      two_unfenced_writers = (WRITERS >= 2); assert(!two_unfenced_writers)
 #define WHAT       if :: f_node -> printf("A's whole node (ip:0/0)") :: else -> printf("a1's address") fi
 
 /* n can renew: up, its blocklist calls work (A's agent: it knows fences and is not cut off) */
-#define CAN(n) (st[n] == UP && !nobl[n] && ((n) != A || (!a_old && !(f_node && blk))))
+#define CAN(n) (st[n] == UP && !nobl[n] && ((n) != A || (!a_old && !(f_node && blk) && !XNODE)))
 /* n must renew: the holder of record; or, while the record is free or its holder is not
    live, any live agent (A's too).
    RR(n): n's renew round (the holder of record; in the agent its claim check, checkClaim, and
@@ -248,7 +345,7 @@ end:
   :: atomic { MAY_RENEW(n) -> RENEW(n) }
   :: atomic { CAN(n) && RESP(n) && f_live && HB_GONE -> MARK_GONE(n) }
   :: atomic {
-       st[n] == UP && !acq[n] && (holder == n || st[holder] == DOWN) ->
+       st[n] == UP && !acq[n] && !PEND(n) && (holder == n || st[holder] == DOWN) ->
 #ifdef FIX_CLAIM_RENEWS
        if
        :: f_live && (!blk || age >= HALF) && nobl[n] ->
@@ -284,11 +381,76 @@ refused: skip
   :: atomic { st[n] == CUT -> st[n] = UP; printf("%c: back\n", NM(n)) }
   :: atomic {
        st[n] != DOWN ->
-       st[n] = DOWN; km[n] = 0; acq[n] = 0; printf("%c: DIES (its kernel and any mapping with it)\n", NM(n))
+       st[n] = DOWN; km[n] = 0; acq[n] = 0;
+#ifdef AFTER_FENCE
+       pend[n] = 0;
+#endif
+       printf("%c: DIES (its kernel and any mapping with it)\n", NM(n))
      }
   :: atomic { st[n] == DOWN -> st[n] = UP; printf("%c: boots again: up, nothing mapped\n", NM(n)) }
 #ifdef FLEET
   :: atomic { st[n] == UP && !waived && MAY_MARK(n) -> MARK(n) }
+#endif
+#ifdef AFTER_FENCE
+  /* a takeover of A's live hold (after-fence): decide on the listing, blocklist, write */
+  :: atomic {
+       st[n] == UP && !acq[n] && !PEND(n) && holder == A && COVERED ->
+#ifdef COVER_ANY
+       printf("%c: Acquire: A holds it (alive); it takes it over whatever the listing shows", NM(n));
+#else
+       printf("%c: Acquire: A holds it (alive); the blocklist listing shows A's hold covered", NM(n));
+#endif
+       printf(" (X's entry: %d, 0 none, 1 range, 2 ip:0/0, 3 a1): no lease wait, TAKEOVER\n", xk);
+#ifdef TRUST_X
+       pend[n] = 2; printf("%c: (adds no entry of its own: X's covers A)\n", NM(n))
+#else
+       pend[n] = 1
+#endif
+     }
+  :: atomic {
+       st[n] == UP && pend[n] == 1 ->
+       if
+       :: nobl[n] -> pend[n] = 0; printf("%c: its blocklist call FAILS: the Acquire ends, no claim\n", NM(n))
+       :: else ->
+            printf("%c: blocklists A with its own entry: ", NM(n)); WHAT;
+            if
+            :: SAMEKEY -> printf(" (X's entry has that address: the same entry)\n")
+            :: !SAMEKEY && blk -> printf(" (the entry was %d old)\n", age)
+            :: else -> printf("\n")
+            fi;
+            blk = 1; age = 0; pend[n] = 2
+       fi
+     }
+  :: atomic {
+       st[n] == UP && pend[n] == 2 ->
+       if
+       :: holder != A ->
+            pend[n] = 0; printf("%c: its compare-and-set fails: A's hold is no longer the record's\n", NM(n));
+            goto took
+       :: else
+       fi;
+#if defined(FIX_CLAIM_RENEWS) && !defined(TAKE_NO_RENEW_OWN) && !defined(TRUST_X) && !defined(OWN_UNRECORDED)
+       /* renewDue on the record to be written: its own new fence among its fences */
+       if
+       :: !blk || age >= HALF ->
+            if
+            :: nobl[n] -> pend[n] = 0; printf("%c: Acquire refused: its new fence is due and it cannot renew it\n", NM(n)); goto took
+            :: else -> printf("%c: (its new fence is due: before its compare-and-set)\n", NM(n)); RENEW(n)
+            fi
+       :: else
+       fi;
+#endif
+#if defined(TRUST_X) || defined(OWN_UNRECORDED)
+       printf("%c: writes epoch+1: holds it; NO fence recorded\n", NM(n));
+#else
+       f_live = 1;
+       printf("%c: writes epoch+1: holds it; the fence of ", NM(n)); WHAT;
+       printf(" recorded (boot id %d)", f_boot);
+       if :: blk -> printf(", its entry %d old\n", age) :: else -> printf(", its entry RUN OUT\n") fi;
+#endif
+       holder = n; acq[n] = 1; pend[n] = 0;
+took:  skip
+     }
 #endif
 #ifdef NOBL
   :: atomic { !nobl[n] -> nobl[n] = 1; printf("%c: its blocklist calls FAIL from here (the rest works)\n", NM(n)) }
@@ -324,17 +486,57 @@ end:
      }
   :: atomic { MAY_RENEW(A) -> RENEW(A) }
   :: atomic { CAN(A) && RESP(A) && f_live && HB_GONE -> MARK_GONE(A) }
+#ifdef AFTER_FENCE
+  :: atomic { A_REACH && holder == A && !km[A] -> holder = NONE; printf("A: releases its hold (a1 is gone)\n") }
+#endif
 #ifdef FLEET
   :: atomic { A_REACH && !a_old && !waived && MAY_MARK(A) -> MARK(A) }
 #endif
   od
 }
 
+#ifdef AFTER_FENCE
+/* X: another party's entry covering A's node, added and lifted at any moment */
+proctype Third() {
+end:
+  do
+  :: atomic {
+       xk == 0 ->
+       if
+       :: xk = XR; printf("X: blocklists A's node: the range ip/32\n")
+       :: xk = XN; printf("X: blocklists A's node: ip:0/0")
+#ifndef X_NO_EXACT
+       :: xk = XA; printf("X: blocklists a1's exact address")
+#endif
+       fi;
+       if
+       :: SAMEKEY && blk -> printf(" (listed already: the taker's fence; nothing added)\n")
+       :: !(SAMEKEY && blk) && xk != XR -> printf("\n")
+       :: else
+       fi
+     }
+  :: atomic {
+       xk != 0 ->
+       printf("X: LIFTS its entry (a1 mapped: %d)", km[A]);
+       if
+       :: SAMEKEY && blk -> blk = 0; printf(": the same address as the taker's fence: THAT ENTRY IS REMOVED\n")
+       :: else -> printf("\n")
+       fi;
+       xk = 0;
+       CHECK
+     }
+  od
+}
+#endif
+
 /* unfence --node A, once, at any moment (no --force) */
 proctype Admin() {
 end:
   atomic {
     f_node && f_live && UNFENCE_OK ->
+#ifdef AFTER_FENCE
+    if :: SAMEKEY -> XGONE :: else fi;   /* one entry: X's with it */
+#endif
     blk = 0; f_live = 0;
     printf("admin: unfence --node A (A shows boot id %d, the fence %d): the entry removed, the fence gone\n",
            boot, f_boot);
@@ -355,6 +557,9 @@ end:
 #endif
        if
        :: age == LIFE ->
+#ifdef AFTER_FENCE
+            if :: SAMEKEY -> XGONE; printf("time: (X's entry is that entry)\n") :: else fi;
+#endif
             blk = 0; printf("time: the entry is %d old: it RUNS OUT (a1 mapped: %d)\n", age, km[A]);
             CHECK
        :: else -> printf("time: the entry is %d old\n", age)
@@ -370,11 +575,21 @@ init {
     if :: a_old = 0 :: OLD_AGENT -> a_old = 1 fi;
     hb_boot = HB_BOOT; hb_inc = 0;
     if :: f_node = 0 :: f_node = 1 fi;
+#ifdef AFTER_FENCE
+    /* A holds the image, alive, a1 mapped and writing; no fence yet. The fence a takeover will
+       record has the boot id A's hold recorded (that of a1's kernel, or none) */
+    st[A] = UP; f_live = 0; f_boot = hb_boot; f_inc = hb_inc; blk = 0; age = 0;
+    holder = A; st[B] = UP; st[C] = UP;
+    printf("A: holds the image, alive, a1 mapped and writing; a takeover would fence ");
+    WHAT; printf("\n");
+    run Third();
+#else
     /* B's takeover: the entry added, the fence recorded with B's claim */
     f_live = 1; f_boot = hb_boot; f_inc = hb_inc; blk = 1; age = 0;
     holder = B; acq[B] = 1; st[B] = UP; st[C] = UP;
     printf("B: TAKEOVER of A (hung, a1 mapped): blocklists "); WHAT;
     printf("; the fence recorded with boot id %d\n", f_boot);
+#endif
     run Time(); run Fenced(); run Admin(); run Agent(B); run Agent(C)
   }
 }
