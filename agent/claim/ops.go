@@ -340,6 +340,20 @@ func notHeld(cur *Record, node string, epoch uint64) string {
 	return fmt.Sprintf("another node took it over (epoch %d) and has released it since", cur.Epoch)
 }
 
+// Unexplained returns the watchers of img's header that no holder of rec explains: another
+// client mapping or opening the image, from anywhere, outside rbd-owner (the agent's own
+// connection aside). Two reads of the image (its id, its header's watchers): the slow check's.
+func (s *Store) Unexplained(ctx context.Context, img Image, rec *Record) ([]string, error) {
+	info, err := s.inspectImage(ctx, img)
+	if err != nil {
+		return nil, fmt.Errorf("watchers of %s: %w", img, err)
+	}
+	if rec == nil {
+		return info.Watchers, nil
+	}
+	return unexplained(info.Watchers, rec.Holders), nil
+}
+
 // Inspect reads the image's claim record; ErrNoClaim when it has none.
 func (s *Store) Inspect(ctx context.Context, img Image) (*Record, error) {
 	if err := validateImage(img); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/devwatch"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/state"
+	"github.com/sirupsen/logrus"
 )
 
 // The agent's loops. Each only decides and hands the work to goroutines it does not wait on,
@@ -227,8 +229,12 @@ func (d *Daemon) renewRound(ctx context.Context, cl *cluster) {
 	notices := d.readNotices(ctx, cl, store, ms)
 	now := d.opts.Mono()
 	var due []state.Mapping
+	slow := map[state.Key]bool{} // due for the slow check itself: its watchers are read too
 	for _, m := range ms {
 		everyRound := d.isLost(m.Key) || d.problem(m.Key) != "" || d.keepsFences(cl.cfg.ID, m.Ref.Head())
+		if d.checks.due(m, now, false, false) {
+			slow[m.Key] = true
+		}
 		if d.checks.due(m, now, notices[place{m.Pool, m.Namespace}].noticed(m), everyRound) {
 			due = append(due, m)
 		}
@@ -236,7 +242,7 @@ func (d *Daemon) renewRound(ctx context.Context, cl *cluster) {
 	var mu sync.Mutex
 	read := map[state.Key]bool{} // claims read and judged this round
 	eachBounded(renewConcurrency, due, func(m state.Mapping) {
-		if d.checkClaim(ctx, cl, store, m) {
+		if d.checkClaim(ctx, cl, store, m, slow[m.Key]) {
 			d.checks.checked(m.Key, d.opts.Mono(), d.claimCheckInterval())
 			mu.Lock()
 			read[m.Key] = true
@@ -244,6 +250,24 @@ func (d *Daemon) renewRound(ctx context.Context, cl *cluster) {
 		}
 	})
 	d.clearNotices(ctx, cl, store, notices, read, ms)
+}
+
+// checkWatchers reports, at warning priority and in a metric, the watchers of a held image that
+// no holder's mapping explains: another client mapping or opening it outside rbd-owner, from
+// anywhere (an rbd-nbd or librbd client, a krbd mapping on a node without the agent). Read at
+// the slow claim check only: two reads of the image per claim_check_interval, never per round.
+func (d *Daemon) checkWatchers(ctx context.Context, cl *cluster, store *claim.Store, m state.Mapping, rec *claim.Record) {
+	wctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
+	defer cancel()
+	w, err := store.Unexplained(wctx, m.Ref.Head(), rec)
+	if err == nil && len(w) > 0 {
+		d.metrics.UnexplainedWatchers(cl.cfg.ID, len(w))
+		d.log.WithFields(logrus.Fields{"image": m.Key.String(), "device": m.Device, "watchers": strings.Join(w, ",")}).
+			Warn(fmt.Sprintf("%s, which this node holds, has watchers no claim explains: %s; another client maps or opens it outside rbd-owner (an rbd-nbd or librbd client, or a node without the agent): find it with `rbd status %s` and stop it", m.Key, strings.Join(w, ", "), m.Ref.Head()))
+	}
+	if err != nil && ctx.Err() == nil {
+		d.log.WithError(err).WithField("image", m.Key.String()).Warn("the watchers of a held image could not be read at its slow check; read again at the next one")
+	}
 }
 
 // claimCheckInterval is claim_check_interval (its default when unset), at least a renew
@@ -299,7 +323,7 @@ func (d *Daemon) heartbeat(ctx context.Context, cl *cluster, store *claim.Store,
 // checkClaim reads one claim: a claim that is no longer this node's is reported (status,
 // journal at error priority) and its device left alone: unmapping a file system in use is
 // never the agent's call. It returns whether the claim could be read.
-func (d *Daemon) checkClaim(ctx context.Context, cl *cluster, store *claim.Store, m state.Mapping) (read bool) {
+func (d *Daemon) checkClaim(ctx context.Context, cl *cluster, store *claim.Store, m state.Mapping, slow bool) (read bool) {
 	rctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
 	rec, err := store.Check(rctx, m.Ref.Head(), m.Epoch)
 	cancel()
@@ -309,6 +333,9 @@ func (d *Daemon) checkClaim(ctx context.Context, cl *cluster, store *claim.Store
 	}
 	switch {
 	case err == nil:
+		if slow {
+			d.checkWatchers(ctx, cl, store, m, rec)
+		}
 		failed, _ := d.heartbeatErr.Load(cl.cfg.ID + "/" + m.Pool + "/" + m.Namespace)
 		if failed != true && d.problem(m.Key) != "" {
 			d.setProblem(m.Key, "")

@@ -17,6 +17,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/krbd/fakekernel"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/sirupsen/logrus"
 )
 
 // TestRenewalCostsOneWritePerPool: a renew interval's work (the heartbeats and the round of
@@ -190,4 +191,65 @@ func TestAClaimRemovedByHandIsFoundByTheSlowCheck(t *testing.T) {
 	if reads > 16 {
 		t.Fatalf("%d claim reads before the slow check found it, want at most one per claim", reads)
 	}
+}
+
+// TestSlowCheckReportsUnexplainedWatchers: a client that maps or opens a held image outside
+// rbd-owner (from any node: an rbd-nbd or librbd client) is seen at the claim's slow check,
+// counted in rbd_owner_unexplained_watchers_total and logged at warning priority naming its
+// address; the rounds between slow checks read no image.
+func TestSlowCheckReportsUnexplainedWatchers(t *testing.T) {
+	m := claim.NewMemory("00000000-0000-4000-8000-000000000027")
+	d, mono := roundDaemon(t, m, 2, 2)
+	hook := &logtest{}
+	d.log.AddHook(hook)
+	d.log.SetLevel(logrus.WarnLevel)
+	rec, err := otherNode(t, m).Inspect(context.Background(), claim.Image{Pool: "rbd", Image: "v00"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SetWatchers(claim.Image{Pool: "rbd", Image: "v00"}, rec.Holders[0].ClientAddr, "198.51.100.7:0/99")
+	counted := func() float64 {
+		fams, err := d.metrics.Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			if f.GetName() == "rbd_owner_unexplained_watchers_total" {
+				return f.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		return -1
+	}
+	d.renewRound(context.Background(), d.clusters["c1"]) // the first round: every claim's slow check
+	if n := counted(); n != 1 {
+		t.Fatalf("unexplained_watchers_total %v after the slow check, want 1", n)
+	}
+	if msgs := hook.messages(); len(msgs) != 1 || !strings.Contains(msgs[0], "rbd/v00, which this node holds, has watchers no claim explains: 198.51.100.7:0/99") {
+		t.Fatalf("warnings: %q", msgs)
+	}
+	m.Counts(true)
+	mono.Advance(20 * time.Second)
+	d.renewRound(context.Background(), d.clusters["c1"])
+	if got := m.Counts(true); got["image"] != 0 || counted() != 1 {
+		t.Fatalf("a round between slow checks read the image: %v", got)
+	}
+}
+
+// logtest keeps the messages of warnings logged.
+type logtest struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *logtest) Levels() []logrus.Level { return []logrus.Level{logrus.WarnLevel} }
+func (l *logtest) Fire(e *logrus.Entry) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.msgs = append(l.msgs, e.Message)
+	return nil
+}
+func (l *logtest) messages() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.msgs...)
 }

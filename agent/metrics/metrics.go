@@ -134,6 +134,7 @@ type Metrics struct {
 	maps, unmaps, refusals   *prometheus.CounterVec
 	takeovers, fences        *prometheus.CounterVec
 	intruders, adoptions     *prometheus.CounterVec
+	watchers                 *prometheus.CounterVec
 	liveness, claimsLost     *prometheus.CounterVec
 	devicesLost              *prometheus.CounterVec
 	fenceRenewals            *prometheus.CounterVec
@@ -177,6 +178,7 @@ func New(o Options) *Metrics {
 	m.takeovers = counter("takeovers_total", "Images this node took over from another node (after fencing its mapping).", labelCluster)
 	m.fences = counter("fences_total", "Mappings of claim holders blocklisted by this agent, by cause: takeover, admin (rbd-owner fence), own_lost (this node's own mapping of a claim it lost).", labelCluster, labelCause)
 	m.intruders = counter("intruders_fenced_total", "Mappings made outside rbd-owner of an image held elsewhere that this agent blocklisted.", labelCluster)
+	m.watchers = counter("unexplained_watchers_total", "Watchers of an image this node holds that no holder's mapping explains (another client mapping or opening it outside rbd-owner, from anywhere), counted at each slow claim check (claim_check_interval) that finds them.", labelCluster)
 	m.adoptions = counter("adoptions_total", "Mappings made outside rbd-owner that this agent adopted (claimed and manages).", labelCluster)
 	m.liveness = counter("liveness_writes_total", "Writes of this node's liveness record (heartbeats), by result: ok, or the error code.", labelCluster, labelResult)
 	m.claimsLost = counter("claims_lost_total", "Claims this node found it no longer holds (taken over or fenced); their devices are left in place.", labelCluster)
@@ -201,13 +203,13 @@ func New(o Options) *Metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.mapSeconds, m.unmapSeconds, m.maps, m.unmaps, m.refusals, m.takeovers, m.fences, m.intruders, m.adoptions,
+		m.mapSeconds, m.unmapSeconds, m.maps, m.unmaps, m.refusals, m.takeovers, m.fences, m.intruders, m.watchers, m.adoptions,
 		m.liveness, m.claimsLost, m.devicesLost, m.fenceRenewals, m.clusterOps, m.recovery, build, lease, renew,
 		m.stateSetAside, m.stateWriteFailures, m.stateRebuilt,
 		stateCollector{m},
 	)
 	for _, c := range o.Clusters {
-		for _, v := range []*prometheus.CounterVec{m.takeovers, m.intruders, m.adoptions, m.claimsLost, m.devicesLost} {
+		for _, v := range []*prometheus.CounterVec{m.takeovers, m.intruders, m.watchers, m.adoptions, m.claimsLost, m.devicesLost} {
 			v.WithLabelValues(c)
 		}
 		for _, cause := range []string{CauseTakeover, CauseAdmin, CauseOwnLost} {
@@ -292,6 +294,14 @@ func (m *Metrics) IntruderFenced(cluster string) {
 		return
 	}
 	m.intruders.WithLabelValues(cl(cluster)).Inc()
+}
+
+// UnexplainedWatchers records watchers of a held image that no holder explains.
+func (m *Metrics) UnexplainedWatchers(cluster string, n int) {
+	if m == nil {
+		return
+	}
+	m.watchers.WithLabelValues(cl(cluster)).Add(float64(n))
 }
 
 // Adopted records a mapping made outside rbd-owner that was adopted.
