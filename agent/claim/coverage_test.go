@@ -292,3 +292,22 @@ func TestNodeHoldsSaysWhatItCannotSee(t *testing.T) {
 		t.Fatalf("fence --node of an old agent's node: %v", errs)
 	}
 }
+
+// TestAdoptionIsListedAmongTheNodesHolds: a mapping adopted under adopt-or-fence is a hold like
+// any other: the node's heartbeat lists it (written before the claim), so fence --node finds it.
+func TestAdoptionIsListedAmongTheNodesHolds(t *testing.T) {
+	ctx := context.Background()
+	m := NewMemory("fsid")
+	clk := newClock()
+	a, b := memNode(t, m, "node-a", clk), memNode(t, m, "node-b", clk)
+	img := Image{Pool: "rbd", Image: "adopted"}
+	m.AddImage(img, "id-adopted")
+	res, err := a.Unmanaged(ctx, Unmanaged{Image: img, ImageID: "id-adopted", ClientAddr: "10.0.0.1:0/5", Device: "/dev/rbd2", OwnClient: true}, AdoptOrFence)
+	if err != nil || res.Action != Adopt {
+		t.Fatalf("adoption: %+v %v", res, err)
+	}
+	holds, errs := b.NodeHolds(ctx, "node-a")
+	if len(errs) > 0 || len(holds) != 1 || holds[0].Record.Ref != img || holds[0].Holder.ClientAddr != "10.0.0.1:0/5" {
+		t.Fatalf("node-a's holds: %+v %v", holds, errs)
+	}
+}

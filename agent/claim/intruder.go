@@ -250,6 +250,12 @@ func (s *Store) Unmanaged(ctx context.Context, u Unmanaged, policy UnmanagedPoli
 			if err := s.renewDue(ctx, u.Image, plan.Next, renewed); err != nil {
 				return nil, fmt.Errorf("not adopted: %w", err)
 			}
+			// as in Acquire: this node's liveness, listing the image among its holds, before the
+			// claim becomes visible
+			s.NoteHold(u.Image, true)
+			if err := s.Heartbeat(ctx, u.Image.Pool, u.Image.Namespace); err != nil {
+				return nil, fmt.Errorf("not adopted, since this node's liveness could not be recorded first: %w", err)
+			}
 			res.Holder = plan.Holder
 			return plan.Next, nil
 		case AdoptOwn:
@@ -281,9 +287,6 @@ func (s *Store) Unmanaged(ctx context.Context, u Unmanaged, policy UnmanagedPoli
 		return nil, err
 	}
 	res.Record = rec
-	if res.Action == Adopt {
-		_ = s.Heartbeat(ctx, u.Image.Pool, u.Image.Namespace) // renewals write it too
-	}
 	return &res, nil
 }
 
