@@ -197,7 +197,16 @@ func classify(err error) (int, *api.Error, string) {
 				}
 				msg = fmt.Sprintf("%s is held by node %s (host %s) at epoch %d since %s",
 					what, o.NodeID, o.Hostname, o.Epoch, o.AcquiredAt.Format(time.RFC3339))
+				// the agent's own next step, phrased for this caller and the policy, follows the
+				// first "; " of its message: kept whole, in place of the generic advice below
+				_, reason, hasReason := strings.Cut(ae.Message, "; ")
 				switch {
+				case hasReason && o.Expired:
+					msg += fmt.Sprintf(" (lease expired: its heartbeat has not changed for %.0fs on this node's clock); %s", o.LeaseAge, reason)
+				case hasReason && ae.RetryAfterSeconds > 0:
+					msg += fmt.Sprintf(" (live: watching node %s's lease; a takeover is possible in %ds unless it renews); %s", o.NodeID, ae.RetryAfterSeconds, reason)
+				case hasReason:
+					msg += " (live); " + reason
 				case o.Expired:
 					msg += fmt.Sprintf(" (lease expired: its heartbeat has not changed for %.0fs on this node's clock; map with --takeover to fence it and take over)", o.LeaseAge)
 				case ae.RetryAfterSeconds > 0:

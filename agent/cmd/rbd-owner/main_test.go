@@ -68,6 +68,20 @@ func TestClaimedElsewhereExits3AndNamesTheOwner(t *testing.T) {
 	}
 }
 
+// TestClaimedElsewhereKeepsTheAgentsNextStep: the agent's next step for this caller and policy
+// (after the first "; " of its message) is printed whole, not replaced by generic advice.
+func TestClaimedElsewhereKeepsTheAgentsNextStep(t *testing.T) {
+	next := "node node-a's mapping (10.0.0.1:0/7) is on no blocklist entry for its whole node (ip:0/0 or a range); under takeover_policy: after-fence a map takes it over once the holder's mapping is on the cluster's blocklist"
+	sock, _ := serve(t, 409, api.ErrorBody{Error: &api.Error{Code: api.CodeClaimedElsewhere,
+		Message: "acquire rbd/img: rbd/img is held (rwo) by node node-a (host host-a, addr 10.0.0.1) at epoch 4 since 2026-12-02T13:00:00Z (lease live as far as this node has seen); " + next,
+		Owner:   &api.Owner{NodeID: "node-a", Hostname: "host-a", Epoch: 4, AcquiredAt: time.Now(), LeaseAge: 3}}})
+	code, _, errs := cli("--socket", sock, "map", "rbd/img")
+	if code != exitClaimed || !strings.HasPrefix(errs, "rbd-owner map: rbd/img is held by node node-a") || !strings.Contains(errs, "(live); "+next) ||
+		strings.Contains(errs, "release --force") || strings.Count(strings.TrimSpace(errs), "\n") != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+}
+
 func TestExitCodes(t *testing.T) {
 	sock, _ := serve(t, 503, api.ErrorBody{Error: &api.Error{Code: api.CodeClusterUnavailable, Message: "cluster lab: unavailable"}})
 	for _, tc := range []struct {
