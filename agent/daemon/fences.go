@@ -222,11 +222,7 @@ func (d *Daemon) UnfenceNode(ctx context.Context, req api.UnfenceNodeRequest, pe
 // claim.Store.FenceNode. Each hold fenced is audited, and the whole in one summary; what could
 // not be found or fenced is answered as incomplete, never left out silently.
 func (d *Daemon) fenceNode(ctx context.Context, req api.ImageRequest, peer *peercred.Cred) (*api.FenceResponse, error) {
-	cl, err := d.cluster(req.Cluster)
-	if err != nil {
-		return nil, err
-	}
-	store, err := cl.claims(ctx)
+	cl, store, err := d.clusterClaims(ctx, req.Cluster)
 	if err != nil {
 		return nil, err
 	}

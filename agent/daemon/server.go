@@ -370,6 +370,20 @@ func (d *Daemon) listNodeHolds(w http.ResponseWriter, r *http.Request, cl *clust
 	writeJSON(w, http.StatusOK, out)
 }
 
+// clusterClaims returns a configured cluster ("" for the only one) and its claim store,
+// connecting when needed.
+func (d *Daemon) clusterClaims(ctx context.Context, id string) (*cluster, *claim.Store, error) {
+	cl, err := d.cluster(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := cl.claims(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cl, store, nil
+}
+
 // pools returns [pool], or every pool of the cluster when pool is "".
 func (c *cluster) pools(ctx context.Context, pool string) ([]string, error) {
 	if pool != "" {
@@ -384,11 +398,7 @@ func (c *cluster) pools(ctx context.Context, pool string) ([]string, error) {
 
 // RemoveOrphans removes the claims of deleted images (admin).
 func (d *Daemon) RemoveOrphans(ctx context.Context, req api.OrphansRequest, peer *peercred.Cred) (*api.OrphansResponse, error) {
-	cl, err := d.cluster(req.Cluster)
-	if err != nil {
-		return nil, err
-	}
-	store, err := cl.claims(ctx)
+	cl, store, err := d.clusterClaims(ctx, req.Cluster)
 	if err != nil {
 		return nil, err
 	}
