@@ -22,6 +22,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/metrics"
 	"github.com/rbd-owner/rbd-owner/agent/nodeaddr"
+	"github.com/rbd-owner/rbd-owner/agent/nodestate"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
@@ -92,29 +93,20 @@ type Daemon struct {
 
 	locks keyedLocks
 
-	mu       sync.Mutex
-	problems map[state.Key]problem // claims that cannot be renewed, devices that cannot be explained
-	lost     map[state.Key]bool    // claims this node knows it no longer holds (device kept)
-	// selfFenced: when this node last re-blocklisted its own lost mapping
-	selfFenced map[state.Key]time.Time
-	kept       map[string]keptFences   // the live fences of each claim this node keeps, as last seen (fences.go)
-	unmanaged  map[int]unmanagedDevice // devices mapped behind the agent's back, and their verdicts
-	skews      map[string]skew         // other nodes whose clocks are off, by "cluster/node"
-	beats      map[string]time.Time    // when each loop last beat (see loops.go)
-	watches    takeoverWatches         // images waiting to be taken over (watch.go)
-	checks     claimChecks             // when each claim held is next read (checks.go)
-	sweepMarks sweepMarks              // the sweeps of each place seen (sweep.go)
-	renewed    atomic.Int64            // successful heartbeats (tests)
-	judging    atomic.Int64            // judgements of devices under way off the executor (judgeAtOnce)
+	// node is what this node knows of itself (problems, lost claims, unmanaged devices, kept
+	// fences, skews): its own type with its own lock (package nodestate)
+	node       *nodestate.Node
+	beats      loopBeats       // when each loop last beat (see loops.go)
+	watches    takeoverWatches // images waiting to be taken over (watch.go)
+	checks     claimChecks     // when each claim held is next read (checks.go)
+	sweepMarks sweepMarks      // the sweeps of each place seen (sweep.go)
+	renewed    atomic.Int64    // successful heartbeats (tests)
+	judging    atomic.Int64    // judgements of devices under way off the executor (judgeAtOnce)
 	// rebootedBefore: the node rebooted after the state was last written, and before this
 	// time (when the agent started); zero when it did not (or nothing says so)
 	rebootedBefore time.Time
-	heartbeatErr   sync.Map      // "cluster/pool/ns" → true while its heartbeat fails
 	beatEvery      time.Duration // how often an idle loop beats (set by Run)
 	notifyOff      bool          // sd_notify said there is no notify socket (logged once)
-
-	// selfFencedUntil: the entry keepFenced last made for each lost mapping (selffence.go)
-	selfFencedUntil map[state.Key]selfFence
 
 	ops *executor
 
@@ -154,8 +146,7 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d := &Daemon{
 		opts: opts, cfg: opts.Config, log: opts.Log, audit: opts.Audit, kernel: opts.Kernel, state: st,
-		addrs: nodeaddr.New(), clusters: map[string]*cluster{},
-		beats: map[string]time.Time{}, problems: map[state.Key]problem{}, lost: map[state.Key]bool{}, selfFenced: map[state.Key]time.Time{}, kept: map[string]keptFences{}, unmanaged: map[int]unmanagedDevice{}, skews: map[string]skew{},
+		addrs: nodeaddr.New(), clusters: map[string]*cluster{}, node: nodestate.New(st),
 	}
 	// the node rebooted since the state was last written: its devices went with the boot
 	if prior := st.PriorBoot(); prior != "" && prior != opts.BootID {
@@ -283,62 +274,21 @@ func (d *Daemon) watchConfig() devwatch.Config {
 	return devwatch.Config{Client: d.kernel, Resync: d.cfg.RenewInterval.D(), Logger: d.log}
 }
 
-// problem is what is wrong with one image's mapping or claim, and since when something has
-// been (the message may change while the trouble lasts; since is when it began).
-type problem struct {
-	msg   string
-	since time.Time
-}
-
 // setProblem records what is wrong with k, or ("") that nothing is any more.
-func (d *Daemon) setProblem(k state.Key, p string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if p == "" {
-		delete(d.problems, k)
-		delete(d.lost, k)
-		return
-	}
-	d.noteProblemLocked(k, p)
-}
+func (d *Daemon) setProblem(k state.Key, p string) { d.node.SetProblem(k, p) }
 
-// noteProblemLocked sets k's problem to p, keeping since while one was already there.
-func (d *Daemon) noteProblemLocked(k state.Key, p string) {
-	old, had := d.problems[k]
-	if !had {
-		old.since = time.Now()
-	}
-	d.problems[k] = problem{msg: p, since: old.since}
-}
-
-// setLost records that this node's claim on k is gone (fenced or taken over).
+// setLost records that this node's claim on k is gone (fenced or taken over), counted once.
 func (d *Daemon) setLost(k state.Key, why string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !d.lost[k] {
+	if d.node.SetLost(k, why) {
 		d.metrics.ClaimLost(k.Cluster)
 	}
-	d.noteProblemLocked(k, why)
-	d.lost[k] = true
 }
 
-func (d *Daemon) isLost(k state.Key) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.lost[k]
-}
+func (d *Daemon) isLost(k state.Key) bool { return d.node.IsLost(k) }
 
 func (d *Daemon) problem(k state.Key) string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.problems[k].msg
-}
-
-// problemSince is when k's problem began (zero when it has none).
-func (d *Daemon) problemSince(k state.Key) time.Time {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.problems[k].since
+	msg, _ := d.node.Problem(k)
+	return msg
 }
 
 // sinceText is how a problem says since when it has held, in the cluster-neutral UTC.

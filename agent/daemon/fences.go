@@ -15,6 +15,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/image"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/metrics"
+	"github.com/rbd-owner/rbd-owner/agent/nodestate"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
@@ -83,23 +84,13 @@ func (d *Daemon) keepFences(ctx context.Context, cl *cluster, store *claim.Store
 
 // noteKept remembers the live fences of img as last seen, for the metrics (fences near expiry).
 func (d *Daemon) noteKept(cluster string, img claim.Image, live []claim.KeptFence) {
-	k := cluster + "/" + img.String()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if len(live) == 0 {
-		delete(d.kept, k)
-		return
-	}
-	d.kept[k] = keptFences{cluster: cluster, place: livenessPlace(img.Pool, img.Namespace), fences: live, at: d.opts.Mono()}
+	d.node.NoteKept(cluster, img, nodestate.KeptFences{Cluster: cluster, Place: livenessPlace(img.Pool, img.Namespace), Fences: live, At: d.opts.Mono()})
 }
 
 // keepsFences says whether img's claim showed live fences at its last read: its holder reads it
 // every round, to keep them.
 func (d *Daemon) keepsFences(cluster string, img claim.Image) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	_, ok := d.kept[cluster+"/"+img.String()]
-	return ok
+	return d.node.KeepsFences(cluster, img)
 }
 
 // forgetKeptIn drops the notes of the fences of the claims in a pool and namespace that this node
@@ -108,24 +99,10 @@ func (d *Daemon) forgetKeptIn(cluster, pool, ns string) {
 	held := map[string]bool{}
 	for _, m := range d.state.All() {
 		if m.Cluster == cluster && m.Claimed {
-			held[cluster+"/"+m.Ref.Head().String()] = true
+			held[nodestate.HeldName(cluster, m.Ref.Head())] = true
 		}
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for k, kf := range d.kept {
-		if kf.cluster == cluster && kf.place == livenessPlace(pool, ns) && !held[k] {
-			delete(d.kept, k)
-		}
-	}
-}
-
-// keptFences is what noteKept remembers of one claim, and when (Mono).
-type keptFences struct {
-	cluster string
-	place   string // the claim's pool and namespace
-	fences  []claim.KeptFence
-	at      time.Duration
+	d.node.ForgetKeptIn(cluster, livenessPlace(pool, ns), held)
 }
 
 // keptSnapshot is the live fences this node keeps, for the metrics: those noted within half a
@@ -133,16 +110,10 @@ type keptFences struct {
 // longer sees).
 func (d *Daemon) keptSnapshot() []metrics.Fence {
 	now, life := d.opts.Mono(), d.fenceExpiry()
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	var out []metrics.Fence
-	for k, kf := range d.kept {
-		if now-kf.at > life/2 {
-			delete(d.kept, k)
-			continue
-		}
-		for _, f := range kf.fences {
-			out = append(out, metrics.Fence{Cluster: kf.cluster, Expires: f.Expires})
+	for _, kf := range d.node.Kept(now - life/2) {
+		for _, f := range kf.Fences {
+			out = append(out, metrics.Fence{Cluster: kf.Cluster, Expires: f.Expires})
 		}
 	}
 	return out

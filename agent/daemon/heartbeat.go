@@ -66,7 +66,7 @@ func (h *heartbeats) sync(ctx context.Context) {
 	for p, since := range h.since {
 		if late := time.Since(since); late > h.d.heartbeatTimeout()+h.d.cfg.RenewInterval.D() {
 			msg := fmt.Sprintf("lease not renewed: cluster %s has not answered this node's heartbeat in %s for %s", h.cl.cfg.ID, p, late.Round(time.Second))
-			h.d.heartbeatErr.Store(h.cl.cfg.ID+"/"+p.pool+"/"+p.namespace, true)
+			h.d.node.SetPlaceFailing(h.cl.cfg.ID, p.pool, p.namespace, true)
 			for _, k := range want[p] {
 				h.d.setProblem(k, msg)
 			}

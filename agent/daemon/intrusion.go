@@ -12,46 +12,10 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
+	"github.com/rbd-owner/rbd-owner/agent/nodestate"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
-
-// unmanagedDevice is a device this agent did not map, and what was decided about it.
-type unmanagedDevice struct {
-	dev     krbd.Device
-	cluster string // "" until its cluster is known
-	owner   string // the node that held its image when judged ("" when free)
-	verdict claim.Action
-	why     string
-	// fencedAt is when this agent last blocklisted its client; fencedUntil when that ends.
-	fencedAt, fencedUntil time.Time
-	// pending: not judged yet, because its claim has not been read (its cluster is not
-	// connected yet, or did not answer): nothing is said about it but that, least of all
-	// advice to unmap it, which may be a healthy mapping this agent will adopt back.
-	pending  bool
-	fenceErr string // a fence verdict whose blocklisting failed: why (it can still write)
-	inflight bool   // a judgement of a pending device is under way (judgeAtOnce)
-	// since is when this device was first noted (kept while it stays noted).
-	since time.Time
-	// unfenceable: it can write to an image held elsewhere and could not be fenced alone
-	unfenceable bool
-}
-
-// problem is the device's line in status.
-func (u unmanagedDevice) problem() string {
-	switch {
-	case u.verdict == claim.FenceIntruder && u.fenceErr != "":
-		return fmt.Sprintf("mapped outside rbd-owner while %s, and NOT fenced: %s; the agent retries; unmap it now", u.why, u.fenceErr)
-	case u.pending:
-		return "not checked yet: mapped outside this agent's records, and its claim has not been read (" + u.why + "); the agent checks it once it can"
-	case u.verdict == claim.FenceIntruder && !u.fencedAt.IsZero():
-		return fmt.Sprintf("mapped outside rbd-owner and FENCED (client %s blocklisted until %s): %s; unmap it, then `rbd-owner unfence %s`",
-			u.dev.ClientAddr, u.fencedUntil.UTC().Format(time.RFC3339), u.why, u.dev.Spec().Head())
-	case u.why != "":
-		return "mapped outside rbd-owner: no claim protects it: " + u.why
-	}
-	return "mapped outside rbd-owner: no claim protects it"
-}
 
 // judgeAtOnce judges a device that just appeared (its add uevent), as soon as no saga of this
 // node holds its image: nothing queues it behind other images' work, and no backoff delays it.
@@ -61,7 +25,7 @@ func (d *Daemon) judgeAtOnce(ctx context.Context, dv krbd.Device) {
 	go func() {
 		defer d.bg.Done()
 		defer d.judging.Add(-1)
-		defer d.judged(dv)
+		defer d.node.Judged(dv)
 		if err := d.judgeUnmanaged(ctx, dv, true); err != nil {
 			// the reconciler judges it again
 			d.log.WithError(err).WithField("device", dv.DevNode).Error("judging a device mapped outside rbd-owner failed; retrying at the next reconciliation")
@@ -77,12 +41,12 @@ func (d *Daemon) judgeLater(ctx context.Context, dv krbd.Device) {
 		if waiting := d.unconnected(); len(waiting) > 0 {
 			// its cluster may be one not connected yet: judged once connected (judgeAtOnce
 			// connects first), never before its claim is read; one attempt at a time
-			if d.notePending(dv, "cluster "+strings.Join(waiting, ", ")+" not connected yet", true) {
+			if d.node.NotePending(dv, "cluster "+strings.Join(waiting, ", ")+" not connected yet", true) {
 				d.judgeAtOnce(ctx, dv)
 			}
 			return
 		}
-		d.noteUnmanaged(unmanagedDevice{dev: dv, why: "its cluster (fsid " + orNone(dv.ClusterFSID) + ") is none of the configured clusters"})
+		d.noteUnmanaged(nodestate.Unmanaged{Dev: dv, Why: "its cluster (fsid " + orNone(dv.ClusterFSID) + ") is none of the configured clusters"})
 		return
 	}
 	key := state.Key{Cluster: cl.cfg.ID, Ref: dv.Spec()}
@@ -127,10 +91,10 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 	}
 	if cl == nil {
 		if waiting := d.unconnected(); len(waiting) > 0 {
-			d.notePending(dv, "cluster "+strings.Join(waiting, ", ")+" not connected", false)
+			d.node.NotePending(dv, "cluster "+strings.Join(waiting, ", ")+" not connected", false)
 			return nil // the reconciler tries again
 		}
-		d.noteUnmanaged(unmanagedDevice{dev: dv, why: "its cluster (fsid " + orNone(dv.ClusterFSID) + ") is none of the configured clusters"})
+		d.noteUnmanaged(nodestate.Unmanaged{Dev: dv, Why: "its cluster (fsid " + orNone(dv.ClusterFSID) + ") is none of the configured clusters"})
 		return nil
 	}
 	key := state.Key{Cluster: cl.cfg.ID, Ref: dv.Spec()}
@@ -157,8 +121,8 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 			return nil // a half-done map of ours: the reconciler's settle adopts or removes it
 		}
 	}
-	prev, seen := d.unmanagedOf(dv)
-	if seen && prev.verdict == claim.FenceIntruder && time.Since(prev.fencedAt) < d.cfg.FenceExpiry.D()/4 {
+	prev, seen := d.node.UnmanagedOf(dv)
+	if seen && prev.Verdict == claim.FenceIntruder && time.Since(prev.FencedAt) < d.cfg.FenceExpiry.D()/4 {
 		return nil // fenced recently enough: the next look blocklists again before it runs out
 	}
 	u := claim.Unmanaged{Image: dv.Spec().Head(), ImageID: dv.ImageID, ClientAddr: dv.ClientAddr, Device: dv.DevNode,
@@ -169,12 +133,12 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 	}
 	u.OwnClient = len(u.SharedWith) == 0 && (dv.Options.NoShare || !dv.Options.Known)
 	if dv.ClientAddr == "" {
-		d.noteUnmanaged(unmanagedDevice{dev: dv, cluster: cl.cfg.ID, why: "the kernel shows no client_addr, so it cannot be fenced"})
+		d.noteUnmanaged(nodestate.Unmanaged{Dev: dv, Cluster: cl.cfg.ID, Why: "the kernel shows no client_addr, so it cannot be fenced"})
 		return nil
 	}
 	store, err := cl.claims(ctx)
 	if err != nil {
-		d.notePending(dv, err.Error(), false)
+		d.node.NotePending(dv, err.Error(), false)
 		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*cephconn.DefaultTimeout)
@@ -187,17 +151,17 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 			d.fenceFailed(cl, dv, res, err)
 			return err
 		}
-		d.notePending(dv, "acting on its claim failed: "+err.Error(), false)
+		d.node.NotePending(dv, "acting on its claim failed: "+err.Error(), false)
 		return err
 	}
-	entry := unmanagedDevice{dev: dv, cluster: cl.cfg.ID, verdict: res.Action, why: res.Why, unfenceable: res.Unfenceable}
+	entry := nodestate.Unmanaged{Dev: dv, Cluster: cl.cfg.ID, Verdict: res.Action, Why: res.Why, Unfenceable: res.Unfenceable}
 	if len(res.Holders) > 0 {
-		entry.owner = res.Holders[0].NodeID
+		entry.Owner = res.Holders[0].NodeID
 	}
 	switch res.Action {
 	case claim.FenceIntruder:
 		d.metrics.IntruderFenced(cl.cfg.ID)
-		entry.fencedAt, entry.fencedUntil = time.Now(), res.Intruder.Expires
+		entry.FencedAt, entry.FencedUntil = time.Now(), res.Intruder.Expires
 		d.noteUnmanaged(entry)
 		shared := ""
 		if len(u.SharedWith) > 0 {
@@ -215,7 +179,7 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 				dv.DevNode, dv.Spec(), res.Why, dv.ClientAddr, res.Intruder.Expires.UTC().Format(time.RFC3339), owner, shared, u.Image)})
 		if err != nil {
 			d.log.WithError(err).WithField("device", dv.DevNode).Warn("the fence stands but is not recorded in the claim; the next reconciliation records it")
-			entry.fencedAt = time.Time{} // look again at the next reconciliation
+			entry.FencedAt = time.Time{} // look again at the next reconciliation
 			d.noteUnmanaged(entry)
 		}
 		return nil
@@ -230,7 +194,7 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 			// must be, whatever the disk says); written once the state file can be (Flush)
 			d.log.WithError(perr).WithField("device", dv.DevNode).Warn("adopted a device, not yet written to the state file; its lease is renewed meanwhile")
 		}
-		d.forgetUnmanaged(dv.ID)
+		d.node.ForgetUnmanaged(dv.ID)
 		d.setProblem(m.Key, "")
 		d.metrics.Adopted(cl.cfg.ID)
 		how := "adopted"
@@ -251,17 +215,17 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 // another node holds. An error-priority audit entry says so (once per error), status shows it,
 // and the judgement is retried.
 func (d *Daemon) fenceFailed(cl *cluster, dv krbd.Device, res *claim.UnmanagedResult, err error) {
-	entry := unmanagedDevice{dev: dv, cluster: cl.cfg.ID, verdict: claim.FenceIntruder, why: res.Why, fenceErr: err.Error()}
+	entry := nodestate.Unmanaged{Dev: dv, Cluster: cl.cfg.ID, Verdict: claim.FenceIntruder, Why: res.Why, FenceErr: err.Error()}
 	if len(res.Holders) > 0 {
-		entry.owner = res.Holders[0].NodeID
+		entry.Owner = res.Holders[0].NodeID
 	}
-	prev, seen := d.unmanagedOf(dv)
+	prev, seen := d.node.UnmanagedOf(dv)
 	d.noteUnmanaged(entry)
-	if seen && prev.fenceErr == entry.fenceErr {
+	if seen && prev.FenceErr == entry.FenceErr {
 		return
 	}
 	d.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.Failed, Cluster: cl.cfg.ID, Pool: dv.Pool, Namespace: dv.Namespace,
-		Image: dv.Image, Device: dv.DevNode, OwnerNode: entry.owner, Error: true,
+		Image: dv.Image, Device: dv.DevNode, OwnerNode: entry.Owner, Error: true,
 		Message: fmt.Sprintf("could NOT fence %s: it maps %s outside rbd-owner while %s, and can write: %v; retrying. Unmap it now (rbd unmap %s)",
 			dv.DevNode, dv.Spec(), res.Why, err, dv.DevNode)})
 }
@@ -281,72 +245,22 @@ func (d *Daemon) sharingClient(dv krbd.Device) ([]string, error) {
 	return out, nil
 }
 
-func (d *Daemon) unmanagedOf(dv krbd.Device) (unmanagedDevice, bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	u, ok := d.unmanaged[dv.ID]
-	if !ok || u.dev.ClientAddr != dv.ClientAddr {
-		return unmanagedDevice{}, false
-	}
-	return u, true
-}
-
 // noteUnmanaged records what was decided about a device and audits a report once per device.
-func (d *Daemon) noteUnmanaged(u unmanagedDevice) {
-	d.mu.Lock()
-	old, seen := d.unmanaged[u.dev.ID]
-	seen = seen && old.dev.ClientAddr == u.dev.ClientAddr
-	u.since = time.Now()
-	if seen {
-		u.since = old.since
-	}
-	d.unmanaged[u.dev.ID] = u
-	d.mu.Unlock()
-	if u.pending || u.verdict != claim.Report || (seen && !old.pending && old.why == u.why) {
+func (d *Daemon) noteUnmanaged(u nodestate.Unmanaged) {
+	old, seen := d.node.NoteUnmanaged(u)
+	if u.Pending || u.Verdict != claim.Report || (seen && !old.Pending && old.Why == u.Why) {
 		return // fences and adoptions are audited where they happen; a report once
 	}
-	if u.unfenceable {
-		d.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.Reported, Cluster: u.cluster, Pool: u.dev.Pool,
-			Namespace: u.dev.Namespace, Image: u.dev.Image, Device: u.dev.DevNode, OwnerNode: u.owner, Error: true,
-			Message: fmt.Sprintf("%s maps %s outside rbd-owner while %s", u.dev.DevNode, u.dev.Spec(), u.why)})
+	if u.Unfenceable {
+		d.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.Reported, Cluster: u.Cluster, Pool: u.Dev.Pool,
+			Namespace: u.Dev.Namespace, Image: u.Dev.Image, Device: u.Dev.DevNode, OwnerNode: u.Owner, Error: true,
+			Message: fmt.Sprintf("%s maps %s outside rbd-owner while %s", u.Dev.DevNode, u.Dev.Spec(), u.Why)})
 		return
 	}
-	d.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.Reported, Cluster: u.cluster, Pool: u.dev.Pool,
-		Namespace: u.dev.Namespace, Image: u.dev.Image, Device: u.dev.DevNode, OwnerNode: u.owner, Warning: true,
+	d.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.Reported, Cluster: u.Cluster, Pool: u.Dev.Pool,
+		Namespace: u.Dev.Namespace, Image: u.Dev.Image, Device: u.Dev.DevNode, OwnerNode: u.Owner, Warning: true,
 		Message: fmt.Sprintf("%s maps %s but was not mapped by rbd-owner: no claim protects it (%s); unmap it and map through rbd-owner",
-			u.dev.DevNode, u.dev.Spec(), orNone(u.why))})
-}
-
-// notePending notes a device whose claim has not been read yet, and why (a judgement already
-// made stands meanwhile). With start, it also says whether the caller is to start a judgement
-// (judgeAtOnce, which ends with judged): not while one is in flight, nor for a judged device.
-func (d *Daemon) notePending(dv krbd.Device, why string, start bool) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	old, seen := d.unmanaged[dv.ID]
-	seen = seen && old.dev.ClientAddr == dv.ClientAddr
-	if seen && !old.pending {
-		return false // judged before: that stands until its cluster answers again
-	}
-	if seen && old.inflight && start {
-		return false
-	}
-	u := unmanagedDevice{dev: dv, pending: true, why: why, inflight: start || (seen && old.inflight), since: time.Now()}
-	if seen {
-		u.since = old.since
-	}
-	d.unmanaged[dv.ID] = u
-	return start
-}
-
-// judged ends the judgement in flight of a device (notePending).
-func (d *Daemon) judged(dv krbd.Device) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if u, ok := d.unmanaged[dv.ID]; ok && u.dev.ClientAddr == dv.ClientAddr {
-		u.inflight = false
-		d.unmanaged[dv.ID] = u
-	}
+			u.Dev.DevNode, u.Dev.Spec(), orNone(u.Why))})
 }
 
 // unconnected names the configured clusters not connected now, sorted.
@@ -359,12 +273,6 @@ func (d *Daemon) unconnected() []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-func (d *Daemon) forgetUnmanaged(id int) {
-	d.mu.Lock()
-	delete(d.unmanaged, id)
-	d.mu.Unlock()
 }
 
 // Unfence lifts the fences this node's agent put on mappings made outside rbd-owner of an

@@ -20,6 +20,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
+	"github.com/rbd-owner/rbd-owner/agent/nodestate"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -441,8 +442,8 @@ func TestIntruderThatCouldNotBeFencedIsSaidSo(t *testing.T) {
 	}
 	waitFor(t, "the fence tried again until it stands", func() bool { return c.m.Blocklisted(dv.ClientAddr) })
 	waitFor(t, "the fence audited", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Fenced)) == 1 })
-	u := unmanagedDevice{dev: dv, verdict: claim.FenceIntruder, why: "rbd/held is held rwo by node-a@1", fenceErr: "the monitors refused"}
-	if p := u.problem(); !strings.Contains(p, "and NOT fenced: the monitors refused") || strings.Contains(p, "not checked yet") {
+	u := nodestate.Unmanaged{Dev: dv, Verdict: claim.FenceIntruder, Why: "rbd/held is held rwo by node-a@1", FenceErr: "the monitors refused"}
+	if p := u.Problem(); !strings.Contains(p, "and NOT fenced: the monitors refused") || strings.Contains(p, "not checked yet") {
 		t.Fatalf("status line of an unfenced intruder: %q", p)
 	}
 }

@@ -32,25 +32,34 @@ import (
 // renewConcurrency bounds the renewals of one cluster in flight at once.
 const renewConcurrency = 8
 
+// loopBeats is when each loop last beat: the watchdog's evidence that none is stuck.
+type loopBeats struct {
+	mu sync.Mutex
+	at map[string]time.Time
+}
+
 // beat records that the loop named name is alive.
 func (d *Daemon) beat(name string) {
-	d.mu.Lock()
-	d.beats[name] = time.Now()
-	d.mu.Unlock()
+	d.beats.mu.Lock()
+	defer d.beats.mu.Unlock()
+	if d.beats.at == nil {
+		d.beats.at = map[string]time.Time{}
+	}
+	d.beats.at[name] = time.Now()
 }
 
 // stalest returns the loop that beat longest ago, and how long ago.
 func (d *Daemon) stalest() (string, time.Duration) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	names := make([]string, 0, len(d.beats))
-	for n := range d.beats {
+	d.beats.mu.Lock()
+	defer d.beats.mu.Unlock()
+	names := make([]string, 0, len(d.beats.at))
+	for n := range d.beats.at {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	worst, age := "", time.Duration(0)
 	for _, n := range names {
-		if a := time.Since(d.beats[n]); a > age || worst == "" {
+		if a := time.Since(d.beats.at[n]); a > age || worst == "" {
 			worst, age = n, a
 		}
 	}
@@ -199,13 +208,10 @@ func (d *Daemon) renewLoop(ctx context.Context, cl *cluster) {
 // concurrent within renewConcurrency, each bounded by the renew interval. The heartbeats are not
 // here: each place has its own (heartbeats).
 func (d *Daemon) renewRound(ctx context.Context, cl *cluster) {
-	var ms []state.Mapping
+	ms := d.node.Held(cl.cfg.ID)
 	held := map[state.Key]bool{}
-	for _, m := range d.state.All() {
-		if m.Cluster == cl.cfg.ID && m.Claimed && (m.Phase == state.Mapped || m.Phase == state.Claimed) {
-			ms = append(ms, m)
-			held[m.Key] = true
-		}
+	for _, m := range ms {
+		held[m.Key] = true
 	}
 	d.checks.keep(held)
 	if len(ms) == 0 && len(d.watches.due(cl.cfg.ID, time.Now())) == 0 {
@@ -303,7 +309,7 @@ func (d *Daemon) heartbeat(ctx context.Context, cl *cluster, store *claim.Store,
 	err := store.Heartbeat(hctx, pool, ns)
 	cancel()
 	d.metrics.Liveness(cl.cfg.ID, livenessPlace(pool, ns), err)
-	d.heartbeatErr.Store(cl.cfg.ID+"/"+pool+"/"+ns, err != nil)
+	d.node.SetPlaceFailing(cl.cfg.ID, pool, ns, err != nil)
 	if err == nil {
 		d.renewed.Add(1)
 		return
@@ -336,8 +342,7 @@ func (d *Daemon) checkClaim(ctx context.Context, cl *cluster, store *claim.Store
 		if slow {
 			d.checkWatchers(ctx, cl, store, m, rec)
 		}
-		failed, _ := d.heartbeatErr.Load(cl.cfg.ID + "/" + m.Pool + "/" + m.Namespace)
-		if failed != true && d.problem(m.Key) != "" {
+		if !d.node.PlaceFailing(cl.cfg.ID, m.Pool, m.Namespace) && d.problem(m.Key) != "" {
 			d.setProblem(m.Key, "")
 		}
 	case errors.Is(err, claim.ErrFenced):

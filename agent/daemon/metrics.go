@@ -10,6 +10,7 @@ import (
 
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/metrics"
+	"github.com/rbd-owner/rbd-owner/agent/nodestate"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 	"github.com/rbd-owner/rbd-owner/agent/version"
 )
@@ -43,22 +44,16 @@ func (d *Daemon) clusterLabel(id string) string {
 func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 	var s metrics.Snapshot
 	mappings := d.state.All()
-	d.mu.Lock()
-	lost := make(map[state.Key]bool, len(d.lost))
-	for k, v := range d.lost {
-		lost[k] = v
-	}
-	for _, u := range d.unmanaged {
-		if u.pending {
+	for _, u := range d.node.UnmanagedDevices() {
+		if u.Pending {
 			continue // not judged yet
 		}
 		v := metrics.VerdictReported
-		if u.verdict == claim.FenceIntruder && u.fenceErr == "" {
+		if u.Verdict == claim.FenceIntruder && u.FenceErr == "" {
 			v = metrics.VerdictFenced
 		}
-		s.Unmanaged = append(s.Unmanaged, metrics.Unmanaged{Cluster: u.cluster, Verdict: v})
+		s.Unmanaged = append(s.Unmanaged, metrics.Unmanaged{Cluster: u.Cluster, Verdict: v})
 	}
-	d.mu.Unlock()
 	places := map[string]map[string]bool{}
 	for _, m := range mappings {
 		if !m.Claimed {
@@ -66,11 +61,11 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 		}
 		st := ""
 		switch {
-		case lost[m.Key]:
+		case d.isLost(m.Key):
 			st = metrics.StateLost
 		case m.Phase == state.Claiming:
 			st = metrics.StateClaiming
-		case m.Phase == state.Mapped || m.Phase == state.Claimed:
+		case nodestate.Holds(m):
 			st = metrics.StateHeld
 		}
 		if st != "" {
@@ -78,7 +73,7 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 				Device: m.Device, State: st})
 		}
 		// the places renewRound writes liveness in
-		if m.Phase == state.Mapped || m.Phase == state.Claimed {
+		if nodestate.Holds(m) {
 			p := livenessPlace(m.Pool, m.Namespace)
 			if places[m.Cluster] == nil {
 				places[m.Cluster] = map[string]bool{}

@@ -76,12 +76,10 @@ func (d *Daemon) reportRebuild(ctx context.Context) {
 			adopted = append(adopted, m.Device+" ("+m.Key.String()+")")
 		}
 	}
-	d.mu.Lock()
 	var others []string
-	for _, u := range d.unmanaged {
-		others = append(others, u.dev.DevNode+" ("+u.dev.Spec().String()+"): "+u.problem())
+	for _, u := range d.node.UnmanagedDevices() {
+		others = append(others, u.Dev.DevNode+" ("+u.Dev.Spec().String()+"): "+u.Problem())
 	}
-	d.mu.Unlock()
 	sort.Strings(adopted)
 	sort.Strings(others)
 	d.metrics.StateRebuilt(len(adopted), len(others))

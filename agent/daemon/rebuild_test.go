@@ -17,6 +17,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/image"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
+	"github.com/rbd-owner/rbd-owner/agent/nodestate"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
@@ -284,7 +285,7 @@ func TestDeviceGoneAfterARebootIsSaidSo(t *testing.T) {
 // TestSkewReportEndsWhenTheClockAgrees: a clock skew is shown with since when, and goes from
 // status as soon as that node's heartbeat is seen within bounds again.
 func TestSkewReportEndsWhenTheClockAgrees(t *testing.T) {
-	d := &Daemon{log: quietLog(), skews: map[string]skew{}}
+	d := &Daemon{log: quietLog(), node: nodestate.New(nil)}
 	d.noteSkew("c1", "node-a", 90*time.Second)
 	d.noteSkew("c1", "node-a", 91*time.Second)
 	ps := d.skewProblems()

@@ -13,6 +13,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/devwatch"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/metrics"
+	"github.com/rbd-owner/rbd-owner/agent/nodestate"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -42,9 +43,7 @@ func (d *Daemon) recover(ctx context.Context) {
 	}
 	d.reportRebuild(ctx)
 	d.metrics.Recovered(time.Since(start))
-	d.mu.Lock()
-	problems, unmanaged := len(d.problems), len(d.unmanaged)
-	d.mu.Unlock()
+	problems, unmanaged := d.node.Counts()
 	d.log.WithField("took", time.Since(start).Round(time.Millisecond)).WithField("mappings", len(d.state.All())).
 		WithField("problems", problems).WithField("unmanaged_devices", unmanaged).Info("recovery done")
 }
@@ -294,7 +293,7 @@ func (d *Daemon) deviceGone(ctx context.Context, m state.Mapping, how string) er
 func (d *Daemon) deviceEvent(ctx context.Context, ev devwatch.Event) {
 	switch ev.Kind {
 	case devwatch.Removed:
-		d.forgetUnmanaged(ev.Device.ID)
+		d.node.ForgetUnmanaged(ev.Device.ID)
 		for _, m := range d.state.All() {
 			if m.Phase != state.Mapped || m.DeviceID != ev.Device.ID || (ev.Device.ClientAddr != "" && m.ClientAddr != ev.Device.ClientAddr) {
 				continue
@@ -347,10 +346,7 @@ func (d *Daemon) keepFenced(ctx context.Context, cl *cluster, m state.Mapping, l
 	if _, err := d.kernel.ReadDevice(m.DeviceID); err != nil {
 		return // gone: the reconciler handles it
 	}
-	d.mu.Lock()
-	last := d.selfFenced[m.Key]
-	d.mu.Unlock()
-	if time.Since(last) < d.cfg.FenceExpiry.D()/4 {
+	if last, ok := d.node.SelfFenceOf(m.Key); ok && time.Since(last.At) < d.cfg.FenceExpiry.D()/4 {
 		return
 	}
 	store, _, ok := cl.connected()
@@ -364,17 +360,11 @@ func (d *Daemon) keepFenced(ctx context.Context, cl *cluster, m state.Mapping, l
 		d.log.WithError(err).WithField("image", m.Key.String()).Error("cannot keep this node's lost mapping fenced")
 		return
 	}
-	f := selfFence{addr: m.ClientAddr, device: m.Device, until: until}
-	d.mu.Lock()
-	d.selfFenced[m.Key] = time.Now()
-	if d.selfFencedUntil == nil {
-		d.selfFencedUntil = map[state.Key]selfFence{}
-	}
-	d.selfFencedUntil[m.Key] = f
-	d.mu.Unlock()
-	d.setLost(m.Key, lost.Error()+"; "+f.String())
+	f := nodestate.SelfFence{Addr: m.ClientAddr, Device: m.Device, Until: until, At: time.Now()}
+	d.node.NoteSelfFence(m.Key, f)
+	d.setLost(m.Key, lost.Error()+"; "+selfFenceText(f))
 	d.metrics.Fenced(m.Cluster, metrics.CauseOwnLost)
 	d.audit.Record(audit.Entry{Event: audit.Fence, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace, Image: m.Image,
 		Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, Warning: true,
-		Message: fmt.Sprintf("%s lost its claim and stays mapped: %s", m.Device, f)})
+		Message: fmt.Sprintf("%s lost its claim and stays mapped: %s", m.Device, selfFenceText(f))})
 }

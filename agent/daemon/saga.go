@@ -495,7 +495,7 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 		if _, err := d.kernel.UnmapDevice(ctx, dv, krbd.UnmapOptions{Force: req.Force}); err != nil {
 			return false, d.unmapFailed(t, peer, s.fail(err))
 		}
-		d.forgetUnmanaged(dv.ID)
+		d.node.ForgetUnmanaged(dv.ID)
 	}
 	// from here on the device is gone: failures are retried by the reconciler, never undone
 	claimNote := ""

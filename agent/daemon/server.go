@@ -25,6 +25,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/metrics"
+	"github.com/rbd-owner/rbd-owner/agent/nodestate"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 	"github.com/rbd-owner/rbd-owner/agent/version"
@@ -556,13 +557,70 @@ func (d *Daemon) mappedHere(t target, fsid, clientAddr string) (string, error) {
 
 // Status is this node's view: clusters, devices (managed or not), claims held, problems.
 func (d *Daemon) Status() api.Status {
-	st := api.Status{Node: d.cfg.NodeID, Version: version.Version, Clusters: []api.ClusterStatus{}, Devices: []api.Device{}, Problems: []string{}}
+	st := api.Status{Node: d.cfg.NodeID, Version: version.Version, Clusters: d.clusterStatuses(), Devices: []api.Device{},
+		Problems: []string{}, ClaimsHeld: d.node.HeldCount()}
+	for _, m := range d.state.All() {
+		if m.Phase != state.Mapped {
+			continue
+		}
+		ad := api.Device{Device: m.Device, Link: linkOf(m.Ref, m.FSID), Cluster: m.Cluster, FSID: m.FSID,
+			Pool: m.Pool, Namespace: m.Namespace, Image: m.Image, Snapshot: m.Snap, ClientAddr: m.ClientAddr, Managed: true,
+			Epoch: m.Epoch}
+		var since time.Time
+		if ad.Problem, since = d.node.Problem(m.Key); ad.Problem != "" && !since.IsZero() {
+			ad.ProblemSince = &since
+		}
+		st.Devices = append(st.Devices, ad)
+	}
+	for _, u := range d.node.UnmanagedDevices() {
+		st.Devices = append(st.Devices, unmanagedStatus(u))
+	}
+	for _, p := range d.node.Problems() {
+		st.Problems = append(st.Problems, p.Key.String()+": "+p.Msg+sinceText(p.Since))
+	}
+	for _, dv := range st.Devices {
+		if !dv.Managed {
+			line := dv.Device + ": " + dv.Problem
+			if dv.ProblemSince != nil {
+				line += sinceText(*dv.ProblemSince)
+			}
+			st.Problems = append(st.Problems, line)
+		}
+	}
+	if err, since := d.state.WriteFailure(); err != nil {
+		st.Problems = append(st.Problems, d.stateWriteProblem(err)+sinceText(since))
+	}
+	st.Problems = append(st.Problems, d.skewProblems()...)
+	sort.Strings(st.Problems)
+	return st
+}
+
+// unmanagedStatus is an unmanaged device's entry in status.
+func unmanagedStatus(u nodestate.Unmanaged) api.Device {
+	dv := u.Dev
+	ad := api.Device{Device: dv.DevNode, Cluster: u.Cluster, FSID: dv.ClusterFSID, Pool: dv.Pool, Namespace: dv.Namespace,
+		Image: dv.Image, Snapshot: dv.Snap, ClientAddr: dv.ClientAddr, Problem: u.Problem()}
+	if !u.Since.IsZero() {
+		since := u.Since
+		ad.ProblemSince = &since
+	}
+	if u.Verdict == claim.FenceIntruder && !u.FencedAt.IsZero() {
+		until := u.FencedUntil
+		ad.FencedUntil = &until
+	}
+	return ad
+}
+
+// clusterStatuses is each configured cluster's connection and this node's address toward it,
+// by cluster id.
+func (d *Daemon) clusterStatuses() []api.ClusterStatus {
 	ids := make([]string, 0, len(d.clusters))
 	for id := range d.clusters {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
 	ages := d.metrics.LivenessAges()
+	out := []api.ClusterStatus{}
 	for _, id := range ids {
 		c := d.clusters[id]
 		cs := api.ClusterStatus{ID: id}
@@ -587,58 +645,9 @@ func (d *Daemon) Status() api.Status {
 			}
 			cs.Error = msg
 		}
-		st.Clusters = append(st.Clusters, cs)
+		out = append(out, cs)
 	}
-	mappings := d.state.All()
-	for _, m := range mappings {
-		if m.Claimed && (m.Phase == state.Mapped || m.Phase == state.Claimed) && !d.isLost(m.Key) {
-			st.ClaimsHeld++
-		}
-		if m.Phase != state.Mapped {
-			continue
-		}
-		ad := api.Device{Device: m.Device, Link: linkOf(m.Ref, m.FSID), Cluster: m.Cluster, FSID: m.FSID,
-			Pool: m.Pool, Namespace: m.Namespace, Image: m.Image, Snapshot: m.Snap, ClientAddr: m.ClientAddr, Managed: true,
-			Epoch: m.Epoch, Problem: d.problem(m.Key)}
-		if since := d.problemSince(m.Key); ad.Problem != "" && !since.IsZero() {
-			ad.ProblemSince = &since
-		}
-		st.Devices = append(st.Devices, ad)
-	}
-	d.mu.Lock()
-	for _, u := range d.unmanaged {
-		dv := u.dev
-		ad := api.Device{Device: dv.DevNode, Cluster: u.cluster, FSID: dv.ClusterFSID, Pool: dv.Pool, Namespace: dv.Namespace,
-			Image: dv.Image, Snapshot: dv.Snap, ClientAddr: dv.ClientAddr, Problem: u.problem()}
-		if !u.since.IsZero() {
-			since := u.since
-			ad.ProblemSince = &since
-		}
-		if u.verdict == claim.FenceIntruder && !u.fencedAt.IsZero() {
-			until := u.fencedUntil
-			ad.FencedUntil = &until
-		}
-		st.Devices = append(st.Devices, ad)
-	}
-	for k, p := range d.problems {
-		st.Problems = append(st.Problems, k.String()+": "+p.msg+sinceText(p.since))
-	}
-	d.mu.Unlock()
-	for _, dv := range st.Devices {
-		if !dv.Managed {
-			line := dv.Device + ": " + dv.Problem
-			if dv.ProblemSince != nil {
-				line += sinceText(*dv.ProblemSince)
-			}
-			st.Problems = append(st.Problems, line)
-		}
-	}
-	if err, since := d.state.WriteFailure(); err != nil {
-		st.Problems = append(st.Problems, d.stateWriteProblem(err)+sinceText(since))
-	}
-	st.Problems = append(st.Problems, d.skewProblems()...)
-	sort.Strings(st.Problems)
-	return st
+	return out
 }
 
 func (d *Daemon) statusLine() string {
