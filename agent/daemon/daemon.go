@@ -24,6 +24,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/nodeaddr"
 	"github.com/rbd-owner/rbd-owner/agent/nodestate"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/server"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -158,7 +159,7 @@ func New(opts Options) (*Daemon, error) {
 	if opts.Peers != nil {
 		d.peers = *opts.Peers
 	} else {
-		d.peers = peercred.Policy{AdminGroup: lookupGroup("rbd-owner-admin"), CSIGroup: lookupGroup("rbd-owner")}
+		d.peers = peercred.Policy{AdminGroup: server.LookupGroup("rbd-owner-admin"), CSIGroup: server.LookupGroup("rbd-owner")}
 	}
 	for _, c := range d.cfg.Clusters {
 		d.clusters[c.ID] = &cluster{cfg: c, d: d}
@@ -215,9 +216,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	serve(srv, l, socketMain)
+	serve(srv, l, server.SocketMain)
 	if lcsi != nil {
-		serve(csiSrv, lcsi, socketCSI)
+		serve(csiSrv, lcsi, server.SocketCSI)
 	}
 	d.bg.Add(1)
 	go func() {

@@ -16,6 +16,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
+	"github.com/rbd-owner/rbd-owner/agent/server"
 )
 
 // TestEveryKindHasAContractCode: the one classification covers the contract's codes, and every
@@ -45,7 +46,7 @@ func TestEveryKindHasAContractCode(t *testing.T) {
 		status int
 	}{
 		{"daemon invalid", fmt.Errorf("%w: bad", errInvalid), api.CodeInvalidArgument, 400},
-		{"daemon role refusal", fmt.Errorf("%w: fence needs admin", errDenied), api.CodePermissionDenied, 403},
+		{"daemon role refusal", fmt.Errorf("%w: fence needs admin", server.ErrDenied), api.CodePermissionDenied, 403},
 		{"claim held elsewhere", fmt.Errorf("acquire rbd/x: %w", held), api.CodeClaimedElsewhere, 409},
 		{"claim lost", &claim.LostError{Image: claim.Image{Pool: "rbd", Image: "x"}, Epoch: 2, Why: "taken over"}, api.CodeFenced, 409},
 		{"claim fenced", claim.ErrFenced, api.CodeFenced, 409},
@@ -71,7 +72,7 @@ func TestEveryKindHasAContractCode(t *testing.T) {
 		{"no kernel support", krbd.ErrNoKernelSupport, api.CodeInternal, 500},
 		{"unclassified", errors.New("boom"), api.CodeInternal, 500},
 	} {
-		e := apiError(tc.err)
+		e := server.APIError(tc.err)
 		if e.Code != tc.code || api.HTTPStatus(e.Code) != tc.status {
 			t.Errorf("%s: %s %d, want %s %d", tc.name, e.Code, api.HTTPStatus(e.Code), tc.code, tc.status)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/server"
 )
 
 // TestFenceNodeFencesEveryHoldAndMapsFollow: `claims --node` lists a dead node's holds (found
@@ -29,7 +30,7 @@ func TestFenceNodeFencesEveryHoldAndMapsFollow(t *testing.T) {
 		holdElsewhere(t, c, im, "10.9.9.9:0/"+string(rune('1'+i)))
 	}
 	req := httptest.NewRequest(http.MethodGet, "http://rbd-owner"+api.PathClaims+"?cluster=c1&node=node-a", nil)
-	req = req.WithContext(withCaller(req.Context(), caller{known: true, role: peercred.RoleCSI, socket: socketCSI}))
+	req = req.WithContext(server.WithCaller(req.Context(), server.Caller{Known: true, Role: peercred.RoleCSI, Socket: server.SocketCSI}))
 	rec := httptest.NewRecorder()
 	n.d.Handler().ServeHTTP(rec, req)
 	var listed []api.Claim

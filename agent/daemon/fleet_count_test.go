@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/server"
 )
 
 // The fleet benchmark's counting of RADOS calls (fleet_test.go). The wrapper of claim.Backend
@@ -159,5 +160,5 @@ func errorKind(err error) string {
 	case errors.Is(err, context.Canceled):
 		return "canceled"
 	}
-	return apiError(err).Code
+	return server.APIError(err).Code
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/krbd/fakekernel"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/server"
 )
 
 // TestFleet is a measurement for tests/bench/fleet, not a check: how the RADOS cost of
@@ -443,7 +444,7 @@ func (f *fleet) stopAll() {
 
 func (f *fleet) mapErr(what string, err error) {
 	f.mu.Lock()
-	f.mapErrors[what+" "+apiError(err).Code]++
+	f.mapErrors[what+" "+server.APIError(err).Code]++
 	f.mu.Unlock()
 }
 
@@ -556,7 +557,7 @@ func (f *fleet) takeover() {
 					return
 				}
 				wait := f.p.renew / 2
-				if e := apiError(err); e.RetryAfterSeconds > 0 {
+				if e := server.APIError(err); e.RetryAfterSeconds > 0 {
 					wait = time.Duration(e.RetryAfterSeconds) * time.Second
 				}
 				if time.Now().Add(wait).After(deadline) {

@@ -21,6 +21,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/nodestate"
+	"github.com/rbd-owner/rbd-owner/agent/server"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -407,7 +408,7 @@ func TestMapByMonitorsWithOptions(t *testing.T) {
 		{api.MapRequest{Monitors: []string{"203.0.113.1:6789"}, Pool: "rbd", Image: "img", Options: []string{"secret=QUJD"}}, "secret"},
 	} {
 		_, err := n.d.Map(context.Background(), tc.req, nil)
-		if e := apiError(err); e.Code != api.CodeInvalidArgument || !strings.Contains(e.Message, tc.want) || strings.Contains(e.Message, "QUJD") {
+		if e := server.APIError(err); e.Code != api.CodeInvalidArgument || !strings.Contains(e.Message, tc.want) || strings.Contains(e.Message, "QUJD") {
 			t.Errorf("%+v: %+v", tc.req, e)
 		}
 	}

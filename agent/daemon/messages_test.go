@@ -20,6 +20,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/server"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -29,7 +30,7 @@ func mapOverAPI(t *testing.T, d *Daemon, role peercred.Role, socket string, req 
 	t.Helper()
 	body, _ := json.Marshal(req)
 	r := httptest.NewRequest(http.MethodPost, "http://rbd-owner"+api.PathMap, bytes.NewReader(body))
-	r = r.WithContext(withCaller(r.Context(), caller{cred: peercred.Cred{UID: 1000, GID: 1000, PID: 4242}, known: true, role: role, socket: socket}))
+	r = r.WithContext(server.WithCaller(r.Context(), server.Caller{Cred: peercred.Cred{UID: 1000, GID: 1000, PID: 4242}, Known: true, Role: role, Socket: socket}))
 	rec := httptest.NewRecorder()
 	d.Handler().ServeHTTP(rec, r)
 	var eb api.ErrorBody
@@ -45,7 +46,7 @@ func TestMissingImageIsSaidOnce(t *testing.T) {
 	c.m.AddImage(claim.Image{Pool: "rbd", Image: "other"}, "id-other") // the pool exists
 	n, _, audited := nodeB(t, c, "manual")
 	defer n.stop(t)
-	code, e := mapOverAPI(t, n.d, peercred.RoleCSI, socketCSI, api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "nosuch", Requester: "test"})
+	code, e := mapOverAPI(t, n.d, peercred.RoleCSI, server.SocketCSI, api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "nosuch", Requester: "test"})
 	want := "acquire rbd/nosuch: image rbd/nosuch not found"
 	if code != http.StatusNotFound || e == nil || e.Code != api.CodeNotFound || e.Message != want {
 		t.Fatalf("map of a missing image: %d %+v, want 404 %q", code, e, want)
@@ -227,7 +228,7 @@ func TestMapRefusedForAFullDiskIsAuditedCountedAndLogged(t *testing.T) {
 			img := claim.Image{Pool: "rbd", Image: "full"}
 			c.m.AddImage(img, "id-full")
 			n.k.AddImage("rbd", "", "full", 16<<20)
-			code, e := mapOverAPI(t, n.d, peercred.RoleCSI, socketCSI, api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "full", Requester: "test"})
+			code, e := mapOverAPI(t, n.d, peercred.RoleCSI, server.SocketCSI, api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "full", Requester: "test"})
 			want := fmt.Sprintf("cannot write the state file %s/mappings.json: no space left on device; free space in %s, then retry", stateDir, stateDir)
 			if code == http.StatusOK || e == nil || e.Message != want {
 				t.Fatalf("map on a full disk: %d %+v, want %q", code, e, want)
@@ -292,7 +293,7 @@ func TestUnmapOfAMountedDeviceNamesTheMountPoint(t *testing.T) {
 	}
 	_, err = n.d.Unmap(context.Background(), api.UnmapRequest{Cluster: "c1", Pool: "rbd", Image: "mounted"}, nil)
 	want := fmt.Sprintf("unmap rbd/mounted (rbd%d): %s is mounted at /mnt/x: unmount it first (or unmap --force)", dev.ID, resp.Device)
-	if e := apiError(err); e.Code != api.CodeBusy || e.Message != want {
+	if e := server.APIError(err); e.Code != api.CodeBusy || e.Message != want {
 		t.Fatalf("unmap of a mounted device: %+v, want busy %q", e, want)
 	}
 	var got []string

@@ -18,13 +18,14 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/server"
 )
 
 // scrape reads GET /metrics through the API handler as a caller of role, and parses it.
 func scrape(t *testing.T, d *Daemon, role peercred.Role) (int, map[string]*dto.MetricFamily) {
 	t.Helper()
 	req := httptest.NewRequest(http.MethodGet, api.PathMetrics, nil)
-	req = req.WithContext(withCaller(req.Context(), caller{role: role, known: true, socket: socketMain}))
+	req = req.WithContext(server.WithCaller(req.Context(), server.Caller{Role: role, Known: true, Socket: server.SocketMain}))
 	rec := httptest.NewRecorder()
 	d.Handler().ServeHTTP(rec, req)
 	if rec.Code != http.StatusOK {

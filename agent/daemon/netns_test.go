@@ -10,6 +10,7 @@ import (
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/server"
 )
 
 // TestMapFromAnotherNetworkNamespaceIsRefused: a caller in another network namespace (ceph-csi's
@@ -38,14 +39,14 @@ func TestMapFromAnotherNetworkNamespaceIsRefused(t *testing.T) {
 	})
 	req := api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "img"}
 	_, err := n.d.Map(context.Background(), req, &peercred.Cred{PID: cmd.Process.Pid})
-	if e := apiError(err); e.Code != api.CodeInvalidArgument || !strings.Contains(e.Message, "network namespace") || !strings.Contains(e.Message, "netNamespaceFilePath") {
+	if e := server.APIError(err); e.Code != api.CodeInvalidArgument || !strings.Contains(e.Message, "network namespace") || !strings.Contains(e.Message, "netNamespaceFilePath") {
 		t.Fatalf("map from another namespace: %+v", e)
 	}
 	// the socket's own namespace (SO_NETNS_COOKIE) decides when the kernel tells it, whatever
 	// the caller's /proc entry says
 	if own := peercred.OwnNetNS(); own != 0 {
 		_, err := n.d.Map(context.Background(), req, &peercred.Cred{PID: os.Getpid(), NetNS: own + 1})
-		if e := apiError(err); e.Code != api.CodeInvalidArgument || !strings.Contains(e.Message, "network namespace") {
+		if e := server.APIError(err); e.Code != api.CodeInvalidArgument || !strings.Contains(e.Message, "network namespace") {
 			t.Fatalf("map from a socket in another namespace: %+v", e)
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/krbd/fakekernel"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/server"
 )
 
 // offlineDaemon is a daemon whose one cluster is never reached: enough for the API's routing
@@ -69,15 +70,15 @@ func TestRoutesByRole(t *testing.T) {
 		{"POST", api.PathOrphans, `{"cluster":"nope"}`, true},
 	}
 	for _, role := range []peercred.Role{peercred.RoleNone, peercred.RoleCSI, peercred.RoleAdmin} {
-		for _, socket := range []string{socketMain, socketCSI} {
-			if socket == socketCSI && role != peercred.RoleCSI {
+		for _, socket := range []string{server.SocketMain, server.SocketCSI} {
+			if socket == server.SocketCSI && role != peercred.RoleCSI {
 				continue // the CSI socket grants the CSI role only
 			}
-			c := caller{cred: peercred.Cred{UID: 1000, GID: 1000, PID: 4242}, known: true, role: role, socket: socket}
+			c := server.Caller{Cred: peercred.Cred{UID: 1000, GID: 1000, PID: 4242}, Known: true, Role: role, Socket: socket}
 			for _, tc := range calls {
 				before := len(audited())
 				req := httptest.NewRequest(tc.method, "http://rbd-owner"+tc.path, strings.NewReader(tc.body))
-				req = req.WithContext(withCaller(req.Context(), c))
+				req = req.WithContext(server.WithCaller(req.Context(), c))
 				rec := httptest.NewRecorder()
 				h.ServeHTTP(rec, req)
 				var eb api.ErrorBody
@@ -117,7 +118,7 @@ func TestRoutesByRole(t *testing.T) {
 func TestEveryErrorIsJSON(t *testing.T) {
 	d, _ := offlineDaemon(t)
 	h := d.Handler()
-	admin := caller{known: true, role: peercred.RoleAdmin, socket: socketMain}
+	admin := server.Caller{Known: true, Role: peercred.RoleAdmin, Socket: server.SocketMain}
 	for _, tc := range []struct {
 		method, path string
 		status       int
@@ -130,7 +131,7 @@ func TestEveryErrorIsJSON(t *testing.T) {
 		{"POST", api.PathClaims, 405, api.CodeInvalidArgument, "GET"},
 	} {
 		req := httptest.NewRequest(tc.method, "http://rbd-owner"+tc.path, nil)
-		req = req.WithContext(withCaller(req.Context(), admin))
+		req = req.WithContext(server.WithCaller(req.Context(), admin))
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		var eb api.ErrorBody

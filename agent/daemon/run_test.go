@@ -26,6 +26,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/internal/cephtest"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/server"
 )
 
 func TestDeviceRemovedBehindTheAgentsBackReleasesTheClaim(t *testing.T) {
@@ -83,7 +84,7 @@ func TestDeviceMappedBehindTheAgentsBackIsReported(t *testing.T) {
 		t.Fatalf("status does not show the unmanaged device: %+v", st)
 	}
 	// and the agent refuses to map it on top
-	if _, err := a.d.Map(bg, mapReq("", img), nil); apiError(err).Code != api.CodeBusy {
+	if _, err := a.d.Map(bg, mapReq("", img), nil); server.APIError(err).Code != api.CodeBusy {
 		t.Fatalf("map over an unmanaged mapping: %v", err)
 	}
 	// the agent's own maps are never reported as unmanaged: not by a reconciliation...
@@ -145,7 +146,7 @@ func TestLostClaimIsReportedAndDeviceKept(t *testing.T) {
 	if _, err := a.d.kernel.FindByPath(resp.Device); err != nil {
 		t.Fatalf("the agent unmapped a device in use: %v", err)
 	}
-	if _, err := a.d.Map(bg, mapReq("", img), nil); apiError(err).Code != api.CodeFenced {
+	if _, err := a.d.Map(bg, mapReq("", img), nil); server.APIError(err).Code != api.CodeFenced {
 		t.Fatalf("map of a fenced mapping: want fenced, got %v", err)
 	}
 	// the kept device stays fenced beyond the fence that took it: node-a re-blocklists it
@@ -412,7 +413,7 @@ func TestClusterUnavailableIs503(t *testing.T) {
 	a.cfg.Clusters[0].Monitors = []string{"127.0.0.1:9"}
 	a.start()
 	_, err := a.d.Map(bg, mapReq("", "x"), nil)
-	if e := apiError(err); e.Code != api.CodeClusterUnavailable {
+	if e := server.APIError(err); e.Code != api.CodeClusterUnavailable {
 		t.Fatalf("want cluster_unavailable, got %+v", e)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/server"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -111,9 +112,8 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 		// a takeover fences another node: the admin's call. A CSI-role map takes over only
 		// where takeover_policy allows it, or a hold an admin has fenced, never because it asks
 		// a call whose caller is unknown is no admin's
-		if c, _ := callerFrom(ctx); c.role < peercred.RoleAdmin {
-			what := "POST " + api.PathMap + " with takeover"
-			return nil, d.denied(what, c, needsAdmin(what, c))
+		if err := server.RequireAdmin(ctx, d.audit, "POST "+api.PathMap+" with takeover"); err != nil {
+			return nil, err
 		}
 	}
 	if err := d.sameNetNS(peer); err != nil {
@@ -293,7 +293,7 @@ func (d *Daemon) nextStepWhenHeld(ctx context.Context, t target, holders []claim
 	if len(holders) == 1 {
 		nodeFence = fmt.Sprintf("`rbd-owner fence %s--node %s`", cluster, holders[0].NodeID)
 	}
-	if c, _ := callerFrom(ctx); c.role >= peercred.RoleAdmin {
+	if c, _ := server.CallerFrom(ctx); c.Role >= peercred.RoleAdmin {
 		return fmt.Sprintf("if %s dead: run %s (every hold of that node; then map again), map with --takeover once its lease has expired, or run %s", who, nodeFence, fence)
 	}
 	if d.cfg.TakeoverPolicy == config.TakeoverAfterFence {

@@ -13,6 +13,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/internal/cephtest"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
+	"github.com/rbd-owner/rbd-owner/agent/server"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -82,7 +83,7 @@ func TestCrossNodeRefusalNamesTheOwner(t *testing.T) {
 	if !errors.As(err, &held) || held.Owner().NodeID != "node-a" {
 		t.Fatalf("want refusal naming node-a, got %v", err)
 	}
-	if e := apiError(err); e.Code != "claimed_elsewhere" || e.Owner == nil || e.Owner.NodeID != "node-a" {
+	if e := server.APIError(err); e.Code != "claimed_elsewhere" || e.Owner == nil || e.Owner.NodeID != "node-a" {
 		t.Fatalf("api error %+v", e)
 	}
 	if len(b.kernel.Writes()) != 0 {
@@ -113,14 +114,14 @@ func TestBadNamesRefusedBeforeAnyWrite(t *testing.T) {
 		r := mapReq(req.ns, req.image)
 		r.Pool, r.Snapshot, r.Access = req.pool, req.snap, req.access
 		_, err := a.d.Map(bg, r, nil)
-		if apiError(err).Code != "invalid_argument" {
+		if server.APIError(err).Code != "invalid_argument" {
 			t.Errorf("%+v: want invalid_argument, got %v", req, err)
 		}
 	}
 	if w := a.kernel.Writes(); len(w) != 0 {
 		t.Fatalf("bad names reached sysfs: %q", w)
 	}
-	if _, err := a.d.Map(bg, mapReq("", "no-such-image"), nil); apiError(err).Code != "not_found" {
+	if _, err := a.d.Map(bg, mapReq("", "no-such-image"), nil); server.APIError(err).Code != "not_found" {
 		t.Fatalf("missing image: %v", err)
 	}
 }

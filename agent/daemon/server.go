@@ -1,265 +1,58 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
-	"os"
-	"os/user"
-	"path/filepath"
 	"sort"
-	"strconv"
 	"time"
-
-	"github.com/coreos/go-systemd/v22/activation"
-	"github.com/sirupsen/logrus"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
-	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/metrics"
 	"github.com/rbd-owner/rbd-owner/agent/nodestate"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/server"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 	"github.com/rbd-owner/rbd-owner/agent/version"
 )
 
 // Handler returns the v1 API (for tests that serve it on their own listener). Requests reach
-// it with the caller that ConnContext put in their context; without one they are refused.
-func (d *Daemon) Handler() http.Handler { return d.handler() }
+// it with the caller that server.WithCaller put in their context; without one they are refused.
+func (d *Daemon) Handler() http.Handler { return server.Handler(d.routes(), d.audit) }
 
 // servers returns the HTTP servers of the main socket (a role by the peer's credentials) and of
 // the CSI socket (the CSI role, whoever calls). Both serve the same routes.
 func (d *Daemon) servers() (main, csi *http.Server) {
-	h := d.handler()
-	mk := func(socket string) *http.Server {
-		return &http.Server{
-			Handler:           h,
-			ReadHeaderTimeout: 10 * time.Second,
-			ReadTimeout:       30 * time.Second,
-			IdleTimeout:       2 * time.Minute,
-			ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-				return withCaller(ctx, d.callerOf(c, socket))
-			},
-		}
-	}
-	return mk(socketMain), mk(socketCSI)
+	h := d.Handler()
+	return server.New(h, server.SocketMain, d.peers), server.New(h, server.SocketCSI, d.peers)
 }
 
-const (
-	socketMain = "main"
-	socketCSI  = "csi"
-)
-
-// caller is who is at the other end of one connection, decided once when it connects.
-type caller struct {
-	cred   peercred.Cred
-	known  bool // cred was read from the socket (SO_PEERCRED)
-	role   peercred.Role
-	why    error // why role is RoleNone
-	socket string
-}
-
-// callerOf reads a connection's peer and gives it its role: on the CSI socket the CSI role,
-// whoever it is; on the main socket what the peer's credentials allow.
-func (d *Daemon) callerOf(c net.Conn, socket string) caller {
-	cl := caller{socket: socket}
-	cred, err := peercred.FromConn(c)
-	cl.cred, cl.known = cred, err == nil
-	switch {
-	case socket == socketCSI:
-		cl.role = peercred.RoleCSI
-	case err != nil:
-		cl.role, cl.why = peercred.RoleNone, err
-	default:
-		cl.role, cl.why = d.peers.Role(cred)
-	}
-	return cl
-}
-
-type callerKey struct{}
-
-func withCaller(ctx context.Context, c caller) context.Context {
-	return context.WithValue(peercred.WithCred(ctx, c.cred), callerKey{}, c)
-}
-
-func callerFrom(ctx context.Context) (caller, bool) {
-	c, ok := ctx.Value(callerKey{}).(caller)
-	return c, ok
-}
-
-// route is one call of the API: its method, the least role it needs, and its handler.
-type route struct {
-	method string
-	need   peercred.Role
-	serve  http.HandlerFunc
+// listeners returns the main socket and the CSI socket (nil when the config has none): those in
+// Options, else those systemd passed, else sockets made at the configured paths.
+func (d *Daemon) listeners() (main, csi net.Listener, err error) {
+	return server.Sockets{Main: d.cfg.Socket, CSI: d.cfg.CSISocket, MainL: d.opts.Listener, CSIL: d.opts.CSIListener, Log: d.log}.Listeners()
 }
 
 // routes is the API, call by call. Release is open to the CSI role for a node's own claims;
 // with force it needs the admin role, which releaseCall checks once the body is read.
-func (d *Daemon) routes() map[string]route {
-	return map[string]route{
-		api.PathMap:         {http.MethodPost, peercred.RoleCSI, call(d.Map)},
-		api.PathUnmap:       {http.MethodPost, peercred.RoleCSI, call(d.unmapCall)},
-		api.PathRelease:     {http.MethodPost, peercred.RoleCSI, call(d.releaseCall)},
-		api.PathStatus:      {http.MethodGet, peercred.RoleCSI, d.handleStatus},
-		api.PathClaims:      {http.MethodGet, peercred.RoleCSI, d.handleClaims},
-		api.PathOrphanList:  {http.MethodGet, peercred.RoleCSI, d.handleOrphans},
-		api.PathFence:       {http.MethodPost, peercred.RoleAdmin, call(d.Fence)},
-		api.PathUnfence:     {http.MethodPost, peercred.RoleAdmin, call(d.Unfence)},
-		api.PathUnfenceNode: {http.MethodPost, peercred.RoleAdmin, call(d.UnfenceNode)},
-		api.PathOrphans:     {http.MethodPost, peercred.RoleAdmin, call(d.RemoveOrphans)},
-		api.PathMetrics:     {http.MethodGet, peercred.RoleCSI, d.metrics.Handler().ServeHTTP},
-	}
-}
-
-// handler checks the caller's role against the route and answers every error, an unknown path
-// and a wrong method included, as the contract's JSON error.
-func (d *Daemon) handler() http.Handler {
-	routes := d.routes()
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, ok := callerFrom(r.Context())
-		if !ok {
-			c = caller{role: peercred.RoleNone, why: errors.New("peer credentials unknown")}
-		}
-		if c.role == peercred.RoleNone {
-			if c.why == nil {
-				c.why = peercred.ErrDenied
-			}
-			d.deny(w, r.Method+" "+r.URL.Path, c, fmt.Sprintf("uid %d may not use rbd-owner: %v (add the user to group rbd-owner, or rbd-owner-admin for admin calls)", c.cred.UID, c.why))
-			return
-		}
-		rt, ok := routes[r.URL.Path]
-		if !ok {
-			writeError(w, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("no such call: %s %s (this agent serves the v1 API)", r.Method, r.URL.Path)})
-			return
-		}
-		if r.Method != rt.method {
-			w.Header().Set("Allow", rt.method)
-			writeJSON(w, http.StatusMethodNotAllowed, api.ErrorBody{Error: &api.Error{Code: api.CodeInvalidArgument,
-				Message: fmt.Sprintf("%s %s: method not allowed, use %s", r.Method, r.URL.Path, rt.method)}})
-			return
-		}
-		if c.role < rt.need {
-			d.deny(w, r.Method+" "+r.URL.Path, c, needsAdmin(r.Method+" "+r.URL.Path, c))
-			return
-		}
-		rt.serve(w, r)
-	})
-}
-
-// needsAdmin is the message of a refusal for want of the admin role.
-func needsAdmin(what string, c caller) string {
-	if c.socket == socketCSI {
-		return fmt.Sprintf("%s needs the admin role; the CSI socket grants the CSI role only (use the main socket as root or a member of group rbd-owner-admin)", what)
-	}
-	return fmt.Sprintf("%s needs the admin role: uid %d has the %s role (root and members of group rbd-owner-admin are admins)", what, c.cred.UID, c.role)
-}
-
-// deny answers 403 and records who was refused what.
-func (d *Daemon) deny(w http.ResponseWriter, what string, c caller, msg string) {
-	writeError(w, apiError(d.denied(what, c, msg)))
-}
-
-// denied records who was refused what, and returns the error to answer.
-func (d *Daemon) denied(what string, c caller, msg string) error {
-	d.audit.Record(audit.Entry{Event: audit.Denied, Result: audit.Refused, UID: c.cred.UID, PID: c.cred.PID, HasPeer: c.known, Warning: true,
-		Message: fmt.Sprintf("denied %s to uid %d pid %d on the %s socket (%s role): %s", what, c.cred.UID, c.cred.PID, c.socket, c.role, msg)})
-	return fmt.Errorf("%w: %s", errDenied, msg)
-}
-
-// peerOf is the caller's credentials, for audit entries (nil when they could not be read).
-func peerOf(r *http.Request) *peercred.Cred {
-	if c, ok := callerFrom(r.Context()); ok && c.known {
-		return &c.cred
-	}
-	return nil
-}
-
-// errDenied: the caller's role does not allow the call.
-var errDenied = fault.ErrPermission
-
-// decode reads a size-limited JSON body and refuses unknown fields and trailing data.
-func decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	r.Body = http.MaxBytesReader(w, r.Body, api.MaxBodyBytes)
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
-	if err == nil && dec.More() {
-		err = errors.New("trailing data after the JSON object")
-	}
-	if err == nil {
-		if _, rerr := io.Copy(io.Discard, r.Body); rerr != nil {
-			err = rerr
-		}
-	}
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			err = fmt.Errorf("request body larger than %d bytes", api.MaxBodyBytes)
-		}
-		writeError(w, &api.Error{Code: api.CodeInvalidArgument, Message: "bad request body: " + err.Error()})
-		return false
-	}
-	return true
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
-		// only a type that cannot be encoded gets here: a bug, answered as one
-		status, buf = http.StatusInternalServerError, bytes.Buffer{}
-		fmt.Fprintf(&buf, `{"error":{"code":%q,"message":%q}}`+"\n", api.CodeInternal, "encoding the answer: "+err.Error())
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	// a write error means the caller has gone; there is no one left to tell
-	_, _ = w.Write(buf.Bytes())
-}
-
-func writeError(w http.ResponseWriter, e *api.Error) {
-	writeJSON(w, api.HTTPStatus(e.Code), api.ErrorBody{Error: e})
-}
-
-// apiError turns an error into the API's code (by its kind, package fault), message and owner.
-func apiError(err error) *api.Error {
-	e := &api.Error{Code: api.CodeOf(fault.KindOf(err)), Message: err.Error()}
-	var held *claim.HeldError
-	if errors.As(err, &held) {
-		o := held.Owner()
-		lv := held.Leases[o.NodeID]
-		e.Owner = &api.Owner{NodeID: o.NodeID, Hostname: o.Hostname, NodeAddr: o.NodeAddr, ClientAddr: o.ClientAddr, Epoch: o.Epoch,
-			AcquiredAt: o.AcquiredAt, RenewedAt: o.RenewedAt, LeaseAge: lv.Unchanged.Seconds(), Expired: lv.Expired}
-		if d := held.RetryAfter(); d > 0 {
-			e.RetryAfterSeconds = int64((d + time.Second - 1) / time.Second)
-		}
-	}
-	return e
-}
-
-// call serves a POST call: decode the body (size-limited, no unknown fields), run f with the
-// caller's credentials, answer its result or its error.
-func call[Req, Resp any](f func(context.Context, Req, *peercred.Cred) (Resp, error)) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		var req Req
-		if !decode(w, r, &req) {
-			return
-		}
-		resp, err := f(r.Context(), req, peerOf(r))
-		if err != nil {
-			writeError(w, apiError(err))
-			return
-		}
-		writeJSON(w, http.StatusOK, resp)
+func (d *Daemon) routes() map[string]server.Route {
+	return map[string]server.Route{
+		api.PathMap:         {Method: http.MethodPost, Need: peercred.RoleCSI, Serve: server.Call(d.Map)},
+		api.PathUnmap:       {Method: http.MethodPost, Need: peercred.RoleCSI, Serve: server.Call(d.unmapCall)},
+		api.PathRelease:     {Method: http.MethodPost, Need: peercred.RoleCSI, Serve: server.Call(d.releaseCall)},
+		api.PathStatus:      {Method: http.MethodGet, Need: peercred.RoleCSI, Serve: d.handleStatus},
+		api.PathClaims:      {Method: http.MethodGet, Need: peercred.RoleCSI, Serve: d.handleClaims},
+		api.PathOrphanList:  {Method: http.MethodGet, Need: peercred.RoleCSI, Serve: d.handleOrphans},
+		api.PathFence:       {Method: http.MethodPost, Need: peercred.RoleAdmin, Serve: server.Call(d.Fence)},
+		api.PathUnfence:     {Method: http.MethodPost, Need: peercred.RoleAdmin, Serve: server.Call(d.Unfence)},
+		api.PathUnfenceNode: {Method: http.MethodPost, Need: peercred.RoleAdmin, Serve: server.Call(d.UnfenceNode)},
+		api.PathOrphans:     {Method: http.MethodPost, Need: peercred.RoleAdmin, Serve: server.Call(d.RemoveOrphans)},
+		api.PathMetrics:     {Method: http.MethodGet, Need: peercred.RoleCSI, Serve: d.metrics.Handler().ServeHTTP},
 	}
 }
 
@@ -272,16 +65,17 @@ func (d *Daemon) unmapCall(ctx context.Context, req api.UnmapRequest, peer *peer
 }
 
 func (d *Daemon) releaseCall(ctx context.Context, req api.ImageRequest, peer *peercred.Cred) (api.ReleaseResponse, error) {
-	if c, _ := callerFrom(ctx); req.Force && c.role < peercred.RoleAdmin {
-		what := "POST " + api.PathRelease + " with force"
-		return api.ReleaseResponse{}, d.denied(what, c, needsAdmin(what, c))
+	if req.Force {
+		if err := server.RequireAdmin(ctx, d.audit, "POST "+api.PathRelease+" with force"); err != nil {
+			return api.ReleaseResponse{}, err
+		}
 	}
 	ok, err := d.Release(ctx, req, peer)
 	return api.ReleaseResponse{Released: ok}, err
 }
 
 func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, d.Status())
+	server.WriteJSON(w, http.StatusOK, d.Status())
 }
 
 func (d *Daemon) handleClaims(w http.ResponseWriter, r *http.Request) {
@@ -297,12 +91,12 @@ func (d *Daemon) handleOrphans(w http.ResponseWriter, r *http.Request) {
 func (d *Daemon) listClaims(w http.ResponseWriter, r *http.Request, onlyOrphans bool) {
 	cl, err := d.cluster(r.URL.Query().Get("cluster"))
 	if err != nil {
-		writeError(w, apiError(err))
+		server.WriteError(w, server.APIError(err))
 		return
 	}
 	store, err := cl.claims(r.Context())
 	if err != nil {
-		writeError(w, apiError(err))
+		server.WriteError(w, server.APIError(err))
 		return
 	}
 	pool := r.URL.Query().Get("pool")
@@ -310,14 +104,15 @@ func (d *Daemon) listClaims(w http.ResponseWriter, r *http.Request, onlyOrphans 
 		d.listNodeHolds(w, r, cl, store, node, pool)
 		return
 	}
-	if c, _ := callerFrom(r.Context()); pool == "" && c.role != peercred.RoleAdmin {
+	if c, _ := server.CallerFrom(r.Context()); pool == "" && c.Role != peercred.RoleAdmin {
 		// every pool's claims: a read of every claim in the cluster, not a call for the CSI role
-		d.deny(w, r.Method+" "+r.URL.Path+" of every pool", c, "listing the claims of every pool is an admin call: name a pool (--pool POOL), or run it as root or a member of rbd-owner-admin")
+		server.WriteError(w, server.APIError(server.Denied(d.audit, r.Method+" "+r.URL.Path+" of every pool", c,
+			"listing the claims of every pool is an admin call: name a pool (--pool POOL), or run it as root or a member of rbd-owner-admin")))
 		return
 	}
 	pools, err := cl.pools(r.Context(), pool)
 	if err != nil {
-		writeError(w, apiError(err))
+		server.WriteError(w, server.APIError(err))
 		return
 	}
 	out := []api.Claim{}
@@ -327,7 +122,7 @@ func (d *Daemon) listClaims(w http.ResponseWriter, r *http.Request, onlyOrphans 
 			if len(pools) > 1 && (errors.Is(err, cephconn.ErrPermission) || errors.Is(err, claim.ErrNotFound)) {
 				continue // a pool the agent may not read is not one it claims in
 			}
-			writeError(w, apiError(err))
+			server.WriteError(w, server.APIError(err))
 			return
 		}
 		for i := range recs {
@@ -336,7 +131,7 @@ func (d *Daemon) listClaims(w http.ResponseWriter, r *http.Request, onlyOrphans 
 				// the claim is still worth showing; whether its image is gone is not known
 				d.log.WithError(err).WithField("image", recs[i].Ref.String()).Warn("claims listing: could not tell whether the image is gone")
 				if onlyOrphans {
-					writeError(w, apiError(err))
+					server.WriteError(w, server.APIError(err))
 					return
 				}
 			}
@@ -348,7 +143,7 @@ func (d *Daemon) listClaims(w http.ResponseWriter, r *http.Request, onlyOrphans 
 			out = append(out, *c)
 		}
 	}
-	writeJSON(w, http.StatusOK, out)
+	server.WriteJSON(w, http.StatusOK, out)
 }
 
 // listNodeHolds answers the claims that name node as a holder, cluster-wide (only in pool when
@@ -356,7 +151,7 @@ func (d *Daemon) listClaims(w http.ResponseWriter, r *http.Request, onlyOrphans 
 func (d *Daemon) listNodeHolds(w http.ResponseWriter, r *http.Request, cl *cluster, store *claim.Store, node, pool string) {
 	holds, errs := store.NodeHolds(r.Context(), node)
 	if len(holds) == 0 && len(errs) > 0 {
-		writeError(w, apiError(fmt.Errorf("claims of node %s: %w", node, errors.Join(errs...))))
+		server.WriteError(w, server.APIError(fmt.Errorf("claims of node %s: %w", node, errors.Join(errs...))))
 		return
 	}
 	for _, err := range errs {
@@ -368,7 +163,7 @@ func (d *Daemon) listNodeHolds(w http.ResponseWriter, r *http.Request, cl *clust
 			out = append(out, *apiClaim(cl.cfg.ID, &h.Record))
 		}
 	}
-	writeJSON(w, http.StatusOK, out)
+	server.WriteJSON(w, http.StatusOK, out)
 }
 
 // clusterClaims returns a configured cluster ("" for the only one) and its claim store,
@@ -674,97 +469,4 @@ func apiClaim(clusterID string, r *claim.Record) *api.Claim {
 			BootID: f.BootID, RenewedAt: f.RenewedAt, RenewedBy: f.RenewedBy, Gone: f.Gone, GoneAt: f.GoneAt})
 	}
 	return c
-}
-
-// listeners returns the main socket and the CSI socket (nil when the config has none): those in
-// Options, else those systemd passed (rbd-owner.socket listens on both; they are told apart by
-// path), else sockets the daemon creates: mode 0660, group rbd-owner.
-func (d *Daemon) listeners() (main, csi net.Listener, err error) {
-	main, csi = d.opts.Listener, d.opts.CSIListener
-	wantCSI := d.cfg.CSISocket != "" && d.cfg.CSISocket != "none"
-	if main == nil || (csi == nil && wantCSI) {
-		passed, err := activation.Listeners()
-		if err != nil {
-			return nil, nil, fmt.Errorf("socket activation: %w", err)
-		}
-		for _, l := range passed {
-			if l == nil {
-				continue
-			}
-			switch addr := l.Addr().String(); {
-			case addr == d.cfg.Socket && main == nil:
-				main = l
-			case addr == d.cfg.CSISocket && wantCSI && csi == nil:
-				csi = l
-			default:
-				d.log.WithField("socket", addr).Warn("systemd passed a socket the config does not name; closing it")
-				if err := l.Close(); err != nil {
-					d.log.WithError(err).WithField("socket", addr).Warn("closing the unexpected socket")
-				}
-				continue
-			}
-			d.log.WithField("socket", l.Addr().String()).Info("using the socket systemd passed")
-		}
-	}
-	if main == nil {
-		if main, err = listen(d.cfg.Socket, d.log); err != nil {
-			return nil, nil, err
-		}
-	}
-	if csi == nil && wantCSI {
-		if csi, err = listen(d.cfg.CSISocket, d.log); err != nil {
-			main.Close()
-			return nil, nil, err
-		}
-	}
-	return main, csi, nil
-}
-
-// listen creates a socket at path: mode 0660, group rbd-owner, in a directory of mode 0755.
-func listen(path string, log *logrus.Logger) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("socket %s: %w", path, err)
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("socket %s: exists and is not a socket", path)
-		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("socket %s: another agent is answering on it", path)
-		}
-		if err := os.Remove(path); err != nil { // stale
-			return nil, fmt.Errorf("socket %s: removing the stale socket: %w", path, err)
-		}
-	}
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("socket %s: %w", path, err)
-	}
-	gid := lookupGroup("rbd-owner")
-	if gid < 0 {
-		gid = 0
-		log.WithField("socket", path).Warn("group rbd-owner does not exist: only root can use the socket")
-	}
-	if err := os.Chown(path, 0, gid); err != nil {
-		log.WithError(err).WithField("socket", path).Warn("cannot give the socket to group rbd-owner")
-	}
-	if err := os.Chmod(path, 0o660); err != nil {
-		l.Close()
-		return nil, fmt.Errorf("socket %s: %w", path, err)
-	}
-	return l, nil
-}
-
-// lookupGroup returns the gid of a group, or -1.
-func lookupGroup(name string) int {
-	g, err := user.LookupGroup(name)
-	if err != nil {
-		return -1
-	}
-	gid, err := strconv.Atoi(g.Gid)
-	if err != nil {
-		return -1
-	}
-	return gid
 }

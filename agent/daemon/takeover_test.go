@@ -9,6 +9,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
+	"github.com/rbd-owner/rbd-owner/agent/server"
 )
 
 // monoClock is a node's monotonic clock that the test moves.
@@ -45,7 +46,7 @@ func TestTakeoverWaitsOutTheHoldersLeaseOnTheClaimersClock(t *testing.T) {
 		if !fault.Is(err, fault.ClaimedElsewhere) {
 			t.Fatalf("%s: %v, want claimed elsewhere", what, err)
 		}
-		e := apiError(err)
+		e := server.APIError(err)
 		if e.Owner == nil || e.Owner.NodeID != "node-a" {
 			t.Fatalf("%s: owner %+v", what, e.Owner)
 		}

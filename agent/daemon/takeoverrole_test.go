@@ -19,6 +19,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/server"
 )
 
 // TestTakeoverNeedsTheAdminRoleOrThePolicy maps, through the API, an image another node holds,
@@ -54,7 +55,7 @@ func takeoverByRole(t *testing.T, policy string) {
 	mapAs := func(role peercred.Role, socket, image string, takeover bool) (int, *api.Error) {
 		body, _ := json.Marshal(api.MapRequest{Cluster: "c1", Pool: "rbd", Image: image, Takeover: takeover, Requester: "test"})
 		req := httptest.NewRequest(http.MethodPost, "http://rbd-owner"+api.PathMap, bytes.NewReader(body))
-		req = req.WithContext(withCaller(req.Context(), caller{cred: peercred.Cred{UID: 1000, GID: 1000, PID: 4242}, known: true, role: role, socket: socket}))
+		req = req.WithContext(server.WithCaller(req.Context(), server.Caller{Cred: peercred.Cred{UID: 1000, GID: 1000, PID: 4242}, Known: true, Role: role, Socket: socket}))
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		var eb api.ErrorBody
@@ -65,7 +66,7 @@ func takeoverByRole(t *testing.T, policy string) {
 	for _, who := range []struct {
 		role   peercred.Role
 		socket string
-	}{{peercred.RoleCSI, socketCSI}, {peercred.RoleCSI, socketMain}, {peercred.RoleAdmin, socketMain}} {
+	}{{peercred.RoleCSI, server.SocketCSI}, {peercred.RoleCSI, server.SocketMain}, {peercred.RoleAdmin, server.SocketMain}} {
 		for _, takeover := range []bool{false, true} {
 			for _, hold := range []string{"live", "fenced", "covered"} {
 				fenced, covered := hold == "fenced", hold == "covered"
@@ -280,7 +281,7 @@ func nodeB(t *testing.T, c *memCluster, policy string) (*memDaemon, *monoClock, 
 
 // asAdmin is ctx as a call from an admin on the main socket (a map asking takeover needs it).
 func asAdmin(ctx context.Context) context.Context {
-	return withCaller(ctx, caller{known: true, role: peercred.RoleAdmin, socket: socketMain})
+	return server.WithCaller(ctx, server.Caller{Known: true, Role: peercred.RoleAdmin, Socket: server.SocketMain})
 }
 
 // TestTakeoverOfAnUnknownCallerIsRefused: a map whose caller is not known (no connection
@@ -318,9 +319,9 @@ func TestRefusalUnderAfterLeaseExpirySaysWhenOnce(t *testing.T) {
 	if _, err := a.Acquire(context.Background(), claim.Request{Image: img}); err != nil {
 		t.Fatal(err)
 	}
-	ctx := withCaller(context.Background(), caller{known: true, role: peercred.RoleCSI, socket: socketCSI})
+	ctx := server.WithCaller(context.Background(), server.Caller{Known: true, Role: peercred.RoleCSI, Socket: server.SocketCSI})
 	_, err = n.d.Map(ctx, api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "once"}, nil)
-	e := apiError(err)
+	e := server.APIError(err)
 	if e.RetryAfterSeconds != 30 {
 		t.Fatalf("refusal: retry after %ds, want 30: %v", e.RetryAfterSeconds, err)
 	}
