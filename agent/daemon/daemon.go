@@ -15,6 +15,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/rbd-owner/rbd-owner/agent/admin"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/devwatch"
@@ -111,6 +112,8 @@ type Daemon struct {
 
 	ops *executor
 
+	admin *admin.Admin // the admin calls (fence, release, unfence, claims, orphans)
+
 	metrics     *metrics.Metrics       // the Prometheus collectors (metrics.go)
 	metricsAddr atomic.Pointer[string] // where the TCP metrics listener is bound (tests)
 
@@ -155,6 +158,7 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d.ops = newExecutor(d)
 	d.metrics = d.newMetrics()
+	d.admin = &admin.Admin{Agent: adminAgent{d}, NodeID: d.cfg.NodeID, Kernel: d.kernel, State: st, Audit: d.audit, Metrics: d.metrics, Log: d.log}
 	d.watchState()
 	if opts.Peers != nil {
 		d.peers = *opts.Peers

@@ -40,7 +40,7 @@ func TestFenceNodeFencesEveryHoldAndMapsFollow(t *testing.T) {
 	if _, err := n.d.Map(ctx, api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "dead1"}, nil); !fault.Is(err, fault.ClaimedElsewhere) {
 		t.Fatalf("a map before the node fence: %v", err)
 	}
-	resp, err := n.d.Fence(asAdmin(ctx), api.ImageRequest{Cluster: "c1", Node: "node-a"}, nil)
+	resp, err := n.d.admin.Fence(asAdmin(ctx), api.ImageRequest{Cluster: "c1", Node: "node-a"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,14 +56,14 @@ func TestFenceNodeFencesEveryHoldAndMapsFollow(t *testing.T) {
 	if err != nil || r.Claim == nil || len(r.Claim.Holders) != 1 || r.Claim.Holders[0].NodeID != n.d.cfg.NodeID {
 		t.Fatalf("a map after the node fence: %+v %v", r, err)
 	}
-	again, err := n.d.Fence(asAdmin(ctx), api.ImageRequest{Cluster: "c1", Node: "node-a"}, nil)
+	again, err := n.d.admin.Fence(asAdmin(ctx), api.ImageRequest{Cluster: "c1", Node: "node-a"}, nil)
 	if err != nil || len(again.Holds) != 1 || again.Holds[0].Image != "dead2" || !again.Holds[0].Again {
 		t.Fatalf("fence --node again: %+v %v", again, err)
 	}
-	if _, err := n.d.Fence(asAdmin(ctx), api.ImageRequest{Cluster: "c1", Node: "nobody"}, nil); !fault.Is(err, fault.NotFound) || !strings.Contains(err.Error(), "no claim of cluster c1 names it") {
+	if _, err := n.d.admin.Fence(asAdmin(ctx), api.ImageRequest{Cluster: "c1", Node: "nobody"}, nil); !fault.Is(err, fault.NotFound) || !strings.Contains(err.Error(), "no claim of cluster c1 names it") {
 		t.Fatalf("fence --node of a node with no hold: %v", err)
 	}
-	if _, err := n.d.Fence(asAdmin(ctx), api.ImageRequest{Cluster: "c1", Node: "node-a", Pool: "rbd", Image: "dead2"}, nil); !fault.Is(err, fault.Invalid) {
+	if _, err := n.d.admin.Fence(asAdmin(ctx), api.ImageRequest{Cluster: "c1", Node: "node-a", Pool: "rbd", Image: "dead2"}, nil); !fault.Is(err, fault.Invalid) {
 		t.Fatalf("fence naming an image and a node: %v", err)
 	}
 }

@@ -2,21 +2,16 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"time"
 
-	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
-	"github.com/rbd-owner/rbd-owner/agent/image"
-	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/metrics"
 	"github.com/rbd-owner/rbd-owner/agent/nodestate"
-	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -147,92 +142,4 @@ func (d *Daemon) fencedMappingGone(ctx context.Context, store *claim.Store, m st
 			Device: m.Device, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID,
 			Message: fmt.Sprintf("recorded in the claim of %s: %s; its fence is no longer renewed", m.Key, why)})
 	}
-}
-
-// UnfenceNode lifts the whole-node fences of a node (admin): see claim.Store.UnfenceNode. The
-// audit entry says whether the node was seen rebooted or the lift was forced.
-func (d *Daemon) UnfenceNode(ctx context.Context, req api.UnfenceNodeRequest, peer *peercred.Cred) (*api.UnfenceNodeResponse, error) {
-	cl, err := d.cluster(req.Cluster)
-	if err != nil {
-		return nil, err
-	}
-	if req.Node == "" {
-		return nil, fmt.Errorf("%w: unfence --node: name the node (its node_id, as `rbd-owner claims` shows it)", errInvalid)
-	}
-	store, err := cl.claims(ctx)
-	if err != nil {
-		return nil, err
-	}
-	by := fmt.Sprintf("lifted by an admin (uid %d) on node %s", uidOf(peer), d.cfg.NodeID)
-	if req.Force {
-		by += " with --force"
-	}
-	res, err := store.UnfenceNode(ctx, req.Node, by, req.Force)
-	if res == nil {
-		return nil, err
-	}
-	out := &api.UnfenceNodeResponse{Node: req.Node, Fences: []api.NodeFence{}, Lifted: res.Lifted, Forced: res.Forced}
-	if out.Lifted == nil {
-		out.Lifted = []string{}
-	}
-	for _, nf := range res.Fences {
-		out.Fences = append(out.Fences, api.NodeFence{Ref: nf.Image, Addr: nf.Fence.Addr, FencedAt: nf.Fence.At, FencedBy: nf.Fence.By, Rebooted: nf.Rebooted})
-		how := "FORCED: the node was not seen rebooted since"
-		if nf.Rebooted != "" {
-			how = nf.Rebooted
-		}
-		d.audit.Record(audit.Entry{Event: audit.Fence, Result: audit.OK, Cluster: cl.cfg.ID, Pool: nf.Image.Pool, Namespace: nf.Image.Namespace,
-			Image: nf.Image.Image, OwnerNode: req.Node, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer), Warning: nf.Rebooted == "",
-			Message: fmt.Sprintf("whole-node fence %s of node %s on %s (made %s by %s) lifted: %s", nf.Fence.Addr, req.Node, nf.Image,
-				nf.Fence.At.UTC().Format(time.RFC3339), nf.Fence.By, how)})
-	}
-	return out, err
-}
-
-// fenceNode fences every hold of a node cluster-wide (admin; `rbd-owner fence --node`): see
-// claim.Store.FenceNode. Each hold fenced is audited, and the whole in one summary; what could
-// not be found or fenced is answered as incomplete, never left out silently.
-func (d *Daemon) fenceNode(ctx context.Context, req api.ImageRequest, peer *peercred.Cred) (*api.FenceResponse, error) {
-	cl, store, err := d.clusterClaims(ctx, req.Cluster)
-	if err != nil {
-		return nil, err
-	}
-	fenced, errs := store.FenceNode(ctx, req.Node)
-	out := &api.FenceResponse{Node: req.Node}
-	images := map[string]bool{}
-	for _, f := range fenced {
-		if f.Err != nil {
-			errs = append(errs, f.Err)
-			continue
-		}
-		k := state.Key{Cluster: cl.cfg.ID, Ref: krbd.Spec{Pool: f.Image.Pool, Namespace: f.Image.Namespace, Image: f.Image.Image}}
-		d.rememberPool(k)
-		d.metrics.Fenced(cl.cfg.ID, metrics.CauseAdmin)
-		images[f.Image.String()] = true
-		out.FencedAddrs = append(out.FencedAddrs, f.Fence.Addr)
-		out.Holds = append(out.Holds, api.FencedHold{Ref: image.Ref{Pool: f.Image.Pool, Namespace: f.Image.Namespace, Image: f.Image.Image},
-			Epoch: f.Fence.Epoch, Addr: f.Fence.Addr, Expires: f.Fence.Expires, Again: f.Again})
-		if out.FencedAddr == "" {
-			out.FencedAddr, out.Expires = f.Fence.Addr, f.Fence.Expires
-		}
-		d.audit.Record(audit.Entry{Event: audit.Fence, Cluster: cl.cfg.ID, Pool: f.Image.Pool, Namespace: f.Image.Namespace, Image: f.Image.Image,
-			Epoch: f.Fence.Epoch, OwnerNode: req.Node, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer), Warning: true,
-			Message: fmt.Sprintf("fenced %s, holder of %s, until %s (fence --node %s): the next map by any node takes it over", f.Fence.Described(), f.Image, f.Fence.Expires.Format(time.RFC3339), req.Node)})
-	}
-	for _, err := range errs {
-		out.Incomplete = append(out.Incomplete, err.Error())
-	}
-	if len(out.Holds) == 0 && len(errs) == 0 {
-		return nil, fmt.Errorf("fence --node %s: %w: no claim of cluster %s names it as a holder (its heartbeats list none; check the node id with `rbd-owner claims`)", req.Node, claim.ErrNoClaim, cl.cfg.ID)
-	}
-	summary := fmt.Sprintf("fenced node %s: %d holds on %d images blocklisted and marked fenced", req.Node, len(out.Holds), len(images))
-	if len(errs) > 0 {
-		summary += fmt.Sprintf("; INCOMPLETE, %d not found or not fenced: %v", len(errs), errors.Join(errs...))
-	}
-	d.audit.Record(audit.Entry{Event: audit.Fence, Cluster: cl.cfg.ID, OwnerNode: req.Node, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
-		Warning: true, Error: len(errs) > 0, Message: summary})
-	if len(out.Holds) == 0 {
-		return nil, fmt.Errorf("fence --node %s: nothing fenced: %w", req.Node, errors.Join(errs...))
-	}
-	return out, nil
 }

@@ -7,13 +7,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/nodestate"
-	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -273,50 +271,4 @@ func (d *Daemon) unconnected() []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-// Unfence lifts the fences this node's agent put on mappings made outside rbd-owner of an
-// image, once they are unmapped (admin).
-func (d *Daemon) Unfence(ctx context.Context, req api.ImageRequest, peer *peercred.Cred) (*api.UnfenceResponse, error) {
-	t, err := d.target(req.Cluster, req.Ref())
-	if err != nil {
-		return nil, err
-	}
-	if t.spec.Snap != "" {
-		return nil, fmt.Errorf("%w: unfence %s: name the image, not a snapshot", errInvalid, t.spec)
-	}
-	store, err := t.cl.claims(ctx)
-	if err != nil {
-		return nil, err
-	}
-	devs, err := d.kernel.List()
-	if err != nil {
-		return nil, fmt.Errorf("unfence %s: listing devices: %w", t.spec, err)
-	}
-	gone := func(addr string) bool {
-		for _, dv := range devs {
-			if dv.ClientAddr == addr {
-				return false
-			}
-		}
-		return true
-	}
-	un, err := store.Unfence(ctx, t.img, gone)
-	if err != nil {
-		return nil, err
-	}
-	out := &api.UnfenceResponse{Unfenced: []api.Intruder{}}
-	for _, in := range un {
-		out.Unfenced = append(out.Unfenced, apiIntruder(in))
-		d.audit.Record(audit.Entry{Event: audit.Fence, Result: audit.OK, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
-			Image: t.spec.Image, Device: in.Device, OwnerNode: d.cfg.NodeID, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
-			Message: fmt.Sprintf("unfenced %s's former client %s (mapped outside rbd-owner, fenced %s, now unmapped): its blocklist entry is removed",
-				in.Device, in.Addr, in.At.UTC().Format(time.RFC3339))})
-	}
-	return out, nil
-}
-
-func apiIntruder(in claim.Intruder) api.Intruder {
-	return api.Intruder{NodeID: in.NodeID, Device: in.Device, ClientAddr: in.Addr, SharedClient: in.SharedClient,
-		Holders: in.Holders, FencedAt: in.At, Expires: in.Expires}
 }

@@ -170,18 +170,18 @@ func TestIntruderOfAHeldImageIsFencedAtOnce(t *testing.T) {
 		return false
 	})
 	rr := httptest.NewRecorder()
-	n.d.handleClaims(rr, httptest.NewRequest(http.MethodGet, api.PathClaims+"?cluster=c1&pool=rbd", nil))
+	server.Get(n.d.claimsCall(false))(rr, httptest.NewRequest(http.MethodGet, api.PathClaims+"?cluster=c1&pool=rbd", nil))
 	var claims []api.Claim
 	if err := json.Unmarshal(rr.Body.Bytes(), &claims); err != nil || len(claims) != 1 || len(claims[0].Intruders) != 1 ||
 		claims[0].Intruders[0].NodeID != "node-m" {
 		t.Fatalf("claims view: %s %v", rr.Body.String(), err)
 	}
 	req := api.ImageRequest{Cluster: "c1", Pool: c.pool, Image: "held"}
-	if _, err := n.d.Unfence(context.Background(), req, nil); !errors.Is(err, claim.ErrBusy) {
+	if _, err := n.d.admin.Unfence(context.Background(), req, nil); !errors.Is(err, claim.ErrBusy) {
 		t.Fatalf("unfence while the intruder is mapped: %v", err)
 	}
 	handUnmap(t, n, dv)
-	resp, err := n.d.Unfence(context.Background(), req, nil)
+	resp, err := n.d.admin.Unfence(context.Background(), req, nil)
 	if err != nil || len(resp.Unfenced) != 1 || resp.Unfenced[0].ClientAddr != dv.ClientAddr {
 		t.Fatalf("unfence: %+v %v", resp, err)
 	}

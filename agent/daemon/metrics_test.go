@@ -160,7 +160,7 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 
 	// an admin fences this node's own claim on a: the renewals find it lost, and the agent
 	// keeps its own mapping fenced
-	if _, err := d.Fence(ctx, api.ImageRequest{Cluster: "c1", Pool: "rbd", Image: "a"}, nil); err != nil {
+	if _, err := d.admin.Fence(ctx, api.ImageRequest{Cluster: "c1", Pool: "rbd", Image: "a"}, nil); err != nil {
 		t.Fatalf("fence: %v", err)
 	}
 	waitValue("rbd_owner_claims", lbl{"cluster": "c1", "state": "lost"}, 1)

@@ -38,7 +38,7 @@ func TestReleaseKeepsTheClaimOfAMappedDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := api.ImageRequest{Cluster: "c1", Pool: "rbd", Image: "r"}
-	ok, err := n.d.Release(context.Background(), req, nil)
+	ok, err := n.d.admin.Release(context.Background(), req, nil)
 	if ok || !fault.Is(err, fault.Invalid) || !strings.Contains(err.Error(), resp.Device) {
 		t.Fatalf("release of a claim whose device is mapped: %v %v, want refused naming %s", ok, err, resp.Device)
 	}
@@ -56,7 +56,7 @@ func TestReleaseKeepsTheClaimOfAMappedDevice(t *testing.T) {
 	if _, err := n.d.kernel.UnmapDevice(context.Background(), dev, krbdForce); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.d.Release(context.Background(), req, nil); err != nil {
+	if _, err := n.d.admin.Release(context.Background(), req, nil); err != nil {
 		t.Fatalf("release once the device is gone: %v", err)
 	}
 	if r, err := rec.Inspect(context.Background(), claim.Image{Pool: "rbd", Image: "r"}); err != nil || r.Holder("node-m") != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/rbd-owner/rbd-owner/agent/admin"
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
@@ -196,12 +197,12 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 		epoch := res.Holder.Epoch
 		s.onFail(func(ctx context.Context) error { _, err := store.Release(ctx, t.img, epoch); return err })
 		d.audit.Record(audit.Entry{Event: audit.Claim, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
-			Image: t.spec.Image, Epoch: epoch, OwnerNode: d.cfg.NodeID, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
+			Image: t.spec.Image, Epoch: epoch, OwnerNode: d.cfg.NodeID, HasPeer: peer != nil, UID: peercred.UID(peer), PID: peercred.PID(peer),
 			Message: fmt.Sprintf("claimed %s (%s) at epoch %d", t.spec, access, epoch)})
 		d.metrics.Takeover(t.key.Cluster, len(res.Fenced))
 		for _, f := range res.Fenced {
 			d.audit.Record(audit.Entry{Event: audit.Takeover, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
-				Image: t.spec.Image, Epoch: epoch, OwnerNode: f.NodeID, Warning: true, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
+				Image: t.spec.Image, Epoch: epoch, OwnerNode: f.NodeID, Warning: true, HasPeer: peer != nil, UID: peercred.UID(peer), PID: peercred.PID(peer),
 				Message: fmt.Sprintf("took %s over from node %s (epoch %d) after fencing %s until %s", t.spec, f.NodeID, f.Epoch, f.Described(), f.Expires.Format(time.RFC3339))})
 		}
 		m.Epoch, m.Phase = epoch, state.Claimed
@@ -264,11 +265,11 @@ func (d *Daemon) Map(ctx context.Context, req api.MapRequest, peer *peercred.Cre
 	// audit, reply
 	d.audit.Record(audit.Entry{Event: audit.Map, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
 		Image: t.spec.Image, Device: dev.DevNode, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, HasPeer: peer != nil,
-		UID: uidOf(peer), PID: pidOf(peer),
+		UID: peercred.UID(peer), PID: peercred.PID(peer),
 		Message: fmt.Sprintf("mapped %s as %s (epoch %d, client %s, requester %q, volume %q)", t.spec, dev.DevNode, m.Epoch, dev.ClientAddr, req.Requester, req.VolumeID)})
 	resp = &api.MapResponse{Device: dev.DevNode, Link: linkOf(t.spec, store.FSID())}
 	if recorded != nil {
-		resp.Claim = apiClaim(t.key.Cluster, recorded) // the record as this map left it
+		resp.Claim = admin.ClaimOf(t.key.Cluster, recorded) // the record as this map left it
 	}
 	steps.mark("persist")
 	d.log.WithFields(logrus.Fields{"image": t.key.String(), "requester": req.Requester}).WithFields(steps.fields()).Info("map steps")
@@ -394,7 +395,7 @@ func (d *Daemon) alreadyMapped(ctx context.Context, t target, store *claim.Store
 			}
 			return nil, true, err
 		}
-		resp.Claim = apiClaim(t.key.Cluster, rec)
+		resp.Claim = admin.ClaimOf(t.key.Cluster, rec)
 	}
 	return resp, true, nil
 }
@@ -528,7 +529,7 @@ func (d *Daemon) Unmap(ctx context.Context, req api.UnmapRequest, peer *peercred
 		devName = devs[0].DevNode
 	}
 	d.audit.Record(audit.Entry{Event: audit.Unmap, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
-		Image: t.spec.Image, Device: devName, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer),
+		Image: t.spec.Image, Device: devName, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, HasPeer: peer != nil, UID: peercred.UID(peer), PID: peercred.PID(peer),
 		Message: fmt.Sprintf("unmapped %s (%s)%s", t.spec, devName, claimNote)})
 	return len(devs) > 0, nil
 }
@@ -620,7 +621,7 @@ func (d *Daemon) refused(req api.MapRequest, peer *peercred.Cred, err error) err
 		clusterID = c.ID
 	}
 	e := audit.Entry{Event: audit.Refuse, Result: audit.Refused, Cluster: clusterID, Pool: req.Pool, Namespace: req.Namespace,
-		Image: req.Image, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer), Message: "map refused: " + err.Error()}
+		Image: req.Image, HasPeer: peer != nil, UID: peercred.UID(peer), PID: peercred.PID(peer), Message: "map refused: " + err.Error()}
 	var held *claim.HeldError
 	if errors.As(err, &held) {
 		e.OwnerNode, e.Epoch = held.Owner().NodeID, held.Epoch
@@ -635,7 +636,7 @@ func (d *Daemon) refused(req api.MapRequest, peer *peercred.Cred, err error) err
 func (d *Daemon) failed(req api.MapRequest, peer *peercred.Cred, err error) error {
 	if !errors.Is(err, ErrCrash) {
 		d.audit.Record(audit.Entry{Event: audit.Map, Result: audit.Failed, Cluster: req.Cluster, Pool: req.Pool, Namespace: req.Namespace,
-			Image: req.Image, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer), Message: "map failed: " + err.Error()})
+			Image: req.Image, HasPeer: peer != nil, UID: peercred.UID(peer), PID: peercred.PID(peer), Message: "map failed: " + err.Error()})
 	}
 	return err
 }
@@ -643,23 +644,9 @@ func (d *Daemon) failed(req api.MapRequest, peer *peercred.Cred, err error) erro
 func (d *Daemon) unmapFailed(t target, peer *peercred.Cred, err error) error {
 	if !errors.Is(err, ErrCrash) {
 		d.audit.Record(audit.Entry{Event: audit.Unmap, Result: audit.Failed, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
-			Image: t.spec.Image, HasPeer: peer != nil, UID: uidOf(peer), PID: pidOf(peer), Message: "unmap failed: " + err.Error()})
+			Image: t.spec.Image, HasPeer: peer != nil, UID: peercred.UID(peer), PID: peercred.PID(peer), Message: "unmap failed: " + err.Error()})
 	}
 	return err
-}
-
-func uidOf(p *peercred.Cred) int {
-	if p == nil {
-		return -1
-	}
-	return p.UID
-}
-
-func pidOf(p *peercred.Cred) int {
-	if p == nil {
-		return -1
-	}
-	return p.PID
 }
 
 // linkOf is the stable udev link of a mapping (see udev/60-rbd-owner.rules).

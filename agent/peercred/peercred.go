@@ -30,6 +30,22 @@ type Cred struct {
 	NetNS uint64
 }
 
+// UID is c's uid, or -1 when there are no credentials (c nil): audit entries' form.
+func UID(c *Cred) int {
+	if c == nil {
+		return -1
+	}
+	return c.UID
+}
+
+// PID is c's pid, or -1 when there are no credentials (c nil).
+func PID(c *Cred) int {
+	if c == nil {
+		return -1
+	}
+	return c.PID
+}
+
 // OwnNetNS is the cookie of this process's network namespace (0 when the kernel cannot say).
 func OwnNetNS() uint64 {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
