@@ -9,6 +9,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/claimapi"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 )
 
@@ -63,7 +64,7 @@ func (a *Admin) Claims(ctx context.Context, q ClaimsQuery) ([]api.Claim, error) 
 			if q.OnlyOrphans && !orphan {
 				continue
 			}
-			c := ClaimOf(cluster, &recs[i])
+			c := claimapi.Of(cluster, &recs[i])
 			c.Orphan = orphan
 			out = append(out, *c)
 		}
@@ -90,7 +91,7 @@ func (a *Admin) NodeClaims(ctx context.Context, cluster string, store *claim.Sto
 	out := []api.Claim{}
 	for _, h := range holds {
 		if pool == "" || h.Record.Pool == pool {
-			out = append(out, *ClaimOf(cluster, &h.Record))
+			out = append(out, *claimapi.Of(cluster, &h.Record))
 		}
 	}
 	return out, nil

@@ -9,6 +9,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/claimapi"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/image"
 	"github.com/rbd-owner/rbd-owner/agent/metrics"
@@ -172,7 +173,7 @@ func (a *Admin) Unfence(ctx context.Context, req api.ImageRequest, peer *peercre
 	}
 	out := &api.UnfenceResponse{Unfenced: []api.Intruder{}}
 	for _, in := range un {
-		out.Unfenced = append(out.Unfenced, IntruderOf(in))
+		out.Unfenced = append(out.Unfenced, claimapi.Intruder(in))
 		a.Audit.Record(audit.Entry{Event: audit.Fence, Result: audit.OK, Cluster: t.cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
 			Image: t.spec.Image, Device: in.Device, OwnerNode: a.NodeID, HasPeer: peer != nil, UID: peercred.UID(peer), PID: peercred.PID(peer),
 			Message: fmt.Sprintf("unfenced %s's former client %s (mapped outside rbd-owner, fenced %s, now unmapped): its blocklist entry is removed",

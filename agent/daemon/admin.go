@@ -27,7 +27,7 @@ func (a adminAgent) Claims(ctx context.Context, id string) (*claim.Store, error)
 	if err != nil {
 		return nil, err
 	}
-	return cl.claims(ctx)
+	return cl.Claims(ctx)
 }
 
 func (a adminAgent) Pools(ctx context.Context, id, pool string) ([]string, error) {
@@ -42,7 +42,7 @@ func (a adminAgent) Pools(ctx context.Context, id, pool string) ([]string, error
 }
 
 func (a adminAgent) LockImage(ctx context.Context, k state.Key) (func(), error) {
-	return a.d.locks.lock(ctx, k)
+	return a.d.locks.Lock(ctx, k)
 }
 
 func (a adminAgent) RememberPool(k state.Key) { a.d.rememberPool(k) }

@@ -61,9 +61,9 @@ type cluster struct {
 // reconnectEvery limits how often a failed cluster connection is retried.
 const reconnectEvery = 5 * time.Second
 
-// claims returns the cluster's claim store, connecting when needed. It waits for a connection
+// Claims returns the cluster's claim store, connecting when needed. It waits for a connection
 // attempt already in flight at most until ctx ends.
-func (c *cluster) claims(ctx context.Context) (*claim.Store, error) {
+func (c *cluster) Claims(ctx context.Context) (*claim.Store, error) {
 	for {
 		c.mu.Lock()
 		if c.store != nil {
@@ -195,7 +195,7 @@ func (d *Daemon) connectAll(ctx context.Context) {
 			logged := false
 			for {
 				cctx, cancel := context.WithTimeout(ctx, 2*cephconn.DefaultTimeout)
-				_, err := c.claims(cctx)
+				_, err := c.Claims(cctx)
 				cancel()
 				if err == nil {
 					if logged {

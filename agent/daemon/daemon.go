@@ -25,6 +25,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/nodeaddr"
 	"github.com/rbd-owner/rbd-owner/agent/nodestate"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/saga"
 	"github.com/rbd-owner/rbd-owner/agent/server"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
@@ -78,7 +79,7 @@ func (d *Daemon) ticker(loop string, every time.Duration) (<-chan time.Time, fun
 }
 
 // ErrCrash, returned by Options.Fault, simulates a kill -9 at that step: nothing is undone.
-var ErrCrash = errors.New("simulated crash")
+var ErrCrash = saga.ErrCrash
 
 // Daemon is the running agent.
 type Daemon struct {
@@ -93,7 +94,8 @@ type Daemon struct {
 
 	clusters map[string]*cluster
 
-	locks keyedLocks
+	locks *saga.Locks // one image's sagas, judgements and admin calls at a time
+	sagas *saga.Sagas // the map and unmap sagas
 
 	// node is what this node knows of itself (problems, lost claims, unmanaged devices, kept
 	// fences, skews): its own type with its own lock (package nodestate)
@@ -158,6 +160,9 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d.ops = newExecutor(d)
 	d.metrics = d.newMetrics()
+	d.locks = &saga.Locks{}
+	d.sagas = &saga.Sagas{Agent: sagaAgent{d}, Config: d.cfg, Kernel: d.kernel, State: st, Node: d.node, Locks: d.locks,
+		Audit: d.audit, Metrics: d.metrics, Log: d.log, Fault: opts.Fault}
 	d.admin = &admin.Admin{Agent: adminAgent{d}, NodeID: d.cfg.NodeID, Kernel: d.kernel, State: st, Audit: d.audit, Metrics: d.metrics, Log: d.log}
 	d.watchState()
 	if opts.Peers != nil {

@@ -59,7 +59,7 @@ func (e *executor) start(ctx context.Context, key state.Key, op func(ctx context
 	go func() {
 		defer e.d.bg.Done()
 		lctx, cancel := context.WithTimeout(ctx, e.d.cfg.MapTimeout.D()+time.Minute)
-		unlock, err := e.d.locks.lock(lctx, key)
+		unlock, err := e.d.locks.Lock(lctx, key)
 		cancel()
 		if err == nil {
 			err = op(ctx)

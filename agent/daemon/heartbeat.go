@@ -132,7 +132,7 @@ func (h *heartbeats) beat(ctx context.Context, p place) {
 		delete(h.since, p)
 		h.mu.Unlock()
 	}()
-	store, err := h.cl.claims(hctx)
+	store, err := h.cl.Claims(hctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			for _, k := range keys {

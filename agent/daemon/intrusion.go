@@ -80,7 +80,7 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 		// not connected yet: connecting is part of reacting at once
 		cctx, cancel := context.WithTimeout(ctx, 2*cephconn.DefaultTimeout)
 		for _, c := range d.clusters {
-			if s, err := c.claims(cctx); err == nil && (s.FSID() == dv.ClusterFSID || dv.ClusterFSID == "") {
+			if s, err := c.Claims(cctx); err == nil && (s.FSID() == dv.ClusterFSID || dv.ClusterFSID == "") {
 				cl = c
 				break
 			}
@@ -98,7 +98,7 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 	key := state.Key{Cluster: cl.cfg.ID, Ref: dv.Spec()}
 	if lockWait {
 		lctx, cancel := context.WithTimeout(ctx, d.cfg.MapTimeout.D()+time.Minute)
-		unlock, err := d.locks.lock(lctx, key)
+		unlock, err := d.locks.Lock(lctx, key)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("device %s: waiting for its image: %w", dv.DevNode, err)
@@ -134,7 +134,7 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 		d.noteUnmanaged(nodestate.Unmanaged{Dev: dv, Cluster: cl.cfg.ID, Why: "the kernel shows no client_addr, so it cannot be fenced"})
 		return nil
 	}
-	store, err := cl.claims(ctx)
+	store, err := cl.Claims(ctx)
 	if err != nil {
 		d.node.NotePending(dv, err.Error(), false)
 		return err

@@ -25,16 +25,6 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
-// refsOf is how many hold or wait for an image's lock (tests).
-func (k *keyedLocks) refsOf(key state.Key) int {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if l := k.m[key]; l != nil {
-		return l.refs
-	}
-	return 0
-}
-
 // auditLog collects a test daemon's audit entries.
 type auditLog struct {
 	mu      sync.Mutex
@@ -326,7 +316,7 @@ func TestOwnMapIsNeverMistakenForAnIntruder(t *testing.T) {
 		o.Fault = func(saga, step string) error {
 			if saga == "map" && step == "record" {
 				// the device exists now; hold the saga until its uevent's judgement waits
-				waitFor(t, "the judgement to wait for the saga", func() bool { return n.d.locks.refsOf(key) >= 2 })
+				waitFor(t, "the judgement to wait for the saga", func() bool { return n.d.locks.Refs(key) >= 2 })
 			}
 			return nil
 		}
@@ -337,7 +327,7 @@ func TestOwnMapIsNeverMistakenForAnIntruder(t *testing.T) {
 	if !n.d.ops.waitIdle(10 * time.Second) {
 		t.Fatal("reconcile did not settle")
 	}
-	waitFor(t, "the judgement to end", func() bool { return n.d.locks.refsOf(key) == 0 })
+	waitFor(t, "the judgement to end", func() bool { return n.d.locks.Refs(key) == 0 })
 	devs, _ := n.d.kernel.List()
 	if len(devs) != 1 || devs[0].DevNode != resp.Device {
 		t.Fatalf("devices: %+v", devs)

@@ -219,7 +219,7 @@ func (d *Daemon) renewRound(ctx context.Context, cl *cluster) {
 		return
 	}
 	cctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
-	store, err := cl.claims(cctx)
+	store, err := cl.Claims(cctx)
 	cancel()
 	if err != nil {
 		for _, m := range ms {
@@ -350,7 +350,7 @@ func (d *Daemon) checkClaim(ctx context.Context, cl *cluster, store *claim.Store
 		// an operation on this image (an unmap, a device found gone) may have released the claim
 		// after this mapping was listed: judged only when none is under way, and only if the
 		// state still names this very mapping; else the next round judges
-		unlock, ok := d.locks.tryLock(m.Key)
+		unlock, ok := d.locks.TryLock(m.Key)
 		if !ok {
 			return false // judged at the next round, its notice kept
 		}

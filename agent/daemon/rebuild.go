@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/audit"
+	"github.com/rbd-owner/rbd-owner/agent/saga"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -36,12 +37,12 @@ func (d *Daemon) watchState() {
 		}
 		logged.Unlock()
 		if !again {
-			d.log.WithError(err).Error("cannot write the state file: " + d.stateNextStep(err) + " (maps and unmaps are refused until it can be written; leases are kept)")
+			d.log.WithError(err).Error("cannot write the state file: " + saga.StateNextStep(d.cfg.StateDir, err) + " (maps and unmaps are refused until it can be written; leases are kept)")
 		}
 	})
 	if err, _ := d.state.WriteFailure(); err != nil { // a write at open, before the hook was there
 		d.metrics.StateWriteFailed()
-		d.log.WithError(err).Error("cannot write the state file: " + d.stateNextStep(err) + " (maps and unmaps are refused until it can be written; leases are kept)")
+		d.log.WithError(err).Error("cannot write the state file: " + saga.StateNextStep(d.cfg.StateDir, err) + " (maps and unmaps are refused until it can be written; leases are kept)")
 	}
 	sa := d.state.SetAside()
 	if sa == nil {
@@ -54,7 +55,7 @@ func (d *Daemon) watchState() {
 
 // stateWriteProblem is status's line for a state file that cannot be written.
 func (d *Daemon) stateWriteProblem(err error) string {
-	return fmt.Sprintf("%v; maps and unmaps are refused until it can be written: %s; leases are kept", err, d.stateNextStep(err))
+	return fmt.Sprintf("%v; maps and unmaps are refused until it can be written: %s; leases are kept", err, saga.StateNextStep(d.cfg.StateDir, err))
 }
 
 // reportRebuild says, once recovery is over, what the rebuild after a set-aside state found:

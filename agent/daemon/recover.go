@@ -82,7 +82,7 @@ func (d *Daemon) explained(dv krbd.Device, mappings []state.Mapping) bool {
 		}
 	}
 	for id := range d.clusters {
-		if d.locks.isHeld(state.Key{Cluster: id, Ref: dv.Spec()}) {
+		if d.locks.IsHeld(state.Key{Cluster: id, Ref: dv.Spec()}) {
 			return true // a saga on that image runs now: it decides
 		}
 	}
@@ -164,14 +164,14 @@ func (d *Daemon) settle(ctx context.Context, m state.Mapping, devs map[int]krbd.
 	switch m.Phase {
 	case state.Claiming:
 		// crashed while writing the claim: whether it was written is only known to the cluster
-		epoch, err := d.claimingEpoch(ctx, cl, m)
+		epoch, err := d.sagas.ClaimingEpoch(ctx, cl, m)
 		if err != nil {
 			d.setProblem(m.Key, "half-done map waits for the cluster: "+err.Error())
 			return err
 		}
 		if epoch != 0 {
 			m.Epoch = epoch
-			if err := d.release(ctx, cl, m); err != nil {
+			if err := d.sagas.Release(ctx, cl, m); err != nil {
 				d.setProblem(m.Key, "half-done map: claim release failed, will retry: "+err.Error())
 				return err
 			}
@@ -183,7 +183,7 @@ func (d *Daemon) settle(ctx context.Context, m state.Mapping, devs map[int]krbd.
 		if dev != nil {
 			// the map happened but its reply was never sent: nobody uses the device yet;
 			// record it in the claim and keep it, so a retried request finds it
-			store, err := cl.claims(ctx)
+			store, err := cl.Claims(ctx)
 			if err == nil {
 				_, err = store.SetMapping(ctx, m.Ref.Head(), m.Epoch, dev.ClientAddr, dev.DevNode)
 			}
@@ -208,7 +208,7 @@ func (d *Daemon) settle(ctx context.Context, m state.Mapping, devs map[int]krbd.
 			d.setProblem(m.Key, "interrupted map: "+err.Error())
 			return err
 		}
-		if err := d.release(ctx, cl, m); err != nil {
+		if err := d.sagas.Release(ctx, cl, m); err != nil {
 			d.setProblem(m.Key, "interrupted map: claim release failed, will retry: "+err.Error())
 			return err
 		}
@@ -228,7 +228,7 @@ func (d *Daemon) settle(ctx context.Context, m state.Mapping, devs map[int]krbd.
 			}
 		}
 		if m.Claimed {
-			if err := d.release(ctx, cl, m); err != nil {
+			if err := d.sagas.Release(ctx, cl, m); err != nil {
 				d.setProblem(m.Key, "interrupted unmap: claim release failed, will retry: "+err.Error())
 				return err
 			}
@@ -273,7 +273,7 @@ func (d *Daemon) deviceGone(ctx context.Context, m state.Mapping, how string) er
 	}
 	d.audit.Record(e)
 	if m.Claimed && cl != nil {
-		if err := d.release(ctx, cl, m); err != nil {
+		if err := d.sagas.Release(ctx, cl, m); err != nil {
 			d.setProblem(m.Key, "device lost; claim release failed, will retry: "+err.Error())
 			m.Phase = state.Unmapping // the reconciler finishes the release
 			if perr := d.state.Observe(m); perr != nil {

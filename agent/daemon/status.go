@@ -8,6 +8,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/nodestate"
+	"github.com/rbd-owner/rbd-owner/agent/saga"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 	"github.com/rbd-owner/rbd-owner/agent/version"
 )
@@ -20,7 +21,7 @@ func (d *Daemon) Status() api.Status {
 		if m.Phase != state.Mapped {
 			continue
 		}
-		ad := api.Device{Device: m.Device, Link: linkOf(m.Ref, m.FSID), Cluster: m.Cluster, FSID: m.FSID,
+		ad := api.Device{Device: m.Device, Link: saga.LinkOf(m.Ref, m.FSID), Cluster: m.Cluster, FSID: m.FSID,
 			Pool: m.Pool, Namespace: m.Namespace, Image: m.Image, Snapshot: m.Snap, ClientAddr: m.ClientAddr, Managed: true,
 			Epoch: m.Epoch}
 		var since time.Time

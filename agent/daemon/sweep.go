@@ -79,7 +79,7 @@ func (d *Daemon) sweepPool(ctx context.Context, p state.Pool) (removed int, err 
 	}
 	ctx, cancel := context.WithTimeout(ctx, max(d.sweepPeriod()/2, time.Minute))
 	defer cancel()
-	store, err := cl.claims(ctx)
+	store, err := cl.Claims(ctx)
 	if err != nil {
 		d.log.WithError(err).WithField("pool", p.Pool).Warn("pool sweep skipped: cluster unavailable; its fences and orphans wait for the next one")
 		return 0, err

@@ -167,7 +167,7 @@ func TestASweepThatCouldNotKeepAFenceIsNotMarked(t *testing.T) {
 	if _, err := a.sweepPool(ctx, pool); err == nil {
 		t.Fatal("a sweep whose fence renewal failed reported no error")
 	}
-	store, err := a.clusters["c1"].claims(ctx)
+	store, err := a.clusters["c1"].Claims(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,14 +1,15 @@
-package daemon
+package saga
 
 import (
 	"fmt"
 	"os"
 	"strconv"
 
+	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 )
 
-// sameNetNS refuses a map asked for by a process in another network namespace than the agent's
+// SameNetNS refuses a map asked for by a process in another network namespace than the agent's
 // (ceph-csi's netNamespaceFilePath runs `nsenter --net=… rbd map`, for Multus networks). The
 // kernel creates a mapping's client in the network namespace of the process that writes
 // add_single_major: the agent's, so the mapping would not use the network the caller chose,
@@ -21,13 +22,13 @@ import (
 // later: no access to the caller's /proc entry needed, which the sandboxed agent may lack);
 // on older kernels, /proc/PID/ns/net when readable. A caller without credentials (a test
 // calling the daemon directly) is not checked.
-func (d *Daemon) sameNetNS(peer *peercred.Cred) error {
+func SameNetNS(peer *peercred.Cred) error {
 	if peer == nil {
 		return nil
 	}
 	refuse := func(theirs, mine string) error {
 		return fmt.Errorf("%w: the caller (pid %d) runs in another network namespace (%s) than the agent (%s): the kernel would make the mapping in the agent's namespace, not the caller's; rbd-owner does not map for callers in other network namespaces (for ceph-csi, leave netNamespaceFilePath unset for this cluster)",
-			errInvalid, peer.PID, theirs, mine)
+			fault.ErrInvalid, peer.PID, theirs, mine)
 	}
 	if own := peercred.OwnNetNS(); own != 0 && peer.NetNS != 0 {
 		if own != peer.NetNS {

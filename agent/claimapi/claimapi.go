@@ -1,12 +1,14 @@
-package admin
+// Package claimapi turns claim records into the API's form: one conversion, for the map's reply and the
+// admin listings.
+package claimapi
 
 import (
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 )
 
-// ClaimOf is a claim record in the API's form (nil for none).
-func ClaimOf(clusterID string, r *claim.Record) *api.Claim {
+// Of is a claim record in the API's form (nil for none).
+func Of(clusterID string, r *claim.Record) *api.Claim {
 	if r == nil {
 		return nil
 	}
@@ -18,7 +20,7 @@ func ClaimOf(clusterID string, r *claim.Record) *api.Claim {
 			LeaseSeconds: h.LeaseSeconds, AgentVersion: h.AgentVersion, Fenced: h.Fenced})
 	}
 	for _, in := range r.Intruders {
-		c.Intruders = append(c.Intruders, IntruderOf(in))
+		c.Intruders = append(c.Intruders, Intruder(in))
 	}
 	for _, f := range r.Fences {
 		c.Fences = append(c.Fences, api.Fence{NodeID: f.NodeID, Addr: f.Addr, Epoch: f.Epoch, At: f.At, By: f.By, Expires: f.Expires,
@@ -27,8 +29,8 @@ func ClaimOf(clusterID string, r *claim.Record) *api.Claim {
 	return c
 }
 
-// IntruderOf is a fenced intruder in the API's form.
-func IntruderOf(in claim.Intruder) api.Intruder {
+// Intruder is a fenced intruder in the API's form.
+func Intruder(in claim.Intruder) api.Intruder {
 	return api.Intruder{NodeID: in.NodeID, Device: in.Device, ClientAddr: in.Addr, SharedClient: in.SharedClient,
 		Holders: in.Holders, FencedAt: in.At, Expires: in.Expires}
 }

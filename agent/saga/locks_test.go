@@ -1,4 +1,4 @@
-package daemon
+package saga
 
 import (
 	"context"
@@ -17,35 +17,35 @@ import (
 // TestKeyedLocksForget: entries exist only while held or waited for, and one image's lock
 // serialises while others proceed.
 func TestKeyedLocksForget(t *testing.T) {
-	var k keyedLocks
+	var k Locks
 	bg := context.Background()
 	for i := range 100 {
 		key := state.Key{Cluster: "c", Ref: image.Ref{Pool: "rbd", Image: fmt.Sprintf("img%d", i)}}
-		unlock, err := k.lock(bg, key)
+		unlock, err := k.Lock(bg, key)
 		if err != nil {
 			t.Fatal(err)
 		}
 		unlock()
-		if u, ok := k.tryLock(key); !ok {
+		if u, ok := k.TryLock(key); !ok {
 			t.Fatalf("tryLock %s after unlock failed", key)
 		} else {
 			u()
 		}
 	}
-	if n := k.held(); n != 0 {
+	if n := k.Held(); n != 0 {
 		t.Fatalf("%d entries left after every lock was released", n)
 	}
 
 	a := state.Key{Cluster: "c", Ref: image.Ref{Pool: "rbd", Image: "a"}}
 	b := state.Key{Cluster: "c", Ref: image.Ref{Pool: "rbd", Image: "b"}}
-	unlockA, err := k.lock(bg, a)
+	unlockA, err := k.Lock(bg, a)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := k.tryLock(a); ok {
+	if _, ok := k.TryLock(a); ok {
 		t.Fatal("tryLock of a held image succeeded")
 	}
-	unlockB, err := k.lock(bg, b) // another image is not blocked
+	unlockB, err := k.Lock(bg, b) // another image is not blocked
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,13 +53,13 @@ func TestKeyedLocksForget(t *testing.T) {
 	// a waiter whose context ends gives up with a busy error and leaves no entry behind
 	ctx, cancel := context.WithCancel(bg)
 	cancel()
-	if _, err := k.lock(ctx, a); !errors.Is(err, fault.ErrBusy) {
+	if _, err := k.Lock(ctx, a); !errors.Is(err, fault.ErrBusy) {
 		t.Fatalf("lock with a dead context: %v, want busy", err)
 	}
 	// a waiter gets the lock once the holder lets go (ordered by channels, not by time)
 	got := make(chan func())
 	go func() {
-		u, err := k.lock(bg, a)
+		u, err := k.Lock(bg, a)
 		if err != nil {
 			t.Error(err)
 			close(got)
@@ -78,7 +78,7 @@ func TestKeyedLocksForget(t *testing.T) {
 		t.Fatal("waiter failed")
 	}
 	u()
-	if n := k.held(); n != 0 {
+	if n := k.Held(); n != 0 {
 		t.Fatalf("%d entries left", n)
 	}
 }
@@ -86,7 +86,7 @@ func TestKeyedLocksForget(t *testing.T) {
 // TestKeyedLocksConcurrent: many goroutines on a few images; the map is empty at the end and
 // no two holders of one image overlap.
 func TestKeyedLocksConcurrent(t *testing.T) {
-	var k keyedLocks
+	var k Locks
 	var wg sync.WaitGroup
 	inside := make([]int32, 4)
 	var mu sync.Mutex
@@ -96,7 +96,7 @@ func TestKeyedLocksConcurrent(t *testing.T) {
 			defer wg.Done()
 			for i := range 200 {
 				img := (g + i) % len(inside)
-				unlock, err := k.lock(context.Background(), state.Key{Ref: image.Ref{Image: fmt.Sprint(img)}})
+				unlock, err := k.Lock(context.Background(), state.Key{Ref: image.Ref{Image: fmt.Sprint(img)}})
 				if err != nil {
 					t.Error(err)
 					return
@@ -117,7 +117,7 @@ func TestKeyedLocksConcurrent(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if n := k.held(); n != 0 {
+	if n := k.Held(); n != 0 {
 		t.Fatalf("%d entries left", n)
 	}
 }

@@ -1,0 +1,285 @@
+package saga
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/api"
+	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/claimapi"
+	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/fault"
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
+	"github.com/rbd-owner/rbd-owner/agent/state"
+)
+
+// mapRun is one map request on its way through the saga's steps.
+type mapRun struct {
+	s        *Sagas
+	run      *run
+	req      api.MapRequest
+	c        Caller
+	access   claim.Access
+	asked    krbd.Requested // what the caller's options ask of the kernel
+	t        target
+	readOnly bool
+	store    *claim.Store
+	m        state.Mapping
+	res      *claim.Result // the claim made, when one was
+	dev      krbd.Device
+	recorded *claim.Record // the claim as the record step left it
+	answered bool          // this node had mapped it already: answered as it is, nothing done
+	steps    stepTimer
+}
+
+// Map is the map saga: validate → resolve → intent → claim → claimed → kernel → record →
+// persist, then the reply. A failing step undoes the ones before it: no claim is left without
+// a device and no device without a claim. Asking again for an image this node has mapped
+// answers the same device with AlreadyMapped. The outcome is recorded once, at the end.
+func (s *Sagas) Map(ctx context.Context, req api.MapRequest, c Caller) (resp *api.MapResponse, err error) {
+	r := &mapRun{s: s, run: &run{s: s, name: "map"}, req: req, c: c}
+	defer func(start time.Time) { s.Metrics.Map(s.Agent.ClusterLabel(r.req.Cluster), start, err) }(time.Now())
+	if err := r.validate(); err != nil {
+		return nil, r.outcome(err)
+	}
+	unlock, err := s.Locks.Lock(ctx, r.t.key)
+	if err != nil {
+		return nil, r.outcome(err)
+	}
+	defer unlock()
+	// the saga runs to its end even if the caller goes away: it retries and finds the result
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.Config.MapTimeout.D()+time.Minute)
+	defer cancel()
+	r.steps = newStepTimer()
+	resp, err = r.runSteps(ctx)
+	return resp, r.outcome(err) // undone and recorded under the image's lock
+}
+
+// runSteps runs the map's steps in order; the first that fails ends it.
+func (r *mapRun) runSteps(ctx context.Context) (*api.MapResponse, error) {
+	if resp, done, err := r.resolve(ctx); done {
+		r.answered = err == nil
+		return resp, err
+	}
+	if r.m.Claimed { // snapshots are immutable: mapping one needs no claim
+		for _, step := range []func(context.Context) error{r.intent, r.claim, r.claimed} {
+			if err := step(ctx); err != nil {
+				return nil, err
+			}
+		}
+	}
+	r.steps.mark("claimed")
+	for _, step := range []func(context.Context) error{r.kernel, r.record, r.persist} {
+		if err := step(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return r.reply(), nil
+}
+
+// outcome undoes a failed map (or keeps its state for the reconciler) and records the outcome,
+// once: the claim made, if any, then the map done, refused or failed.
+func (r *mapRun) outcome(err error) error {
+	err, k, keep := classify(err)
+	if err != nil {
+		if keep {
+			err = r.run.keep(err)
+		} else {
+			err = r.run.fail(err)
+		}
+	}
+	if r.res != nil {
+		r.recordClaim()
+	}
+	if err != nil {
+		r.recordMapError(err, k)
+		return err
+	}
+	if !r.answered {
+		r.recordMapped()
+	}
+	return nil
+}
+
+// validate reads the request: access, options, the caller's right to a takeover, its network
+// namespace, and the image on a configured cluster.
+func (r *mapRun) validate() error {
+	req := r.req
+	var err error
+	if r.access, err = claim.ParseAccess(req.Access); err != nil {
+		return refuse(fmt.Errorf("%w: %w", fault.ErrInvalid, err))
+	}
+	if r.asked, err = krbd.RequestOptions(req.Options); err != nil {
+		return refuse(fmt.Errorf("map %s: %w", req.Ref(), err))
+	}
+	if req.Takeover && !r.c.Admin {
+		// a takeover fences another node: the admin's call. A CSI-role map takes over only
+		// where takeover_policy allows it, or a hold an admin has fenced, never because it asks
+		return r.c.denied("POST " + api.PathMap + " with takeover")
+	}
+	if err := SameNetNS(r.c.Peer); err != nil {
+		return refuse(fmt.Errorf("map %s: %w", req.Ref(), err))
+	}
+	if req.Cluster == "" && len(req.Monitors) > 0 {
+		cl, err := r.s.Config.ClusterByMonitors(req.Monitors)
+		if err != nil {
+			return refuse(fmt.Errorf("map %s: %w: %w", req.Ref(), fault.ErrInvalid, err))
+		}
+		r.req.Cluster = cl.ID
+	}
+	if r.t, err = r.s.target(r.req.Cluster, r.req.Ref()); err != nil {
+		return refuse(err)
+	}
+	r.readOnly = req.ReadOnly || r.asked.ReadOnly || r.access == claim.ROX || r.t.spec.Snap != ""
+	return nil
+}
+
+// resolve connects to the cluster and looks at what this node already has: the same mapping
+// (answered at once: done), or a mapping of the image made outside rbd-owner (refused).
+func (r *mapRun) resolve(ctx context.Context) (*api.MapResponse, bool, error) {
+	t := r.t
+	var err error
+	if r.store, err = t.cl.Claims(ctx); err != nil {
+		return nil, true, refuse(err)
+	}
+	if resp, done, err := r.s.alreadyMapped(ctx, t, r.store, r.access, r.readOnly); done {
+		return resp, true, err
+	}
+	others, err := r.s.Kernel.FindBySpec(t.spec, r.store.FSID())
+	if err != nil {
+		return nil, true, failure(fmt.Errorf("map %s: looking for devices already mapped: %w", t.spec, err))
+	}
+	if len(others) > 0 {
+		return nil, true, refuse(fmt.Errorf("%w: %s is already mapped on this node as %s, outside rbd-owner; unmap it first",
+			claim.ErrBusy, t.spec, others[0].DevNode))
+	}
+	r.steps.mark("resolve")
+	r.m = state.Mapping{Key: t.key, FSID: r.store.FSID(), Access: string(r.access), ReadOnly: r.readOnly, VolumeID: r.req.VolumeID,
+		Claimed: t.spec.Snap == "", Phase: state.Claiming}
+	return nil, false, nil
+}
+
+// intent writes the mapping, phase claiming, before the claim: a crash from here on leaves a
+// state the reconciler finishes or undoes. Undo: forget it.
+func (r *mapRun) intent(context.Context) error {
+	if err := r.s.persist(r.run, "persist-intent", r.m); err != nil {
+		return refuse(err)
+	}
+	r.run.onFail(func(context.Context) error { return r.s.State.Delete(r.t.key) })
+	r.steps.mark("intent")
+	return nil
+}
+
+// claim takes the image's claim (one compare-and-set; a takeover where the policy or an admin
+// allows it). Undo: release it.
+func (r *mapRun) claim(ctx context.Context) error {
+	if err := r.run.step("claim"); err != nil {
+		return err
+	}
+	t, policy := r.t, r.s.Config.TakeoverPolicy
+	res, err := r.store.Acquire(ctx, claim.Request{Image: t.img, Access: r.access, ReadOnly: r.readOnly,
+		Takeover: r.req.Takeover || policy == config.TakeoverAfterLeaseExpiry, TakeFenced: true,
+		TakeCovered: policy != config.TakeoverManual,
+		NextStep:    func(hs []claim.Holder) string { return r.s.nextStepWhenHeld(r.c, t, hs) }})
+	var held *claim.HeldError
+	r.s.Agent.WatchHeld(t.key, errors.As(err, &held))
+	if err != nil {
+		if fault.MayHaveApplied(err) {
+			// the claim may have been written (e.g. a timeout after the OSD applied it):
+			// keep the "claiming" state; the reconciler looks at the claim and releases it
+			return kept(err)
+		}
+		return refuse(err)
+	}
+	r.res = res
+	epoch := res.Holder.Epoch
+	r.run.onFail(func(ctx context.Context) error { _, err := r.store.Release(ctx, t.img, epoch); return err })
+	r.m.Epoch, r.m.Phase = epoch, state.Claimed
+	r.steps.mark("claim")
+	return nil
+}
+
+// claimed writes the mapping, phase claimed, with the claim's epoch.
+func (r *mapRun) claimed(context.Context) error {
+	if err := r.s.persist(r.run, "persist-claim", r.m); err != nil {
+		return refuse(err)
+	}
+	return nil
+}
+
+// kernel maps the image (krbd, noshare: a client of its own). Undo: unmap it.
+func (r *mapRun) kernel(ctx context.Context) error {
+	if err := r.run.step("map"); err != nil {
+		return err
+	}
+	opts := r.s.mapOptions(r.t.cl, r.readOnly)
+	opts.Extra = append(opts.Extra, r.asked.Extra...)
+	opts.NoUdev = r.asked.NoUdev
+	dev, err := r.s.Kernel.Map(ctx, r.t.spec, opts)
+	if err != nil {
+		if errors.Is(err, krbd.ErrLeftMapped) {
+			// the kernel made the device but it could not be removed again: keep the claim and
+			// the "claimed" state; the reconciler adopts the device (no device without a claim)
+			return kept(err)
+		}
+		return failure(err)
+	}
+	r.dev = dev
+	r.run.onFail(func(ctx context.Context) error {
+		_, err := r.s.Kernel.UnmapDevice(ctx, dev, krbd.UnmapOptions{Force: true})
+		return err
+	})
+	if dev.ClientAddr == "" {
+		// without the mapping's own address it could not be fenced alone: refuse it
+		return failure(fmt.Errorf("map %s: the kernel does not report the mapping's client_addr, so it could not be fenced alone; refusing it", r.t.spec))
+	}
+	r.steps.mark("kernel")
+	return nil
+}
+
+// record writes the mapping's own client address into the claim: what a takeover fences.
+func (r *mapRun) record(ctx context.Context) error {
+	if r.m.Claimed {
+		if err := r.run.step("record"); err != nil {
+			return err
+		}
+		rec, err := r.store.SetMapping(ctx, r.t.img, r.m.Epoch, r.dev.ClientAddr, r.dev.DevNode)
+		if err != nil {
+			return failure(err)
+		}
+		r.recorded = rec
+	}
+	r.steps.mark("record")
+	return nil
+}
+
+// persist writes the mapping, phase mapped, with its device.
+func (r *mapRun) persist(context.Context) error {
+	r.m.Phase, r.m.DeviceID, r.m.Device, r.m.ClientAddr = state.Mapped, r.dev.ID, r.dev.DevNode, r.dev.ClientAddr
+	if err := r.s.persist(r.run, "persist", r.m); err != nil {
+		return failure(err)
+	}
+	r.s.Node.SetProblem(r.t.key, "")
+	return nil
+}
+
+// reply is the answer to a map done: the device, its link, and the claim as the map left it.
+func (r *mapRun) reply() *api.MapResponse {
+	resp := &api.MapResponse{Device: r.dev.DevNode, Link: LinkOf(r.t.spec, r.store.FSID())}
+	if r.recorded != nil {
+		resp.Claim = claimapi.Of(r.t.key.Cluster, r.recorded)
+	}
+	return resp
+}
+
+// mapOptions is how the kernel maps an image of cl: the cluster's monitors, user and secret,
+// the config's timeouts and global map options, then the cluster's own.
+func (s *Sagas) mapOptions(cl Cluster, readOnly bool) krbd.MapOptions {
+	opts := cl.MapOptions()
+	opts.ReadOnly = readOnly
+	opts.MountTimeout, opts.Timeout = s.Config.MountTimeout.D(), s.Config.MapTimeout.D()
+	opts.Extra = append(append([]string(nil), s.Config.MapOptions...), opts.Extra...)
+	return opts
+}

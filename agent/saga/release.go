@@ -1,0 +1,58 @@
+package saga
+
+import (
+	"context"
+	"errors"
+
+	"github.com/rbd-owner/rbd-owner/agent/audit"
+	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/state"
+)
+
+// ClaimingEpoch finds the epoch of a claim this node was writing when its map was
+// interrupted (0 when the claim was not written, or holds a mapping already).
+func (s *Sagas) ClaimingEpoch(ctx context.Context, cl Cluster, m state.Mapping) (uint64, error) {
+	store, err := cl.Claims(ctx)
+	if err != nil {
+		return 0, err
+	}
+	rec, err := store.Inspect(ctx, m.Ref.Head())
+	if errors.Is(err, claim.ErrNoClaim) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	if h := rec.Holder(s.Config.NodeID); h != nil && h.ClientAddr == "" {
+		return h.Epoch, nil
+	}
+	return 0, nil
+}
+
+// Release drops the claim of a mapping and audits it.
+func (s *Sagas) Release(ctx context.Context, cl Cluster, m state.Mapping) error {
+	_, err := s.releaseClaim(ctx, cl, m)
+	return err
+}
+
+// releaseClaim is Release, saying why nothing was released when the claim was no longer this
+// node's ("" when it was released): who took it, or that an admin force-released it.
+func (s *Sagas) releaseClaim(ctx context.Context, cl Cluster, m state.Mapping) (notHeld string, err error) {
+	store, err := cl.Claims(ctx)
+	if err != nil {
+		return "", err
+	}
+	img := m.Ref.Head()
+	res, err := store.ReleaseHold(ctx, img, m.Epoch)
+	if err != nil {
+		return "", err
+	}
+	if !res.Released {
+		// not ours any more: another node took it, fencing this mapping, which is gone now
+		s.Agent.FencedMappingGone(ctx, store, m)
+		return res.NotHeld, nil
+	}
+	s.Audit.Record(audit.Entry{Event: audit.Release, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace, Image: m.Image,
+		Device: m.Device, Epoch: m.Epoch, OwnerNode: s.Config.NodeID})
+	return "", nil
+}
