@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/rbd-owner/rbd-owner/agent/api"
 )
 
 // DefaultPath is where the packaged config lives.
@@ -135,12 +137,11 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 // D is the value as a time.Duration.
 func (d Duration) D() time.Duration { return time.Duration(d) }
 
-// Defaults.
+// Defaults. The sockets' paths are the API's (api.DefaultSocket, api.DefaultCSISocket, which
+// the clients use too).
 const (
-	DefaultSocket = "/run/rbd-owner/rbd-owner.sock"
-	// DefaultCSISocket serves the CSI role only, whoever calls; it sits in a directory of its
-	// own so that a CSI plugin's pod can mount that directory and nothing else.
-	DefaultCSISocket = "/run/rbd-owner/csi/csi.sock"
+	DefaultSocket    = api.DefaultSocket
+	DefaultCSISocket = api.DefaultCSISocket
 	DefaultStateDir  = "/var/lib/rbd-owner"
 )
 

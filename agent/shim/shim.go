@@ -33,10 +33,9 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/image"
 )
 
-// Defaults, overridden by the environment (RBD_OWNER_SOCKET, RBD_OWNER_REAL_RBD,
-// RBD_OWNER_REAL_RBD_NBD).
+// Defaults, overridden by the environment (RBD_OWNER_REAL_RBD, RBD_OWNER_REAL_RBD_NBD). The
+// agent's socket is the CSI socket, api.DefaultCSISocket, unless RBD_OWNER_SOCKET names another.
 const (
-	DefaultSocket     = "/run/rbd-owner/csi/csi.sock"
 	DefaultRealRBD    = "/usr/bin/rbd"
 	DefaultRealRBDNBD = "/usr/bin/rbd-nbd"
 	// AccessOption is the map option that selects the access mode ("rbd-owner.access=rwx"):
@@ -70,7 +69,7 @@ type Env struct {
 func FromEnvironment() Env {
 	sock := os.Getenv("RBD_OWNER_SOCKET")
 	if sock == "" {
-		sock = DefaultSocket
+		sock = api.DefaultCSISocket
 	}
 	real := os.Getenv("RBD_OWNER_REAL_RBD")
 	if real == "" {
