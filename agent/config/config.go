@@ -83,6 +83,10 @@ type Config struct {
 // The packages never set it.
 const ShortFencesEnv = "RBD_OWNER_TEST_SHORT_FENCES"
 
+// DefaultLeaseDuration is lease_duration's default (claim.DefaultLease, for a claim store
+// made without a lease, is this one).
+const DefaultLeaseDuration = Duration(60 * time.Second)
+
 // DefaultClaimCheckInterval is claim_check_interval's default.
 const DefaultClaimCheckInterval = Duration(time.Hour)
 
@@ -93,7 +97,8 @@ const DefaultClaimCheckInterval = Duration(time.Hour)
 // old expiry but before the monitors' next tick is undone by that tick; the renewals the agent
 // makes every quarter of fence_expiry are then no-ops, and a 7-day entry lapsed after 7 days.
 // An entry whose mapping is known gone runs out on its own; a whole-node fence is lifted with
-// `rbd-owner unfence --node`, an intruder's with `rbd-owner unfence`.
+// `rbd-owner unfence --node`, an intruder's with `rbd-owner unfence`. claim.DefaultFenceExpiry,
+// for a claim store made without one, is this one.
 const DefaultFenceExpiry = Duration(10 * 365 * 24 * time.Hour)
 
 // fenceExpiryFloor is the shortest fence_expiry allowed.
@@ -248,7 +253,7 @@ func (c *Config) fill(machineID string) error {
 		c.StateDir = DefaultStateDir
 	}
 	if c.LeaseDuration == 0 {
-		c.LeaseDuration = Duration(60 * time.Second)
+		c.LeaseDuration = DefaultLeaseDuration
 	}
 	if c.RenewInterval == 0 {
 		c.RenewInterval = Duration(c.LeaseDuration.D() / 3)
