@@ -177,7 +177,7 @@ const maxAttempts = 64
 // (model/index.pml, variants r and t).
 func (s *Store) update(ctx context.Context, img Image, decide func(cur *Record, ver uint64) (*Record, error)) (*Record, error) {
 	if err := validateImage(img); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+		return nil, err
 	}
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		if err := ctx.Err(); err != nil {
