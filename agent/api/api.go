@@ -32,8 +32,16 @@ const (
 	PathMetrics = "/metrics"
 )
 
-// DefaultSocket is where the agent listens.
-const DefaultSocket = "/run/rbd-owner/rbd-owner.sock"
+// The agent's sockets: where it listens unless the config's socket and csi_socket say
+// otherwise, and where its clients (the CLI, the drop-in rbd) call it unless told otherwise.
+// These are the only definitions of the two paths (config's defaults are these).
+const (
+	// DefaultSocket is the main socket: each caller gets the role its uid and groups give it.
+	DefaultSocket = "/run/rbd-owner/rbd-owner.sock"
+	// DefaultCSISocket serves the CSI role only, whoever calls; it sits in a directory of its
+	// own so that a CSI plugin's pod can mount that directory and nothing else.
+	DefaultCSISocket = "/run/rbd-owner/csi/csi.sock"
+)
 
 // MaxBodyBytes bounds every request body.
 const MaxBodyBytes = 64 << 10

@@ -199,7 +199,7 @@ type UnmanagedResult struct {
 // for this node's own mapping.
 func (s *Store) Unmanaged(ctx context.Context, u Unmanaged, policy UnmanagedPolicy) (*UnmanagedResult, error) {
 	if err := validateImage(u.Image); err != nil {
-		return nil, fmt.Errorf("unmanaged mapping of %s: %w: %w", u.Image, ErrInvalid, err)
+		return nil, fmt.Errorf("unmanaged mapping of %s: %w", u.Image, err)
 	}
 	if u.ClientAddr == "" {
 		return nil, fmt.Errorf("unmanaged mapping of %s: %w: its client address is unknown (the kernel has no client_addr)", u.Image, ErrInvalid)

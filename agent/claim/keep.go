@@ -117,7 +117,7 @@ func (s *Store) Due(img Image, rec *Record) bool {
 func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 	var rep KeepReport
 	if err := validateImage(img); err != nil {
-		return rep, fmt.Errorf("keep fences of %s: %w: %w", img, ErrInvalid, err)
+		return rep, fmt.Errorf("keep fences of %s: %w", img, err)
 	}
 	cur, _, err := s.read(ctx, img)
 	if err != nil || cur == nil {

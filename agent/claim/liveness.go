@@ -263,7 +263,7 @@ func (s *Store) leases(ctx context.Context, img Image, cur *Record, recordVer ui
 // as this node sees it (none when the image is free or this node's alone).
 func (s *Store) Watch(ctx context.Context, img Image) (map[string]LeaseView, error) {
 	if err := validateImage(img); err != nil {
-		return nil, fmt.Errorf("watch %s: %w: %w", img, ErrInvalid, err)
+		return nil, fmt.Errorf("watch %s: %w", img, err)
 	}
 	cur, ver, err := s.read(ctx, img)
 	if err != nil {

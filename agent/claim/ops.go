@@ -51,7 +51,7 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 		req.ReadOnly = true
 	}
 	if err := validateImage(req.Image); err != nil {
-		return nil, fmt.Errorf("acquire %s: %w: %w", req.Image, ErrInvalid, err)
+		return nil, fmt.Errorf("acquire %s: %w", req.Image, err)
 	}
 	info, err := s.inspectImage(ctx, req.Image)
 	if err != nil {
@@ -357,7 +357,7 @@ func (s *Store) Unexplained(ctx context.Context, img Image, rec *Record) ([]stri
 // Inspect reads the image's claim record; ErrNoClaim when it has none.
 func (s *Store) Inspect(ctx context.Context, img Image) (*Record, error) {
 	if err := validateImage(img); err != nil {
-		return nil, fmt.Errorf("inspect %s: %w: %w", img, ErrInvalid, err)
+		return nil, fmt.Errorf("inspect %s: %w", img, err)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -586,7 +586,7 @@ func (s *Store) SweepOrphan(ctx context.Context, img Image) (bool, error) {
 
 func (s *Store) removeOrphan(ctx context.Context, img Image, onlyFree bool) (bool, error) {
 	if err := validateImage(img); err != nil {
-		return false, fmt.Errorf("remove orphan %s: %w: %w", img, ErrInvalid, err)
+		return false, fmt.Errorf("remove orphan %s: %w", img, err)
 	}
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		if err := ctx.Err(); err != nil {

@@ -63,21 +63,13 @@ type Image = image.Ref
 // objectOf is the name of the image's claim object.
 func objectOf(i Image) string { return ObjectPrefix + i.Image }
 
-// validateImage refuses what cannot name a claim object: empty pool or image, a snapshot,
-// separators, NUL, over-long names.
+// validateImage refuses what cannot name a claim: a snapshot (a claim is for the image), or a
+// name image.Ref.Validate refuses. The error is ErrInvalid.
 func validateImage(i Image) error {
 	if i.Snap != "" {
-		return fmt.Errorf("a claim is for an image, not snapshot %q", i.Snap)
+		return fmt.Errorf("%w: a claim is for an image, not snapshot %q", ErrInvalid, i.Snap)
 	}
-	for _, f := range [][2]string{{"pool", i.Pool}, {"image", i.Image}, {"namespace", i.Namespace}} {
-		if f[1] == "" && f[0] != "namespace" {
-			return fmt.Errorf("%s name is empty", f[0])
-		}
-		if strings.ContainsAny(f[1], "/@\x00") || len(f[1]) > 255 {
-			return fmt.Errorf("%s name %q is not valid", f[0], f[1])
-		}
-	}
-	return nil
+	return i.Validate()
 }
 
 // Holder is one node's hold on an image.

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/ceph/go-ceph/rados"
+
+	"github.com/rbd-owner/rbd-owner/agent/config"
 )
 
 // Node is who this agent is.
@@ -40,10 +42,10 @@ type Node struct {
 // Config configures a Store.
 type Config struct {
 	Node Node
-	// Lease is how long a hold lasts without renewal (default 60 s).
+	// Lease is how long a hold lasts without renewal (default DefaultLease).
 	Lease time.Duration
-	// FenceExpiry is how long a fenced address stays blocklisted (default 7 days: long
-	// enough to outlive a node that reboots, unlike Ceph's one-hour default).
+	// FenceExpiry is how long a fenced address stays blocklisted (default DefaultFenceExpiry:
+	// long enough to outlive the fenced mapping, unlike Ceph's one-hour default).
 	FenceExpiry time.Duration
 	// Now is the wall clock, written into records for people (tests); default time.Now.
 	Now func() time.Time
@@ -63,11 +65,11 @@ type Config struct {
 	OnIndexBuilt func(pool, namespace string, found int, took time.Duration)
 }
 
-// Defaults. DefaultFenceExpiry is the config's (config.DefaultFenceExpiry, which says why it
-// is ten years), for a Store made without one.
+// Defaults, for a Store made without them: the config's, defined there alone
+// (config.DefaultLeaseDuration, and config.DefaultFenceExpiry, which says why it is ten years).
 const (
-	DefaultLease       = 60 * time.Second
-	DefaultFenceExpiry = 10 * 365 * 24 * time.Hour
+	DefaultLease       = time.Duration(config.DefaultLeaseDuration)
+	DefaultFenceExpiry = time.Duration(config.DefaultFenceExpiry)
 )
 
 // Store reads and changes the claims of one cluster through its Backend.
@@ -175,7 +177,7 @@ const maxAttempts = 64
 // (model/index.pml, variants r and t).
 func (s *Store) update(ctx context.Context, img Image, decide func(cur *Record, ver uint64) (*Record, error)) (*Record, error) {
 	if err := validateImage(img); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+		return nil, err
 	}
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		if err := ctx.Err(); err != nil {

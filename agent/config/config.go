@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/rbd-owner/rbd-owner/agent/api"
 )
 
 // DefaultPath is where the packaged config lives.
@@ -81,6 +83,10 @@ type Config struct {
 // The packages never set it.
 const ShortFencesEnv = "RBD_OWNER_TEST_SHORT_FENCES"
 
+// DefaultLeaseDuration is lease_duration's default (claim.DefaultLease, for a claim store
+// made without a lease, is this one).
+const DefaultLeaseDuration = Duration(60 * time.Second)
+
 // DefaultClaimCheckInterval is claim_check_interval's default.
 const DefaultClaimCheckInterval = Duration(time.Hour)
 
@@ -91,7 +97,8 @@ const DefaultClaimCheckInterval = Duration(time.Hour)
 // old expiry but before the monitors' next tick is undone by that tick; the renewals the agent
 // makes every quarter of fence_expiry are then no-ops, and a 7-day entry lapsed after 7 days.
 // An entry whose mapping is known gone runs out on its own; a whole-node fence is lifted with
-// `rbd-owner unfence --node`, an intruder's with `rbd-owner unfence`.
+// `rbd-owner unfence --node`, an intruder's with `rbd-owner unfence`. claim.DefaultFenceExpiry,
+// for a claim store made without one, is this one.
 const DefaultFenceExpiry = Duration(10 * 365 * 24 * time.Hour)
 
 // fenceExpiryFloor is the shortest fence_expiry allowed.
@@ -135,12 +142,11 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 // D is the value as a time.Duration.
 func (d Duration) D() time.Duration { return time.Duration(d) }
 
-// Defaults.
+// Defaults. The sockets' paths are the API's (api.DefaultSocket, api.DefaultCSISocket, which
+// the clients use too).
 const (
-	DefaultSocket = "/run/rbd-owner/rbd-owner.sock"
-	// DefaultCSISocket serves the CSI role only, whoever calls; it sits in a directory of its
-	// own so that a CSI plugin's pod can mount that directory and nothing else.
-	DefaultCSISocket = "/run/rbd-owner/csi/csi.sock"
+	DefaultSocket    = api.DefaultSocket
+	DefaultCSISocket = api.DefaultCSISocket
 	DefaultStateDir  = "/var/lib/rbd-owner"
 )
 
@@ -247,7 +253,7 @@ func (c *Config) fill(machineID string) error {
 		c.StateDir = DefaultStateDir
 	}
 	if c.LeaseDuration == 0 {
-		c.LeaseDuration = Duration(60 * time.Second)
+		c.LeaseDuration = DefaultLeaseDuration
 	}
 	if c.RenewInterval == 0 {
 		c.RenewInterval = Duration(c.LeaseDuration.D() / 3)

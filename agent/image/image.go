@@ -1,7 +1,9 @@
 // Package image is the agent's one image reference: an RBD image, or one of its snapshots, in
 // a pool and a RADOS namespace. The kernel layer (krbd.Spec), the claim protocol (claim.Image),
 // the persisted state (state.Key) and the API's boundary all use this type; the wire types of
-// the API convert to it with their Ref methods, and nothing else converts.
+// the API convert to it with their Ref methods, and nothing else converts. Its names are
+// checked here alone: Ref.Validate, which Parse and ParseWithDefaults apply, is the one check
+// the kernel layer, the claim protocol, the agent and the drop-in rbd make.
 package image
 
 import (
@@ -51,7 +53,21 @@ func (s Ref) String() string {
 
 // Parse parses POOL[/NAMESPACE]/IMAGE[@SNAP] and validates every part (see Ref.Validate).
 func Parse(s string) (Ref, error) {
-	var sp Ref
+	return parse(s, Ref{}, 2, "POOL[/NAMESPACE]/IMAGE[@SNAP]")
+}
+
+// ParseWithDefaults parses an image spec as Ceph's rbd command reads one,
+// [POOL/[NAMESPACE/]]IMAGE[@SNAP]: what s leaves out (the pool, the namespace, the snapshot) is
+// d's, as rbd takes it from --pool, --namespace and --snap. Every part of the result is
+// validated (see Ref.Validate); d.Image is not used.
+func ParseWithDefaults(s string, d Ref) (Ref, error) {
+	return parse(s, d, 1, "[POOL/[NAMESPACE/]]IMAGE[@SNAP]")
+}
+
+// parse reads s over d: a spec of at least minParts of POOL, NAMESPACE and IMAGE (IMAGE last),
+// then validates the result. form is the spec's form, for the error.
+func parse(s string, d Ref, minParts int, form string) (Ref, error) {
+	sp := d
 	rest := s
 	if i := strings.IndexByte(rest, '@'); i >= 0 {
 		sp.Snap = rest[i+1:]
@@ -61,7 +77,12 @@ func Parse(s string) (Ref, error) {
 		}
 	}
 	parts := strings.Split(rest, "/")
+	if len(parts) < minParts || len(parts) > 3 {
+		return Ref{}, fmt.Errorf("image spec %q: %w: want %s", s, ErrInvalid, form)
+	}
 	switch len(parts) {
+	case 1:
+		sp.Image = parts[0]
 	case 2:
 		sp.Pool, sp.Image = parts[0], parts[1]
 	case 3:
@@ -69,8 +90,6 @@ func Parse(s string) (Ref, error) {
 		if sp.Namespace == "" {
 			return Ref{}, fmt.Errorf("image spec %q: %w: namespace: empty", s, ErrInvalid)
 		}
-	default:
-		return Ref{}, fmt.Errorf("image spec %q: %w: want POOL[/NAMESPACE]/IMAGE[@SNAP]", s, ErrInvalid)
 	}
 	if err := sp.Validate(); err != nil {
 		return Ref{}, fmt.Errorf("image spec %q: %w", s, err)

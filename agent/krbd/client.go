@@ -250,7 +250,7 @@ func (c *Client) mapImage(ctx context.Context, spec Spec, o MapOptions) (Device,
 
 	timeout := o.Timeout
 	if timeout == 0 {
-		timeout = 30 * time.Second
+		timeout = DefaultTimeout
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -264,7 +264,7 @@ func (c *Client) mapImage(ctx context.Context, spec Spec, o MapOptions) (Device,
 	// the kernel accepted the write but the device did not come up in time: remove it, found
 	// by its config_info (our add string, unique by its key name), so no claim-less device stays
 	if ours, ok := c.findByAdd(add); ok {
-		uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultTimeout)
 		defer ucancel()
 		if _, uerr := c.UnmapDevice(uctx, ours, UnmapOptions{Force: true}); uerr != nil {
 			return Device{}, fmt.Errorf("%w (and rbd%d, which it made, could not be removed: %v): %w", err, ours.ID, uerr, ErrLeftMapped)
@@ -431,7 +431,7 @@ func (closedSub) Close() error          { return nil }
 type UnmapOptions struct {
 	// Force unmaps even when the device is open ("N force"); I/O in flight fails.
 	Force bool
-	// Timeout bounds the wait for the remove events (default 30 s).
+	// Timeout bounds the wait for the remove events (DefaultTimeout if 0).
 	Timeout time.Duration
 }
 
@@ -513,7 +513,7 @@ func (c *Client) unmap(ctx context.Context, id int, attr, want string, o UnmapOp
 	}
 	timeout := o.Timeout
 	if timeout == 0 {
-		timeout = 30 * time.Second
+		timeout = DefaultTimeout
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()

@@ -17,6 +17,11 @@ const (
 	MaxMountTimeout     = 300 * time.Second
 )
 
+// DefaultTimeout is how long a map waits for its device's events (MapOptions.Timeout) and an
+// unmap for its device to go (UnmapOptions.Timeout) when the caller gives no timeout; it also
+// bounds the removal of a device whose map ran out of time.
+const DefaultTimeout = 30 * time.Second
+
 // MapOptions says how to reach the cluster and how to map.
 type MapOptions struct {
 	// Monitors are the monitors' msgr1 addresses ("203.0.113.1:6789", "[2001:db8::1]:6789";
@@ -39,7 +44,7 @@ type MapOptions struct {
 	// "exclusive" are refused.
 	Extra []string
 	// Timeout bounds the wait for the device's events after the kernel accepted the write
-	// (default 30 s). The write itself is bounded by MountTimeout.
+	// (DefaultTimeout if 0). The write itself is bounded by MountTimeout.
 	Timeout time.Duration
 	// NoUdev returns as soon as the kernel's block device exists, without waiting for udevd
 	// to run its rules (as `rbd map -o noudev`): the stable link follows a moment later.

@@ -33,10 +33,9 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/image"
 )
 
-// Defaults, overridden by the environment (RBD_OWNER_SOCKET, RBD_OWNER_REAL_RBD,
-// RBD_OWNER_REAL_RBD_NBD).
+// Defaults, overridden by the environment (RBD_OWNER_REAL_RBD, RBD_OWNER_REAL_RBD_NBD). The
+// agent's socket is the CSI socket, api.DefaultCSISocket, unless RBD_OWNER_SOCKET names another.
 const (
-	DefaultSocket     = "/run/rbd-owner/csi/csi.sock"
 	DefaultRealRBD    = "/usr/bin/rbd"
 	DefaultRealRBDNBD = "/usr/bin/rbd-nbd"
 	// AccessOption is the map option that selects the access mode ("rbd-owner.access=rwx"):
@@ -70,7 +69,7 @@ type Env struct {
 func FromEnvironment() Env {
 	sock := os.Getenv("RBD_OWNER_SOCKET")
 	if sock == "" {
-		sock = DefaultSocket
+		sock = api.DefaultCSISocket
 	}
 	real := os.Getenv("RBD_OWNER_REAL_RBD")
 	if real == "" {
@@ -265,47 +264,25 @@ func fail(env Env, code int, format string, a ...any) int {
 	return code
 }
 
-// spec reads the image spec from the argument and --pool/--namespace/--image/--snap, with
-// Ceph's default pool "rbd".
+// spec reads the image spec as Ceph's rbd does: the argument, [POOL/[NAMESPACE/]]IMAGE[@SNAP],
+// with what it leaves out from --pool, --namespace and --snap (image.ParseWithDefaults), or
+// --image and those when there is no argument; the pool defaults to Ceph's "rbd". Every part is
+// validated as the agent validates it.
 func (c *cmdline) spec() (image.Ref, error) {
 	r := image.Ref{Pool: c.last("pool"), Namespace: c.last("namespace"), Image: c.last("image"), Snap: c.last("snap")}
-	if a := c.arg(); a != "" {
-		rest := a
-		if at := strings.LastIndexByte(rest, '@'); at >= 0 {
-			r.Snap, rest = rest[at+1:], rest[:at]
-		}
-		parts := strings.Split(rest, "/")
-		switch len(parts) {
-		case 1:
-			r.Image = parts[0]
-		case 2:
-			r.Pool, r.Image = parts[0], parts[1]
-		case 3:
-			r.Pool, r.Namespace, r.Image = parts[0], parts[1], parts[2]
-		default:
-			return image.Ref{}, fmt.Errorf("%q is not an image spec (pool[/namespace]/image[@snap])", a)
-		}
-	}
 	if r.Pool == "" {
 		r.Pool = "rbd"
+	}
+	if a := c.arg(); a != "" {
+		return image.ParseWithDefaults(a, r)
 	}
 	if r.Image == "" {
 		return image.Ref{}, errors.New("image name was not specified")
 	}
+	if err := r.Validate(); err != nil {
+		return image.Ref{}, fmt.Errorf("image spec %q: %w", r, err)
+	}
 	return r, nil
-}
-
-// specString writes a spec as Ceph's krbd does (pool/[namespace/]image[@snap]).
-func specString(r image.Ref) string {
-	s := r.Pool + "/"
-	if r.Namespace != "" {
-		s += r.Namespace + "/"
-	}
-	s += r.Image
-	if r.Snap != "" {
-		s += "@" + r.Snap
-	}
-	return s
 }
 
 func doMap(ctx context.Context, c *cmdline, env Env) int {
@@ -343,7 +320,7 @@ func doMap(ctx context.Context, c *cmdline, env Env) int {
 	resp, err := env.Agent.Map(ctx, req)
 	if err != nil {
 		code, msg := agentError(err, env)
-		return fail(env, code, "rbd: map failed: rbd-owner refused to map %s: %s", specString(ref), msg)
+		return fail(env, code, "rbd: map failed: rbd-owner refused to map %s: %s", ref, msg)
 	}
 	fmt.Fprintln(env.Stdout, resp.Device)
 	return exitOK
@@ -385,7 +362,7 @@ func doUnmap(ctx context.Context, c *cmdline, env Env) int {
 	st, err := env.Agent.Status(ctx)
 	if err != nil {
 		code, msg := agentError(err, env)
-		return fail(env, code, "rbd: unmap of %s failed: %s", specString(ref), msg)
+		return fail(env, code, "rbd: unmap of %s failed: %s", ref, msg)
 	}
 	// the devices of this spec, managed or not (one mapped before rbd-owner is unmapped too)
 	var found []api.Device
@@ -397,18 +374,18 @@ func doUnmap(ctx context.Context, c *cmdline, env Env) int {
 	switch {
 	case len(found) == 0:
 		// the line ceph-csi takes for "already unmapped"
-		return fail(env, exitEINVAL, "rbd: %s: not a mapped image or snapshot", specString(ref))
+		return fail(env, exitEINVAL, "rbd: %s: not a mapped image or snapshot", ref)
 	case len(found) > 1:
 		devs := make([]string, len(found))
 		for i, d := range found {
 			devs[i] = d.Device
 		}
-		return fail(env, exitEINVAL, "rbd: unmap refused by rbd-owner: %s is mapped more than once on this node (%s); unmap one device by its path", specString(ref), strings.Join(devs, ", "))
+		return fail(env, exitEINVAL, "rbd: unmap refused by rbd-owner: %s is mapped more than once on this node (%s); unmap one device by its path", ref, strings.Join(devs, ", "))
 	}
 	req.Device = found[0].Device
 	if _, err := env.Agent.Unmap(ctx, req); err != nil {
 		code, msg := agentError(err, env)
-		return fail(env, code, "rbd: unmap of %s failed: %s", specString(ref), msg)
+		return fail(env, code, "rbd: unmap of %s failed: %s", ref, msg)
 	}
 	return exitOK
 }
