@@ -209,10 +209,36 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// connecting starts first: no device found at recovery is judged before its claim is read
 	d.connectAll(ctx)
 	d.recover(ctx)
-
-	l, lcsi, err := d.listeners()
+	servers, err := d.serveAPI(cancel)
 	if err != nil {
 		return err
+	}
+	d.notify("READY=1\n" + d.statusLine())
+	d.log.WithField("socket", d.cfg.Socket).WithField("node", d.cfg.NodeID).Info("rbd-owner agent ready")
+	d.startLoops(ctx)
+	d.mainLoop(ctx, watcher)
+
+	d.notify("STOPPING=1")
+	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer scancel()
+	for _, s := range servers {
+		if err := s.Shutdown(sctx); err != nil {
+			d.log.WithError(err).Warn("API server did not stop cleanly")
+		}
+	}
+	cancel()
+	d.bg.Wait()
+	d.log.Info("rbd-owner agent stopped; mappings left in place")
+	return nil
+}
+
+// serveAPI serves the API on the main socket and the CSI socket (when configured), each until
+// it is shut down; a server that stops on its own ends the agent (cancel). It returns both
+// servers, to be shut down.
+func (d *Daemon) serveAPI(cancel func()) ([]*http.Server, error) {
+	l, lcsi, err := d.listeners()
+	if err != nil {
+		return nil, err
 	}
 	srv, csiSrv := d.servers()
 	serve := func(srv *http.Server, l net.Listener, name string) {
@@ -229,6 +255,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if lcsi != nil {
 		serve(csiSrv, lcsi, server.SocketCSI)
 	}
+	return []*http.Server{srv, csiSrv}, nil
+}
+
+// startLoops starts the daemon's loops, each owned by d.bg and stopped by ctx: the route
+// watcher, the watchdog, the reconciler, one renewer per cluster and the sweep.
+func (d *Daemon) startLoops(ctx context.Context) {
 	d.bg.Add(1)
 	go func() {
 		defer d.bg.Done()
@@ -236,8 +268,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 			d.log.WithError(err).Warn("route changes are not followed; node address is looked up once")
 		}
 	}()
-	d.notify("READY=1\n" + d.statusLine())
-	d.log.WithField("socket", d.cfg.Socket).WithField("node", d.cfg.NodeID).Info("rbd-owner agent ready")
 	wd := d.watchdogInterval()
 	// every loop beats well within the watchdog's half interval, so that a ping is withheld only
 	// for a loop that is really stuck, not for a beat that came a moment late
@@ -260,20 +290,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.beat("sweep") // always: the sweep keeps the fences of claims nobody holds
 	d.bg.Add(1)
 	go func() { defer d.bg.Done(); d.sweepLoop(ctx) }()
-	d.mainLoop(ctx, watcher)
-
-	d.notify("STOPPING=1")
-	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer scancel()
-	for _, s := range []*http.Server{srv, csiSrv} {
-		if err := s.Shutdown(sctx); err != nil {
-			d.log.WithError(err).Warn("API server did not stop cleanly")
-		}
-	}
-	cancel()
-	d.bg.Wait()
-	d.log.Info("rbd-owner agent stopped; mappings left in place")
-	return nil
 }
 
 // watchConfig is how the device watcher is started: on the kernel client's own event source,

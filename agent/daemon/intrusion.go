@@ -75,18 +75,7 @@ func (d *Daemon) clusterOfDevice(dv krbd.Device) *cluster {
 // node's claim records or (adopt-or-fence) a free one, and reports the rest. lockWait says
 // whether to wait for the lock (an add uevent) or run under the caller's (the executor).
 func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bool) error {
-	cl := d.clusterOfDevice(dv)
-	if cl == nil && lockWait {
-		// not connected yet: connecting is part of reacting at once
-		cctx, cancel := context.WithTimeout(ctx, 2*cephconn.DefaultTimeout)
-		for _, c := range d.clusters {
-			if s, err := c.Claims(cctx); err == nil && (s.FSID() == dv.ClusterFSID || dv.ClusterFSID == "") {
-				cl = c
-				break
-			}
-		}
-		cancel()
-	}
+	cl := d.judgingCluster(ctx, dv, lockWait)
 	if cl == nil {
 		if waiting := d.unconnected(); len(waiting) > 0 {
 			d.node.NotePending(dv, "cluster "+strings.Join(waiting, ", ")+" not connected", false)
@@ -95,36 +84,66 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 		d.noteUnmanaged(nodestate.Unmanaged{Dev: dv, Why: "its cluster (fsid " + orNone(dv.ClusterFSID) + ") is none of the configured clusters"})
 		return nil
 	}
-	key := state.Key{Cluster: cl.cfg.ID, Ref: dv.Spec()}
 	if lockWait {
 		lctx, cancel := context.WithTimeout(ctx, d.cfg.MapTimeout.D()+time.Minute)
-		unlock, err := d.locks.Lock(lctx, key)
+		unlock, err := d.locks.Lock(lctx, state.Key{Cluster: cl.cfg.ID, Ref: dv.Spec()})
 		cancel()
 		if err != nil {
 			return fmt.Errorf("device %s: waiting for its image: %w", dv.DevNode, err)
 		}
 		defer unlock()
 	}
-	// what the kernel says now: the device may be gone, or be one of ours by now
-	cur, err := d.kernel.ReadDevice(dv.ID)
-	if err != nil || cur.ClientAddr != dv.ClientAddr || cur.Spec() != dv.Spec() {
+	dv, ok := d.stillUnexplained(cl, dv)
+	if !ok {
 		return nil
-	}
-	dv = cur
-	for _, m := range d.state.All() {
-		if m.DeviceID == dv.ID && m.ClientAddr == dv.ClientAddr {
-			return nil
-		}
-		if m.Ref == dv.Spec() && m.Cluster == cl.cfg.ID && (m.Phase == state.Claiming || m.Phase == state.Claimed) {
-			return nil // a half-done map of ours: the reconciler's settle adopts or removes it
-		}
 	}
 	prev, seen := d.node.UnmanagedOf(dv)
 	if seen && prev.Verdict == claim.FenceIntruder && time.Since(prev.FencedAt) < d.cfg.FenceExpiry.D()/4 {
 		return nil // fenced recently enough: the next look blocklists again before it runs out
 	}
+	return d.judgeByClaim(ctx, cl, dv)
+}
+
+// judgingCluster is the configured cluster of a device to judge; with connect, one not
+// connected yet is connected first (connecting is part of reacting at once). nil: none.
+func (d *Daemon) judgingCluster(ctx context.Context, dv krbd.Device, connect bool) *cluster {
+	cl := d.clusterOfDevice(dv)
+	if cl != nil || !connect {
+		return cl
+	}
+	cctx, cancel := context.WithTimeout(ctx, 2*cephconn.DefaultTimeout)
+	defer cancel()
+	for _, c := range d.clusters {
+		if s, err := c.Claims(cctx); err == nil && (s.FSID() == dv.ClusterFSID || dv.ClusterFSID == "") {
+			return c
+		}
+	}
+	return nil
+}
+
+// stillUnexplained is the device as the kernel shows it now, unless it is gone, changed, or
+// explained by this node's state by now (ok false).
+func (d *Daemon) stillUnexplained(cl *cluster, dv krbd.Device) (krbd.Device, bool) {
+	cur, err := d.kernel.ReadDevice(dv.ID)
+	if err != nil || cur.ClientAddr != dv.ClientAddr || cur.Spec() != dv.Spec() {
+		return dv, false
+	}
+	for _, m := range d.state.All() {
+		if m.DeviceID == cur.ID && m.ClientAddr == cur.ClientAddr {
+			return cur, false
+		}
+		if m.Ref == cur.Spec() && m.Cluster == cl.cfg.ID && (m.Phase == state.Claiming || m.Phase == state.Claimed) {
+			return cur, false // a half-done map of ours: the reconciler's settle adopts or removes it
+		}
+	}
+	return cur, true
+}
+
+// judgeByClaim reads the device's image's claim and acts on the verdict: fence, adopt, report.
+func (d *Daemon) judgeByClaim(ctx context.Context, cl *cluster, dv krbd.Device) error {
 	u := claim.Unmanaged{Image: dv.Spec().Head(), ImageID: dv.ImageID, ClientAddr: dv.ClientAddr, Device: dv.DevNode,
 		ReadOnly: dv.ReadOnly}
+	var err error
 	u.SharedWith, err = d.sharingClient(dv)
 	if err != nil {
 		return fmt.Errorf("device %s: %w", dv.DevNode, err)
@@ -158,55 +177,61 @@ func (d *Daemon) judgeUnmanaged(ctx context.Context, dv krbd.Device, lockWait bo
 	}
 	switch res.Action {
 	case claim.FenceIntruder:
-		d.metrics.IntruderFenced(cl.cfg.ID)
-		entry.FencedAt, entry.FencedUntil = time.Now(), res.Intruder.Expires
-		d.noteUnmanaged(entry)
-		shared := ""
-		if len(u.SharedWith) > 0 {
-			shared = fmt.Sprintf("; its kernel client also served %s, which is fenced with it (mapped without noshare)", strings.Join(u.SharedWith, ", "))
-		} else if !u.OwnClient {
-			shared = "; it was mapped without noshare: any mapping that joins its kernel client is fenced too"
-		}
-		owner := ""
-		if len(res.Holders) > 0 {
-			owner = res.Holders[0].NodeID
-		}
-		d.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.Fenced, Cluster: cl.cfg.ID, Pool: dv.Pool, Namespace: dv.Namespace,
-			Image: dv.Image, Device: dv.DevNode, OwnerNode: owner, Error: true,
-			Message: fmt.Sprintf("FENCED %s: it maps %s outside rbd-owner while %s; its client %s is blocklisted until %s, so it cannot write (node %s keeps the image)%s; unmap it, then run `rbd-owner unfence %s`",
-				dv.DevNode, dv.Spec(), res.Why, dv.ClientAddr, res.Intruder.Expires.UTC().Format(time.RFC3339), owner, shared, u.Image)})
-		if err != nil {
-			d.log.WithError(err).WithField("device", dv.DevNode).Warn("the fence stands but is not recorded in the claim; the next reconciliation records it")
-			entry.FencedAt = time.Time{} // look again at the next reconciliation
-			d.noteUnmanaged(entry)
-		}
-		return nil
+		d.fencedIntruder(cl, dv, u, res, entry, err)
 	case claim.Adopt, claim.AdoptOwn:
-		m := state.Mapping{Key: state.Key{Cluster: cl.cfg.ID, Ref: dv.Spec()}, FSID: store.FSID(), Phase: state.Mapped,
-			Epoch: res.Holder.Epoch, Access: string(claim.RWO), Claimed: true, DeviceID: dv.ID, Device: dv.DevNode, ClientAddr: dv.ClientAddr}
-		if res.Record != nil {
-			m.Access = string(res.Record.Access)
-		}
-		if perr := d.state.Observe(m); perr != nil {
-			// adopted all the same: in memory, so renewed (a device whose claim is this node's
-			// must be, whatever the disk says); written once the state file can be (Flush)
-			d.log.WithError(perr).WithField("device", dv.DevNode).Warn("adopted a device, not yet written to the state file; its lease is renewed meanwhile")
-		}
-		d.node.ForgetUnmanaged(dv.ID)
-		d.setProblem(m.Key, "")
-		d.metrics.Adopted(cl.cfg.ID)
-		how := "adopted"
-		if res.Action == claim.AdoptOwn {
-			how = "adopted back (this node's claim recorded it; the agent's state had lost it)"
-		}
-		d.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.Adopted, Cluster: cl.cfg.ID, Pool: dv.Pool, Namespace: dv.Namespace,
-			Image: dv.Image, Device: dv.DevNode, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, Warning: true,
-			Message: fmt.Sprintf("%s maps %s outside rbd-owner: %s: %s at epoch %d; rbd-owner manages it from now on (unmap it with rbd-owner unmap)",
-				dv.DevNode, dv.Spec(), res.Why, how, m.Epoch)})
-		return nil
+		d.adopted(cl, store, dv, res)
+	default:
+		d.noteUnmanaged(entry)
 	}
-	d.noteUnmanaged(entry)
 	return nil
+}
+
+// fencedIntruder records and audits a device fenced as an intruder; err is a failure to record
+// the fence in the claim (the fence stands; the next reconciliation records it).
+func (d *Daemon) fencedIntruder(cl *cluster, dv krbd.Device, u claim.Unmanaged, res *claim.UnmanagedResult, entry nodestate.Unmanaged, err error) {
+	d.metrics.IntruderFenced(cl.cfg.ID)
+	entry.FencedAt, entry.FencedUntil = time.Now(), res.Intruder.Expires
+	d.noteUnmanaged(entry)
+	shared := ""
+	if len(u.SharedWith) > 0 {
+		shared = fmt.Sprintf("; its kernel client also served %s, which is fenced with it (mapped without noshare)", strings.Join(u.SharedWith, ", "))
+	} else if !u.OwnClient {
+		shared = "; it was mapped without noshare: any mapping that joins its kernel client is fenced too"
+	}
+	d.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.Fenced, Cluster: cl.cfg.ID, Pool: dv.Pool, Namespace: dv.Namespace,
+		Image: dv.Image, Device: dv.DevNode, OwnerNode: entry.Owner, Error: true,
+		Message: fmt.Sprintf("FENCED %s: it maps %s outside rbd-owner while %s; its client %s is blocklisted until %s, so it cannot write (node %s keeps the image)%s; unmap it, then run `rbd-owner unfence %s`",
+			dv.DevNode, dv.Spec(), res.Why, dv.ClientAddr, res.Intruder.Expires.UTC().Format(time.RFC3339), entry.Owner, shared, u.Image)})
+	if err != nil {
+		d.log.WithError(err).WithField("device", dv.DevNode).Warn("the fence stands but is not recorded in the claim; the next reconciliation records it")
+		entry.FencedAt = time.Time{} // look again at the next reconciliation
+		d.noteUnmanaged(entry)
+	}
+}
+
+// adopted takes a device this node's claim now covers into the state and audits it.
+func (d *Daemon) adopted(cl *cluster, store *claim.Store, dv krbd.Device, res *claim.UnmanagedResult) {
+	m := state.Mapping{Key: state.Key{Cluster: cl.cfg.ID, Ref: dv.Spec()}, FSID: store.FSID(), Phase: state.Mapped,
+		Epoch: res.Holder.Epoch, Access: string(claim.RWO), Claimed: true, DeviceID: dv.ID, Device: dv.DevNode, ClientAddr: dv.ClientAddr}
+	if res.Record != nil {
+		m.Access = string(res.Record.Access)
+	}
+	if perr := d.state.Observe(m); perr != nil {
+		// adopted all the same: in memory, so renewed (a device whose claim is this node's
+		// must be, whatever the disk says); written once the state file can be (Flush)
+		d.log.WithError(perr).WithField("device", dv.DevNode).Warn("adopted a device, not yet written to the state file; its lease is renewed meanwhile")
+	}
+	d.node.ForgetUnmanaged(dv.ID)
+	d.setProblem(m.Key, "")
+	d.metrics.Adopted(cl.cfg.ID)
+	how := "adopted"
+	if res.Action == claim.AdoptOwn {
+		how = "adopted back (this node's claim recorded it; the agent's state had lost it)"
+	}
+	d.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.Adopted, Cluster: cl.cfg.ID, Pool: dv.Pool, Namespace: dv.Namespace,
+		Image: dv.Image, Device: dv.DevNode, Epoch: m.Epoch, OwnerNode: d.cfg.NodeID, Warning: true,
+		Message: fmt.Sprintf("%s maps %s outside rbd-owner: %s: %s at epoch %d; rbd-owner manages it from now on (unmap it with rbd-owner unmap)",
+			dv.DevNode, dv.Spec(), res.Why, how, m.Epoch)})
 }
 
 // fenceFailed records an intruder that could not be fenced: it can still write to an image

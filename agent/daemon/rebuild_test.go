@@ -13,7 +13,6 @@ import (
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
-	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/image"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
@@ -339,12 +338,5 @@ func TestCorruptStateAfterAnInterruptedMapAdoptsItsDevice(t *testing.T) {
 	rec := inspectMem(t, c, claimRef(c, "img"))
 	if len(rec.Holders) != 1 || rec.Holders[0].NodeID != "node-m" || rec.Holders[0].ClientAddr != devs[0].ClientAddr {
 		t.Fatalf("holders %+v, want node-m's naming %s", rec.Holders, devs[0].ClientAddr)
-	}
-}
-
-// TestFenceExpiryDefaultsAgree: the claim store's default fence life is the config's.
-func TestFenceExpiryDefaultsAgree(t *testing.T) {
-	if claim.DefaultFenceExpiry != config.DefaultFenceExpiry.D() {
-		t.Fatalf("claim.DefaultFenceExpiry %s, config.DefaultFenceExpiry %s", claim.DefaultFenceExpiry, config.DefaultFenceExpiry.D())
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
@@ -140,79 +142,23 @@ func (d *Daemon) unexplained(dv krbd.Device) bool {
 // (the problem is also in status).
 func (d *Daemon) settle(ctx context.Context, m state.Mapping, devs map[int]krbd.Device) error {
 	cl := d.clusters[m.Cluster]
-	log := d.log.WithField("image", m.Key.String()).WithField("phase", m.Phase)
 	if cl == nil {
 		d.setProblem(m.Key, fmt.Sprintf("cluster %q is no longer configured; mapping left alone", m.Cluster))
 		return nil
 	}
-	spec := m.Ref
-	// the device this mapping made: by id and client address once known, else by names
-	var dev *krbd.Device
-	if dv, ok := devs[m.DeviceID]; ok && dv.Spec() == spec && m.ClientAddr != "" && dv.ClientAddr == m.ClientAddr {
-		dev = &dv
-	} else if m.Phase == state.Claimed || (m.Phase == state.Unmapping && m.ClientAddr == "") {
-		// the device of a map interrupted after the kernel write, or of such a map's unmap that
-		// recorded none (a state written before the device was recorded): by names
-		for _, dv := range devs {
-			if dv.Spec() == spec && (m.FSID == "" || dv.ClusterFSID == m.FSID) && !d.ownedByOther(m.Key, dv) {
-				dv := dv
-				dev = &dv
-				break
-			}
-		}
-	}
+	dev := d.settledDevice(m, devs)
 	switch m.Phase {
 	case state.Claiming:
-		// crashed while writing the claim: whether it was written is only known to the cluster
-		epoch, err := d.sagas.ClaimingEpoch(ctx, cl, m)
-		if err != nil {
-			d.setProblem(m.Key, "half-done map waits for the cluster: "+err.Error())
-			return err
-		}
-		if epoch != 0 {
-			m.Epoch = epoch
-			if err := d.sagas.Release(ctx, cl, m); err != nil {
-				d.setProblem(m.Key, "half-done map: claim release failed, will retry: "+err.Error())
-				return err
-			}
-		}
-		log.Info("undid a map interrupted while claiming")
-		d.dropState(m)
-		return nil
+		return d.settleClaiming(ctx, cl, m)
 	case state.Claimed:
 		if dev != nil {
-			// the map happened but its reply was never sent: nobody uses the device yet;
-			// record it in the claim and keep it, so a retried request finds it
-			store, err := cl.Claims(ctx)
-			if err == nil {
-				_, err = store.SetMapping(ctx, m.Ref.Head(), m.Epoch, dev.ClientAddr, dev.DevNode)
-			}
-			if err == nil {
-				m.Phase, m.DeviceID, m.Device, m.ClientAddr = state.Mapped, dev.ID, dev.DevNode, dev.ClientAddr
-				if perr := d.state.Observe(m); perr != nil { // renewed all the same, written later
-					log.WithError(perr).Warn("adopted the device of an interrupted map, not yet written to the state file")
-				}
-				log.WithField("device", dev.DevNode).Info("adopted the device of an interrupted map")
-				return nil
-			}
-			if errors.Is(err, claim.ErrFenced) {
-				// the claim is gone and no one was handed the device: remove it
-				_, uerr := d.kernel.UnmapDevice(ctx, *dev, krbd.UnmapOptions{Force: true})
-				if uerr == nil {
-					log.WithError(err).Warn("removed the device of an interrupted map whose claim was lost")
-					d.dropState(m)
-					return nil
-				}
-				err = fmt.Errorf("%w; removing its device failed: %w", err, uerr)
-			}
-			d.setProblem(m.Key, "interrupted map: "+err.Error())
-			return err
+			return d.settleClaimedMapped(ctx, cl, m, *dev)
 		}
 		if err := d.sagas.Release(ctx, cl, m); err != nil {
 			d.setProblem(m.Key, "interrupted map: claim release failed, will retry: "+err.Error())
 			return err
 		}
-		log.Info("undid a map interrupted before the device appeared")
+		d.settleLog(m).Info("undid a map interrupted before the device appeared")
 		d.dropState(m)
 		return nil
 	case state.Mapped:
@@ -221,21 +167,100 @@ func (d *Daemon) settle(ctx context.Context, m state.Mapping, devs map[int]krbd.
 		}
 		return d.deviceGone(ctx, m, "not present at reconciliation")
 	case state.Unmapping:
-		if dev != nil {
-			if _, err := d.kernel.UnmapDevice(ctx, *dev, krbd.UnmapOptions{}); err != nil {
-				d.setProblem(m.Key, "interrupted unmap: "+err.Error())
-				return err
-			}
-		}
-		if m.Claimed {
-			if err := d.sagas.Release(ctx, cl, m); err != nil {
-				d.setProblem(m.Key, "interrupted unmap: claim release failed, will retry: "+err.Error())
-				return err
-			}
-		}
-		log.Info("finished an interrupted unmap")
-		d.dropState(m)
+		return d.settleUnmapping(ctx, cl, m, dev)
 	}
+	return nil
+}
+
+func (d *Daemon) settleLog(m state.Mapping) *logrus.Entry {
+	return d.log.WithField("image", m.Key.String()).WithField("phase", m.Phase)
+}
+
+// settledDevice is the device m's saga made: by id and client address once known, else by
+// names (nil when there is none).
+func (d *Daemon) settledDevice(m state.Mapping, devs map[int]krbd.Device) *krbd.Device {
+	if dv, ok := devs[m.DeviceID]; ok && dv.Spec() == m.Ref && m.ClientAddr != "" && dv.ClientAddr == m.ClientAddr {
+		return &dv
+	}
+	if m.Phase == state.Claimed || (m.Phase == state.Unmapping && m.ClientAddr == "") {
+		// the device of a map interrupted after the kernel write, or of such a map's unmap that
+		// recorded none (a state written before the device was recorded): by names
+		for _, dv := range devs {
+			if dv.Spec() == m.Ref && (m.FSID == "" || dv.ClusterFSID == m.FSID) && !d.ownedByOther(m.Key, dv) {
+				return &dv
+			}
+		}
+	}
+	return nil
+}
+
+// settleClaiming undoes a map that crashed while writing the claim: whether it was written is
+// only known to the cluster.
+func (d *Daemon) settleClaiming(ctx context.Context, cl *cluster, m state.Mapping) error {
+	epoch, err := d.sagas.ClaimingEpoch(ctx, cl, m)
+	if err != nil {
+		d.setProblem(m.Key, "half-done map waits for the cluster: "+err.Error())
+		return err
+	}
+	if epoch != 0 {
+		m.Epoch = epoch
+		if err := d.sagas.Release(ctx, cl, m); err != nil {
+			d.setProblem(m.Key, "half-done map: claim release failed, will retry: "+err.Error())
+			return err
+		}
+	}
+	d.settleLog(m).Info("undid a map interrupted while claiming")
+	d.dropState(m)
+	return nil
+}
+
+// settleClaimedMapped finishes a map whose device appeared but whose reply was never sent:
+// nobody uses the device yet; it is recorded in the claim and kept, so a retried request finds
+// it, or removed when the claim is lost meanwhile.
+func (d *Daemon) settleClaimedMapped(ctx context.Context, cl *cluster, m state.Mapping, dev krbd.Device) error {
+	log := d.settleLog(m)
+	store, err := cl.Claims(ctx)
+	if err == nil {
+		_, err = store.SetMapping(ctx, m.Ref.Head(), m.Epoch, dev.ClientAddr, dev.DevNode)
+	}
+	if err == nil {
+		m.Phase, m.DeviceID, m.Device, m.ClientAddr = state.Mapped, dev.ID, dev.DevNode, dev.ClientAddr
+		if perr := d.state.Observe(m); perr != nil { // renewed all the same, written later
+			log.WithError(perr).Warn("adopted the device of an interrupted map, not yet written to the state file")
+		}
+		log.WithField("device", dev.DevNode).Info("adopted the device of an interrupted map")
+		return nil
+	}
+	if errors.Is(err, claim.ErrFenced) {
+		// the claim is gone and no one was handed the device: remove it
+		_, uerr := d.kernel.UnmapDevice(ctx, dev, krbd.UnmapOptions{Force: true})
+		if uerr == nil {
+			log.WithError(err).Warn("removed the device of an interrupted map whose claim was lost")
+			d.dropState(m)
+			return nil
+		}
+		err = fmt.Errorf("%w; removing its device failed: %w", err, uerr)
+	}
+	d.setProblem(m.Key, "interrupted map: "+err.Error())
+	return err
+}
+
+// settleUnmapping finishes an interrupted unmap: the device removed, the claim released.
+func (d *Daemon) settleUnmapping(ctx context.Context, cl *cluster, m state.Mapping, dev *krbd.Device) error {
+	if dev != nil {
+		if _, err := d.kernel.UnmapDevice(ctx, *dev, krbd.UnmapOptions{}); err != nil {
+			d.setProblem(m.Key, "interrupted unmap: "+err.Error())
+			return err
+		}
+	}
+	if m.Claimed {
+		if err := d.sagas.Release(ctx, cl, m); err != nil {
+			d.setProblem(m.Key, "interrupted unmap: claim release failed, will retry: "+err.Error())
+			return err
+		}
+	}
+	d.settleLog(m).Info("finished an interrupted unmap")
+	d.dropState(m)
 	return nil
 }
 
