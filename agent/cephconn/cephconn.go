@@ -126,9 +126,13 @@ type PermissionError struct {
 func (e *PermissionError) Error() string {
 	return fmt.Sprintf("%v (the agent's cephx user needs %s)", e.Err, e.Cap)
 }
-func (e *PermissionError) Unwrap() error        { return e.Err }
+func (e *PermissionError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrPermission) true.
 func (e *PermissionError) Is(target error) bool { return target == ErrPermission }
-func (e *PermissionError) Kind() fault.Kind     { return fault.PermissionDenied }
+
+// Kind is the fault class the API answers with.
+func (e *PermissionError) Kind() fault.Kind { return fault.PermissionDenied }
 
 // Code returns the negative errno carried by a go-ceph error, or 0.
 func Code(err error) int {
@@ -140,9 +144,9 @@ func Code(err error) int {
 }
 
 // Classify wraps err so that errors.Is finds ErrUnavailable, ErrNotFound, ErrPermission or
-// ErrBlocklisted when the librados code says so. op and cap describe what was attempted and
+// ErrBlocklisted when the librados code says so. op and need describe what was attempted and
 // which cap permits it, for the PermissionError. Other errors are returned unchanged.
-func Classify(err error, op, cap string) error {
+func Classify(err error, op, need string) error {
 	if err == nil {
 		return nil
 	}
@@ -152,7 +156,7 @@ func Classify(err error, op, cap string) error {
 	case int(syscall.ENOENT):
 		return fmt.Errorf("%w: %w", ErrNotFound, err)
 	case int(syscall.EPERM), int(syscall.EACCES):
-		return &PermissionError{Op: op, Cap: cap, Err: err}
+		return &PermissionError{Op: op, Cap: need, Err: err}
 	case int(syscall.ESHUTDOWN):
 		return fmt.Errorf("%w: %w", ErrBlocklisted, err)
 	}

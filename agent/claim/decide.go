@@ -87,84 +87,13 @@ func (in acquireInput) refresh(h *Holder) {
 //     the caller) and add this node at epoch+1;
 //   - watchers that no kept holder explains (a mapping made outside rbd-owner): refuse, busy.
 func decideAcquire(cur *Record, in acquireInput) (acquirePlan, error) {
-	if cur == nil {
-		cur = &Record{Format: FormatVersion, Ref: in.Image}
-	} else {
-		cur = cur.clone()
-	}
-	if cur.ImageID != "" && cur.ImageID != in.Info.ID {
-		// the claim was for an older image of the same name, since deleted (an image with a
-		// mapping cannot be removed): its holders are gone with it; the epoch goes on
-		cur.Holders, cur.Access = nil, ""
-	}
-	cur.ClusterFSID, cur.ImageID = in.FSID, in.Info.ID
+	cur = in.current(cur)
 	if mine := cur.Holder(in.Self); mine != nil {
-		if cur.Access != in.Access {
-			return acquirePlan{}, fmt.Errorf("%w: this node already holds %s as %s, not %s", ErrInvalid, in.Image, cur.Access, in.Access)
-		}
-		if mine.Fenced {
-			return acquirePlan{}, &LostError{Image: in.Image, Epoch: mine.Epoch, Record: cur, Why: "this node's hold was fenced by an admin; release it (rbd-owner release --force) before mapping again"}
-		}
-		if w := unexplained(in.Info.Watchers, cur.Holders); w != nil {
-			return acquirePlan{}, fmt.Errorf("%w: %s has watchers no claim explains: %s (mapped or opened outside rbd-owner?)", ErrBusy, in.Image, strings.Join(w, ", "))
-		}
-		in.refresh(mine)
-		// a claim asked for again is for a mapping still to be made (the agent asks only when
-		// it has none of this image): an address recorded for an earlier mapping names a client
-		// that is gone, and a takeover would fence that instead of what is mapped next; until
-		// the new mapping is recorded, a takeover fences the whole node (found by the model
-		// checker: docs/safety.md, F2)
-		mine.ClientAddr, mine.Device = "", ""
-		return acquirePlan{Next: cur, Holder: *mine, Again: true}, nil
+		return in.again(cur, mine)
 	}
-	held := func(reason string) error {
-		return &HeldError{Image: in.Image, Access: cur.Access, Epoch: cur.Epoch, Holders: cur.Holders, Leases: in.Leases, Reason: reason, Takeover: in.Takeover}
-	}
-	var evict []Holder
-	if !cur.Free() && !(cur.Access == in.Access && in.Access != RWO) {
-		if !in.Takeover && !in.TakeCovered && !(in.TakeFenced && allFenced(cur.Holders)) {
-			return acquirePlan{}, held(in.refusal(cur.Holders))
-		}
-		for _, h := range cur.Holders {
-			if in.Fenced[fenceKey(h)] || (h.Fenced && (in.TakeFenced || in.Takeover)) {
-				continue // blocklisted already, by this call or by an admin (fenced again below)
-			}
-			if _, ok := in.Covered[fenceKey(h)]; ok && (in.TakeCovered || in.Takeover) && h.ClientAddr != "" {
-				// an entry for its whole node cuts its mapping off already: no lease to wait for;
-				// it is fenced again below with this node's own entry for the exact client, which
-				// is renewed, since theirs may be lifted at any time (docs/safety.md, F10)
-				continue
-			}
-			if !in.Takeover {
-				why := in.refusal(cur.Holders)
-				switch {
-				case in.TakeCovered && h.ClientAddr == "":
-					why = fmt.Sprintf("node %s recorded no mapping address, so its fence would be its whole address, the very entry a node fence uses and lifts: it is not taken over before its lease expires, whatever the blocklist shows%s; %s", h.NodeID, in.coverNote(), why)
-				case in.TakeCovered:
-					why = fmt.Sprintf("node %s's mapping (%s) is on no blocklist entry for its whole node (ip:0/0 or a range)%s; %s", h.NodeID, h.ClientAddr, in.coverNote(), why)
-				}
-				return acquirePlan{}, held(why)
-			}
-			lv, ok := in.Leases[h.NodeID]
-			if !ok {
-				return acquirePlan{}, held(fmt.Sprintf("takeover refused: this node has no look at node %s's lease yet (a takeover needs a whole lease of it unchanged on this node's clock): retry", h.NodeID))
-			}
-			if !lv.Expired {
-				// the holder's entry says when a takeover is possible (HeldError.Error): once
-				return acquirePlan{}, held(fmt.Sprintf("takeover refused while node %s's lease is live as far as this node has seen: retry then", h.NodeID))
-			}
-			if h.fenceAddr() == "" {
-				return acquirePlan{}, held(fmt.Sprintf("takeover refused: node %s recorded no address to fence", h.NodeID))
-			}
-			if h.ClientAddr == "" && lv.Moved {
-				// no mapping address yet: the fence would be the holder's whole address, every
-				// client of that host on this cluster, its agent's too; never that of a node
-				// seen alive within a lease, whatever this one hold's lease says
-				return acquirePlan{}, held(fmt.Sprintf("takeover refused: node %s recorded no mapping address, so its fence would be its whole address %s, and its heartbeat changed %s ago on this node's clock: it is alive; retry once its mapping is recorded or it stops",
-					h.NodeID, h.fenceAddr(), ceilSeconds(lv.MovedAgo)))
-			}
-		}
-		evict = append(evict, cur.Holders...)
+	evict, err := in.evictions(cur)
+	if err != nil {
+		return acquirePlan{}, err
 	}
 	// watchers: only the holders we keep may explain them (evicted ones are fenced, and a
 	// blocklisted client's watch is dropped by the OSDs)
@@ -191,6 +120,115 @@ func decideAcquire(cur *Record, in acquireInput) (acquirePlan, error) {
 	cur.Holders = append(cur.Holders, h)
 	cur.Access = in.Access
 	return acquirePlan{Next: cur, Evict: evict, Holder: h}, nil
+}
+
+// current is the record the decision works on: a copy of cur (a new one when there is none),
+// of this cluster and of the image's id now.
+func (in acquireInput) current(cur *Record) *Record {
+	if cur == nil {
+		cur = &Record{Format: FormatVersion, Ref: in.Image}
+	} else {
+		cur = cur.clone()
+	}
+	if cur.ImageID != "" && cur.ImageID != in.Info.ID {
+		// the claim was for an older image of the same name, since deleted (an image with a
+		// mapping cannot be removed): its holders are gone with it; the epoch goes on
+		cur.Holders, cur.Access = nil, ""
+	}
+	cur.ClusterFSID, cur.ImageID = in.FSID, in.Info.ID
+	return cur
+}
+
+// again decides for an image this node holds already (mine, in cur): renew it at the same
+// epoch, unless the access differs, an admin fenced it, or watchers remain that no holder
+// explains.
+func (in acquireInput) again(cur *Record, mine *Holder) (acquirePlan, error) {
+	if cur.Access != in.Access {
+		return acquirePlan{}, fmt.Errorf("%w: this node already holds %s as %s, not %s", ErrInvalid, in.Image, cur.Access, in.Access)
+	}
+	if mine.Fenced {
+		return acquirePlan{}, &LostError{Image: in.Image, Epoch: mine.Epoch, Record: cur, Why: "this node's hold was fenced by an admin; release it (rbd-owner release --force) before mapping again"}
+	}
+	if w := unexplained(in.Info.Watchers, cur.Holders); w != nil {
+		return acquirePlan{}, fmt.Errorf("%w: %s has watchers no claim explains: %s (mapped or opened outside rbd-owner?)", ErrBusy, in.Image, strings.Join(w, ", "))
+	}
+	in.refresh(mine)
+	// a claim asked for again is for a mapping still to be made (the agent asks only when
+	// it has none of this image): an address recorded for an earlier mapping names a client
+	// that is gone, and a takeover would fence that instead of what is mapped next; until
+	// the new mapping is recorded, a takeover fences the whole node (found by the model
+	// checker: docs/safety.md, F2)
+	mine.ClientAddr, mine.Device = "", ""
+	return acquirePlan{Next: cur, Holder: *mine, Again: true}, nil
+}
+
+// held refuses an image held by others (as cur records them), saying why.
+func (in acquireInput) held(cur *Record, reason string) error {
+	return &HeldError{Image: in.Image, Access: cur.Access, Epoch: cur.Epoch, Holders: cur.Holders, Leases: in.Leases, Reason: reason, Takeover: in.Takeover}
+}
+
+// evictions are the holders of cur that must go for this node to hold the image: none when
+// it is free, or shared with the same rox/rwx access; all of them when this request may take
+// each one over (takeable); otherwise the refusal.
+func (in acquireInput) evictions(cur *Record) ([]Holder, error) {
+	if cur.Free() || (cur.Access == in.Access && in.Access != RWO) {
+		return nil, nil
+	}
+	if !in.Takeover && !in.TakeCovered && !(in.TakeFenced && allFenced(cur.Holders)) {
+		return nil, in.held(cur, in.refusal(cur.Holders))
+	}
+	for _, h := range cur.Holders {
+		if err := in.takeable(cur, h); err != nil {
+			return nil, err
+		}
+	}
+	return append([]Holder(nil), cur.Holders...), nil
+}
+
+// takeable says whether this request may take holder h's hold over, and if not why: a hold
+// blocklisted already (by this call, or by an admin) may go; so may one whose mapping someone's
+// entry for its whole node cuts off (the waiver); any other only for a takeover, once its
+// lease expired as this node saw it, and with an address to fence that is not that of a node
+// seen alive.
+func (in acquireInput) takeable(cur *Record, h Holder) error {
+	if in.Fenced[fenceKey(h)] || (h.Fenced && (in.TakeFenced || in.Takeover)) {
+		return nil // blocklisted already, by this call or by an admin (fenced again by the caller)
+	}
+	if _, ok := in.Covered[fenceKey(h)]; ok && (in.TakeCovered || in.Takeover) && h.ClientAddr != "" {
+		// an entry for its whole node cuts its mapping off already: no lease to wait for;
+		// it is fenced again by the caller with this node's own entry for the exact client,
+		// which is renewed, since theirs may be lifted at any time (docs/safety.md, F10)
+		return nil
+	}
+	if !in.Takeover {
+		why := in.refusal(cur.Holders)
+		switch {
+		case in.TakeCovered && h.ClientAddr == "":
+			why = fmt.Sprintf("node %s recorded no mapping address, so its fence would be its whole address, the very entry a node fence uses and lifts: it is not taken over before its lease expires, whatever the blocklist shows%s; %s", h.NodeID, in.coverNote(), why)
+		case in.TakeCovered:
+			why = fmt.Sprintf("node %s's mapping (%s) is on no blocklist entry for its whole node (ip:0/0 or a range)%s; %s", h.NodeID, h.ClientAddr, in.coverNote(), why)
+		}
+		return in.held(cur, why)
+	}
+	lv, ok := in.Leases[h.NodeID]
+	if !ok {
+		return in.held(cur, fmt.Sprintf("takeover refused: this node has no look at node %s's lease yet (a takeover needs a whole lease of it unchanged on this node's clock): retry", h.NodeID))
+	}
+	if !lv.Expired {
+		// the holder's entry says when a takeover is possible (HeldError.Error): once
+		return in.held(cur, fmt.Sprintf("takeover refused while node %s's lease is live as far as this node has seen: retry then", h.NodeID))
+	}
+	if h.fenceAddr() == "" {
+		return in.held(cur, fmt.Sprintf("takeover refused: node %s recorded no address to fence", h.NodeID))
+	}
+	if h.ClientAddr == "" && lv.Moved {
+		// no mapping address yet: the fence would be the holder's whole address, every
+		// client of that host on this cluster, its agent's too; never that of a node
+		// seen alive within a lease, whatever this one hold's lease says
+		return in.held(cur, fmt.Sprintf("takeover refused: node %s recorded no mapping address, so its fence would be its whole address %s, and its heartbeat changed %s ago on this node's clock: it is alive; retry once its mapping is recorded or it stops",
+			h.NodeID, h.fenceAddr(), ceilSeconds(lv.MovedAgo)))
+	}
+	return nil
 }
 
 // needsCoverage says whether the decision on cur may turn on the blocklist: the request may take

@@ -58,8 +58,11 @@ func (e *HeldError) RetryAfter() time.Duration {
 	return d
 }
 
+// Is makes errors.Is(err, ErrClaimedElsewhere) true.
 func (e *HeldError) Is(target error) bool { return target == ErrClaimedElsewhere }
-func (e *HeldError) Kind() fault.Kind     { return fault.ClaimedElsewhere }
+
+// Kind is the fault class the API answers with.
+func (e *HeldError) Kind() fault.Kind { return fault.ClaimedElsewhere }
 
 // Owner is the first holder (the only one for rwo).
 func (e *HeldError) Owner() Holder {
@@ -109,9 +112,13 @@ func (e *NotFoundError) Error() string {
 	}
 	return e.What + " not found (" + e.Code + ")"
 }
-func (e *NotFoundError) Unwrap() error        { return e.Err }
+func (e *NotFoundError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrNotFound) true.
 func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
-func (e *NotFoundError) Kind() fault.Kind     { return fault.NotFound }
+
+// Kind is the fault class the API answers with.
+func (e *NotFoundError) Kind() fault.Kind { return fault.NotFound }
 
 // LostError says that this node no longer holds an image at the epoch it had.
 type LostError struct {
@@ -121,8 +128,11 @@ type LostError struct {
 	Why    string
 }
 
+// Is makes errors.Is(err, ErrFenced) true.
 func (e *LostError) Is(target error) bool { return target == ErrFenced }
-func (e *LostError) Kind() fault.Kind     { return fault.Fenced }
+
+// Kind is the fault class the API answers with.
+func (e *LostError) Kind() fault.Kind { return fault.Fenced }
 
 func (e *LostError) Error() string {
 	return fmt.Sprintf("claim on %s at epoch %d is lost: %s", e.Image, e.Epoch, e.Why)

@@ -181,7 +181,7 @@ func TestStaleKeyIsNotDroppedWhenTheIndexMoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	// ...but a writer sets it again after the sweeper read the index, every time it looks
-	m.SetHook(func(ctx context.Context, call string, _ Image) error {
+	m.SetHook(func(_ context.Context, call string, _ Image) error {
 		if call == "imageid" {
 			go func() {
 				_, _ = m.SetKeys(context.Background(), img, IndexObject, map[string][]byte{"race": []byte(`{"again":true}`)})

@@ -204,90 +204,127 @@ func (s *Store) Unmanaged(ctx context.Context, u Unmanaged, policy UnmanagedPoli
 	if u.ClientAddr == "" {
 		return nil, fmt.Errorf("unmanaged mapping of %s: %w: its client address is unknown (the kernel has no client_addr)", u.Image, ErrInvalid)
 	}
-	var info *imageInfo // read once, only if an adoption is considered
-	var res UnmanagedResult
-	decided := false // the claim was read and judged
-	var fenced *Intruder
-	renewed := map[string]time.Time{} // the record's live fences blocklisted again before an adoption
+	c := &unmanagedCall{s: s, u: u, policy: policy, renewed: map[string]time.Time{}}
 	rec, err := s.update(ctx, u.Image, func(cur *Record, _ uint64) (*Record, error) {
-		res = UnmanagedResult{Verdict: decideUnmanaged(cur, s.cfg.Node.ID, u, policy)}
-		decided = true
-		switch res.Action {
-		case FenceIntruder:
-			if fenced == nil { // blocklisting is idempotent, but once is enough
-				until, err := s.b.Blocklist(ctx, u.ClientAddr, s.cfg.FenceExpiry)
-				if err != nil {
-					return nil, fmt.Errorf("fence %s (%s): %w", u.Device, u.ClientAddr, err)
-				}
-				fenced = &Intruder{NodeID: s.cfg.Node.ID, Device: u.Device, Addr: u.ClientAddr, SharedClient: !u.OwnClient,
-					At: s.cfg.Now().UTC(), Expires: until.UTC(), BootID: s.cfg.Node.BootID, Incarnation: s.cfg.Node.Incarnation}
-				s.keepMu.Lock()
-				s.markKept(keepKey(u.Image, entry{intruder: true, node: s.cfg.Node.ID, addr: u.ClientAddr}))
-				s.keepMu.Unlock()
-			}
-			in := *fenced
-			in.Holders = holdersText(res.Holders)
-			res.Intruder = &in
-			cur.addIntruder(in)
-			return cur, nil
-		case Adopt:
-			if info == nil {
-				i, err := s.inspectImage(ctx, u.Image)
-				if err != nil {
-					return nil, err
-				}
-				info = &i
-			}
-			plan, err := decideAcquire(cur, acquireInput{Self: s.cfg.Node.ID, FSID: s.fsid, Image: u.Image, Access: RWO,
-				Info: *info, Now: s.cfg.Now().UTC(), Me: s.me(), Adopt: &Holder{ClientAddr: u.ClientAddr, Device: u.Device}})
-			if err != nil {
-				if errors.Is(err, ErrBusy) || errors.Is(err, ErrClaimedElsewhere) {
-					res.Action, res.Why = Report, "not adopted: "+err.Error()
-					return nil, nil
-				}
-				return nil, err
-			}
-			if err := s.renewDue(ctx, u.Image, plan.Next, renewed); err != nil {
-				return nil, fmt.Errorf("not adopted: %w", err)
-			}
-			// as in Acquire: this node's liveness, listing the image among its holds, before the
-			// claim becomes visible
-			s.NoteHold(u.Image, true)
-			if err := s.Heartbeat(ctx, u.Image.Pool, u.Image.Namespace); err != nil {
-				return nil, fmt.Errorf("not adopted, since this node's liveness could not be recorded first: %w", err)
-			}
-			res.Holder = plan.Holder
-			return plan.Next, nil
-		case AdoptOwn:
-			res.Holder = res.Mine
-			if res.Mine.ClientAddr == "" { // record the mapping in this node's hold
-				for i := range cur.Holders {
-					if cur.Holders[i].NodeID == s.cfg.Node.ID && cur.Holders[i].Epoch == res.Mine.Epoch {
-						cur.Holders[i].ClientAddr, cur.Holders[i].Device = u.ClientAddr, u.Device
-						res.Holder = cur.Holders[i]
-						return cur, nil
-					}
-				}
-			}
-		}
-		return nil, nil
+		return c.decide(ctx, cur)
 	})
 	if err != nil {
-		if fenced != nil {
+		if c.fenced != nil {
 			// the blocklist stands even though the record could not say so: report the fence
-			return &UnmanagedResult{Verdict: res.Verdict, Intruder: fenced},
+			return &UnmanagedResult{Verdict: c.res.Verdict, Intruder: c.fenced},
 				fmt.Errorf("unmanaged mapping %s of %s: fenced, but recording it in the claim failed: %w", u.Device, u.Image, err)
 		}
 		err = fmt.Errorf("unmanaged mapping %s of %s: %w", u.Device, u.Image, err)
-		if decided {
+		if c.decided {
 			// the claim was read and judged, acting on it failed (a fence that could not be
 			// made): the verdict says what the mapping is, the error what is not done
-			return &UnmanagedResult{Verdict: res.Verdict}, err
+			return &UnmanagedResult{Verdict: c.res.Verdict}, err
 		}
 		return nil, err
 	}
-	res.Record = rec
-	return &res, nil
+	c.res.Record = rec
+	return &c.res, nil
+}
+
+// unmanagedCall is one Unmanaged call, across the attempts of its compare-and-set.
+type unmanagedCall struct {
+	s       *Store
+	u       Unmanaged
+	policy  UnmanagedPolicy
+	res     UnmanagedResult
+	decided bool                 // the claim was read and judged
+	fenced  *Intruder            // set once its client is blocklisted
+	info    *imageInfo           // read once, only if an adoption is considered
+	renewed map[string]time.Time // the record's live fences blocklisted again before an adoption
+}
+
+// decide judges the mapping by the claim as read (cur) and acts on the verdict: the record to
+// write, or nil when nothing is written (a report, this node's own mapping recorded already).
+func (c *unmanagedCall) decide(ctx context.Context, cur *Record) (*Record, error) {
+	c.res = UnmanagedResult{Verdict: decideUnmanaged(cur, c.s.cfg.Node.ID, c.u, c.policy)}
+	c.decided = true
+	switch c.res.Action {
+	case FenceIntruder:
+		return c.fence(ctx, cur)
+	case Adopt:
+		return c.adopt(ctx, cur)
+	case AdoptOwn:
+		return c.adoptOwn(cur), nil
+	}
+	return nil, nil
+}
+
+// fence blocklists the mapping's client (once, whatever the attempts) and records it in cur
+// as an intruder.
+func (c *unmanagedCall) fence(ctx context.Context, cur *Record) (*Record, error) {
+	s, u := c.s, c.u
+	if c.fenced == nil { // blocklisting is idempotent, but once is enough
+		until, err := s.b.Blocklist(ctx, u.ClientAddr, s.cfg.FenceExpiry)
+		if err != nil {
+			return nil, fmt.Errorf("fence %s (%s): %w", u.Device, u.ClientAddr, err)
+		}
+		c.fenced = &Intruder{NodeID: s.cfg.Node.ID, Device: u.Device, Addr: u.ClientAddr, SharedClient: !u.OwnClient,
+			At: s.cfg.Now().UTC(), Expires: until.UTC(), BootID: s.cfg.Node.BootID, Incarnation: s.cfg.Node.Incarnation}
+		s.keepMu.Lock()
+		s.markKept(keepKey(u.Image, entry{intruder: true, node: s.cfg.Node.ID, addr: u.ClientAddr}))
+		s.keepMu.Unlock()
+	}
+	in := *c.fenced
+	in.Holders = holdersText(c.res.Holders)
+	c.res.Intruder = &in
+	cur.addIntruder(in)
+	return cur, nil
+}
+
+// adopt claims the free image for this node with the mapping recorded in its hold, as
+// Acquire would (the record's due fences renewed, this node's heartbeat first); a decision
+// that refuses it (busy, or claimed meanwhile) turns the verdict into a report.
+func (c *unmanagedCall) adopt(ctx context.Context, cur *Record) (*Record, error) {
+	s, u := c.s, c.u
+	if c.info == nil {
+		i, err := s.inspectImage(ctx, u.Image)
+		if err != nil {
+			return nil, err
+		}
+		c.info = &i
+	}
+	plan, err := decideAcquire(cur, acquireInput{Self: s.cfg.Node.ID, FSID: s.fsid, Image: u.Image, Access: RWO,
+		Info: *c.info, Now: s.cfg.Now().UTC(), Me: s.me(), Adopt: &Holder{ClientAddr: u.ClientAddr, Device: u.Device}})
+	if err != nil {
+		if errors.Is(err, ErrBusy) || errors.Is(err, ErrClaimedElsewhere) {
+			c.res.Action, c.res.Why = Report, "not adopted: "+err.Error()
+			return nil, nil
+		}
+		return nil, err
+	}
+	if err := s.renewDue(ctx, u.Image, plan.Next, c.renewed); err != nil {
+		return nil, fmt.Errorf("not adopted: %w", err)
+	}
+	// as in Acquire: this node's liveness, listing the image among its holds, before the
+	// claim becomes visible
+	s.NoteHold(u.Image, true)
+	if err := s.Heartbeat(ctx, u.Image.Pool, u.Image.Namespace); err != nil {
+		return nil, fmt.Errorf("not adopted, since this node's liveness could not be recorded first: %w", err)
+	}
+	c.res.Holder = plan.Holder
+	return plan.Next, nil
+}
+
+// adoptOwn takes this node's own hold back with the mapping: when the hold records no mapping
+// yet, it records this one (the record to write); nil when there is nothing to write.
+func (c *unmanagedCall) adoptOwn(cur *Record) *Record {
+	c.res.Holder = c.res.Mine
+	if c.res.Mine.ClientAddr != "" {
+		return nil
+	}
+	for i := range cur.Holders {
+		if cur.Holders[i].NodeID == c.s.cfg.Node.ID && cur.Holders[i].Epoch == c.res.Mine.Epoch {
+			cur.Holders[i].ClientAddr, cur.Holders[i].Device = c.u.ClientAddr, c.u.Device
+			c.res.Holder = cur.Holders[i]
+			return cur
+		}
+	}
+	return nil
 }
 
 // Unfence lifts the fences of this node's intruders on an image whose client address gone

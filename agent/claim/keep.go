@@ -123,9 +123,38 @@ func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 	if err != nil || cur == nil {
 		return rep, err
 	}
-	renewed := map[string]time.Time{} // keepKey → the entry's new expiry
-	gone := map[string]string{}       // keepKey → why
-	judged := map[string]time.Time{}  // keepKey → the fence time of the entry judged gone
+	round, errs := s.keepDue(ctx, img, cur, &rep)
+	if len(round.renewed)+len(round.gone) > 0 {
+		now := s.cfg.Now().UTC()
+		rec, err := s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
+			rep.Renewed, rep.Gone = nil, nil
+			if cur == nil || !round.record(img, cur, now, s.cfg.Node.ID, &rep) {
+				return nil, nil
+			}
+			return cur, nil
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("keep fences of %s: blocklist entries renewed, but the claim could not record it: %w", img, err))
+		} else {
+			cur = rec
+		}
+	}
+	rep.Live = cur.Kept()
+	return rep, errors.Join(errs...)
+}
+
+// keepRound is what one KeepFences call did on the blocklist, by keepKey.
+type keepRound struct {
+	renewed map[string]time.Time // the entry's new expiry
+	gone    map[string]string    // why it is gone
+	judged  map[string]time.Time // the fence time of the entry judged gone
+}
+
+// keepDue re-blocklists the live fences and intruders of cur that are due, each after a look
+// at its node's heartbeat for a new boot id (then it is judged gone instead). The heartbeats
+// that could not be read go to rep.Unchecked; the blocklist calls that failed are returned.
+func (s *Store) keepDue(ctx context.Context, img Image, cur *Record, rep *KeepReport) (keepRound, []error) {
+	round := keepRound{renewed: map[string]time.Time{}, gone: map[string]string{}, judged: map[string]time.Time{}}
 	var errs []error
 	for _, e := range cur.liveEntries() {
 		k := keepKey(img, e)
@@ -141,7 +170,7 @@ func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 			rep.Unchecked = append(rep.Unchecked, err)
 		}
 		if why != "" {
-			gone[k], judged[k] = why, e.at
+			round.gone[k], round.judged[k] = why, e.at
 			continue
 		}
 		until, err := s.b.Blocklist(ctx, e.addr, s.cfg.FenceExpiry)
@@ -153,57 +182,46 @@ func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 		s.markKept(k)
 		s.pruneKept()
 		s.keepMu.Unlock()
-		renewed[k] = until.UTC()
+		round.renewed[k] = until.UTC()
 	}
-	if len(renewed)+len(gone) > 0 {
-		now := s.cfg.Now().UTC()
-		rec, err := s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
-			rep.Renewed, rep.Gone = nil, nil
-			if cur == nil {
-				return nil, nil
-			}
-			changed := false
-			for i := range cur.Fences {
-				f := &cur.Fences[i]
-				k := keepKey(img, entry{node: f.NodeID, addr: f.Addr})
-				if !f.Live() {
-					continue
-				}
-				if why, ok := gone[k]; ok && f.At.Equal(judged[k]) { // the very fence judged, not one made since
-					f.Gone, f.GoneAt, changed = why, now, true
-					rep.Gone = append(rep.Gone, *f)
-				} else if until, ok := renewed[k]; ok {
-					// the latest blocklisting sets the entry's expiry, whatever was recorded
-					f.Expires, f.RenewedAt, f.RenewedBy, changed = until, now, s.cfg.Node.ID, true
-					rep.Renewed = append(rep.Renewed, *f)
-				}
-			}
-			kept := cur.Intruders[:0]
-			for _, in := range cur.Intruders {
-				k := keepKey(img, entry{intruder: true, node: in.NodeID, addr: in.Addr})
-				if _, ok := gone[k]; ok && in.At.Equal(judged[k]) {
-					changed = true // its node rebooted: the mapping is gone, so is its record
-					continue
-				}
-				if until, ok := renewed[k]; ok {
-					in.Expires, changed = until, true
-				}
-				kept = append(kept, in)
-			}
-			cur.Intruders = kept
-			if !changed {
-				return nil, nil
-			}
-			return cur, nil
-		})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("keep fences of %s: blocklist entries renewed, but the claim could not record it: %w", img, err))
-		} else {
-			cur = rec
+	return round, errs
+}
+
+// record writes the round into cur (as read for its compare-and-set): the fences judged gone
+// marked so, the renewed ones with their new expiry (by node by, at now), the intruders judged
+// gone dropped, the renewed ones with their new expiry; rep gets the fences it changed. It
+// says whether anything changed.
+func (r keepRound) record(img Image, cur *Record, now time.Time, by string, rep *KeepReport) bool {
+	changed := false
+	for i := range cur.Fences {
+		f := &cur.Fences[i]
+		k := keepKey(img, entry{node: f.NodeID, addr: f.Addr})
+		if !f.Live() {
+			continue
+		}
+		if why, ok := r.gone[k]; ok && f.At.Equal(r.judged[k]) { // the very fence judged, not one made since
+			f.Gone, f.GoneAt, changed = why, now, true
+			rep.Gone = append(rep.Gone, *f)
+		} else if until, ok := r.renewed[k]; ok {
+			// the latest blocklisting sets the entry's expiry, whatever was recorded
+			f.Expires, f.RenewedAt, f.RenewedBy, changed = until, now, by, true
+			rep.Renewed = append(rep.Renewed, *f)
 		}
 	}
-	rep.Live = cur.Kept()
-	return rep, errors.Join(errs...)
+	kept := cur.Intruders[:0]
+	for _, in := range cur.Intruders {
+		k := keepKey(img, entry{intruder: true, node: in.NodeID, addr: in.Addr})
+		if _, ok := r.gone[k]; ok && in.At.Equal(r.judged[k]) {
+			changed = true // its node rebooted: the mapping is gone, so is its record
+			continue
+		}
+		if until, ok := r.renewed[k]; ok {
+			in.Expires, changed = until, true
+		}
+		kept = append(kept, in)
+	}
+	cur.Intruders = kept
+	return changed
 }
 
 // Kept lists the record's live fences and intruders: what must be kept on the blocklist.

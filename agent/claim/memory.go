@@ -439,7 +439,7 @@ func (m *Memory) Pools(ctx context.Context) ([]string, error) {
 }
 
 // ImageInfo returns the image's id and watchers; ErrNotFound when it does not exist.
-func (m *Memory) ImageInfo(ctx context.Context, img Image) (imageInfo, error) {
+func (m *Memory) ImageInfo(ctx context.Context, img Image) (imageInfo, error) { //nolint:revive // the unexported result seals Backend to this package's backends
 	if err := m.hook(ctx, "image", img); err != nil {
 		return imageInfo{}, err
 	}

@@ -140,7 +140,7 @@ func TestMemoryTakeoverOnlyAfterExpiryAndFencesFirst(t *testing.T) {
 		t.Fatal("a refused takeover fenced the holder")
 	}
 	var versionAtFence uint64
-	m.SetHook(func(ctx context.Context, call string, _ Image) error {
+	m.SetHook(func(_ context.Context, call string, _ Image) error {
 		if call == "blocklist" {
 			versionAtFence = m.Version(img)
 		}

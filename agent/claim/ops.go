@@ -43,76 +43,18 @@ type Result struct {
 // Acquire gives this node a hold on the image, or says who has it. It is idempotent: asking
 // again for an image this node holds renews the lease and keeps the epoch.
 func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
-	access, err := ParseAccess(string(req.Access))
-	if err != nil {
-		return nil, fmt.Errorf("acquire %s: %w: %w", req.Image, ErrInvalid, err)
-	}
-	if access == ROX {
-		req.ReadOnly = true
-	}
-	if err := validateImage(req.Image); err != nil {
-		return nil, fmt.Errorf("acquire %s: %w", req.Image, err)
-	}
-	info, err := s.inspectImage(ctx, req.Image)
+	in, err := s.acquireInput(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("acquire %s: %w", req.Image, err)
 	}
-	in := acquireInput{Self: s.cfg.Node.ID, FSID: s.fsid, Image: req.Image, Access: access, ReadOnly: req.ReadOnly,
-		Takeover: req.Takeover, TakeFenced: req.TakeFenced, TakeCovered: req.TakeCovered, NextStep: req.NextStep, Info: info, Me: s.me(), Fenced: map[string]bool{}}
-	var res Result
-	fences := map[string]Fence{}      // holders this call has blocklisted (see acquireInput.Fenced)
-	renewed := map[string]time.Time{} // the record's live fences this call blocklisted again
-	beat := false                     // this call has written this node's heartbeat in the pool
+	c := &acquireCall{s: s, img: req.Image, in: in, fences: map[string]Fence{}, renewed: map[string]time.Time{}}
 	rec, err := s.update(ctx, req.Image, func(cur *Record, ver uint64) (*Record, error) {
-		in.Now = s.cfg.Now().UTC()
-		res = Result{}
-		leases, err := s.leases(ctx, req.Image, cur, ver)
-		if err != nil {
-			return nil, err
-		}
-		in.Leases = leases
-		if in.Covered == nil && in.CoverErr == nil && in.needsCoverage(cur) {
-			in.Covered, in.CoverErr = s.coverage(ctx, cur)
-		}
-		plan, err := decideAcquire(cur, in)
-		if err != nil {
-			return nil, err
-		}
-		// fence first, write after: a crash in between leaves the old holder blocklisted and
-		// the record unchanged, and the next attempt blocklists again (idempotent) and writes
-		for _, h := range plan.Evict {
-			f, done := fences[fenceKey(h)]
-			if !done {
-				if f, err = s.fence(ctx, req.Image, h, in.Now); err != nil {
-					return nil, fmt.Errorf("takeover of %s from node %s: %w", req.Image, h.NodeID, err)
-				}
-				fences[fenceKey(h)], in.Fenced[fenceKey(h)] = f, true
-			}
-			plan.Next.addFence(f)
-			res.Fenced = append(res.Fenced, f)
-		}
-		// the record's live fences, before the claim: their entries may have run out while every
-		// keeper was down (F6 of docs/safety.md)
-		if err := s.renewDue(ctx, req.Image, plan.Next, renewed); err != nil {
-			return nil, fmt.Errorf("no claim made: %w", err)
-		}
-		res.Holder, res.Again = plan.Holder, plan.Again
-		// this node's liveness in the pool, just before the claim becomes visible: an observer
-		// that sees the new hold sees a heartbeat written for it, never one left from a time this
-		// node held nothing there (and nobody watched). No heartbeat, no claim. A refusal writes
-		// nothing; a lost race keeps the heartbeat just written.
-		if !beat {
-			s.NoteHold(req.Image, true) // listed before the claim is written: a superset
-			if err := s.Heartbeat(ctx, req.Image.Pool, req.Image.Namespace); err != nil {
-				return nil, fmt.Errorf("no claim made, since this node's liveness could not be recorded first: %w", err)
-			}
-			beat = true
-		}
-		return plan.Next, nil
+		return c.attempt(ctx, cur, ver)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("acquire %s: %w", req.Image, err)
 	}
+	res := c.res
 	res.Record = rec
 	if len(res.Fenced) > 0 {
 		holds := map[string]uint64{}
@@ -122,6 +64,101 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 		s.notifyAll(ctx, req.Image, "taken over by node "+s.cfg.Node.ID+" after a fence", holds)
 	}
 	return &res, nil
+}
+
+// acquireInput checks the request and reads the image once (its id and watchers): what every
+// attempt of Acquire decides on, but for the record, the leases and the clock.
+func (s *Store) acquireInput(ctx context.Context, req Request) (acquireInput, error) {
+	access, err := ParseAccess(string(req.Access))
+	if err != nil {
+		return acquireInput{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if access == ROX {
+		req.ReadOnly = true
+	}
+	if err := validateImage(req.Image); err != nil {
+		return acquireInput{}, err
+	}
+	info, err := s.inspectImage(ctx, req.Image)
+	if err != nil {
+		return acquireInput{}, err
+	}
+	return acquireInput{Self: s.cfg.Node.ID, FSID: s.fsid, Image: req.Image, Access: access, ReadOnly: req.ReadOnly,
+		Takeover: req.Takeover, TakeFenced: req.TakeFenced, TakeCovered: req.TakeCovered, NextStep: req.NextStep, Info: info, Me: s.me(), Fenced: map[string]bool{}}, nil
+}
+
+// acquireCall is one Acquire call, across the attempts of its compare-and-set.
+type acquireCall struct {
+	s       *Store
+	img     Image
+	in      acquireInput
+	res     Result
+	fences  map[string]Fence     // holders this call has blocklisted (see acquireInput.Fenced)
+	renewed map[string]time.Time // the record's live fences this call blocklisted again
+	beat    bool                 // this call has written this node's heartbeat in the pool
+}
+
+// attempt is one read-decide-write of Acquire on the record as read (cur, at version ver):
+// the other holders' leases judged, the decision, then, before the record to write is
+// returned, the evicted holders fenced, the record's due fences renewed and this node's
+// heartbeat written.
+func (c *acquireCall) attempt(ctx context.Context, cur *Record, ver uint64) (*Record, error) {
+	s := c.s
+	c.in.Now = s.cfg.Now().UTC()
+	c.res = Result{}
+	leases, err := s.leases(ctx, c.img, cur, ver)
+	if err != nil {
+		return nil, err
+	}
+	c.in.Leases = leases
+	if c.in.Covered == nil && c.in.CoverErr == nil && c.in.needsCoverage(cur) {
+		c.in.Covered, c.in.CoverErr = s.coverage(ctx, cur)
+	}
+	plan, err := decideAcquire(cur, c.in)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.fenceEvicted(ctx, plan); err != nil {
+		return nil, err
+	}
+	// the record's live fences, before the claim: their entries may have run out while every
+	// keeper was down (F6 of docs/safety.md)
+	if err := s.renewDue(ctx, c.img, plan.Next, c.renewed); err != nil {
+		return nil, fmt.Errorf("no claim made: %w", err)
+	}
+	c.res.Holder, c.res.Again = plan.Holder, plan.Again
+	// this node's liveness in the pool, just before the claim becomes visible: an observer
+	// that sees the new hold sees a heartbeat written for it, never one left from a time this
+	// node held nothing there (and nobody watched). No heartbeat, no claim. A refusal writes
+	// nothing; a lost race keeps the heartbeat just written.
+	if !c.beat {
+		s.NoteHold(c.img, true) // listed before the claim is written: a superset
+		if err := s.Heartbeat(ctx, c.img.Pool, c.img.Namespace); err != nil {
+			return nil, fmt.Errorf("no claim made, since this node's liveness could not be recorded first: %w", err)
+		}
+		c.beat = true
+	}
+	return plan.Next, nil
+}
+
+// fenceEvicted blocklists the holders the plan evicts and adds their fences to the record to
+// write. Fence first, write after: a crash in between leaves the old holder blocklisted and
+// the record unchanged, and the next attempt blocklists again (idempotent) and writes; a
+// holder this call fenced already is not blocklisted again.
+func (c *acquireCall) fenceEvicted(ctx context.Context, plan acquirePlan) error {
+	for _, h := range plan.Evict {
+		f, done := c.fences[fenceKey(h)]
+		if !done {
+			var err error
+			if f, err = c.s.fence(ctx, c.img, h, c.in.Now); err != nil {
+				return fmt.Errorf("takeover of %s from node %s: %w", c.img, h.NodeID, err)
+			}
+			c.fences[fenceKey(h)], c.in.Fenced[fenceKey(h)] = f, true
+		}
+		plan.Next.addFence(f)
+		c.res.Fenced = append(c.res.Fenced, f)
+	}
+	return nil
 }
 
 // coverage reads the cluster's blocklist and finds, for each holder of cur whose mapping's

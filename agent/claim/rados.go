@@ -255,7 +255,7 @@ func (r *Rados) Objects(ctx context.Context, pool, namespace string) ([]Image, e
 }
 
 // Namespaces lists the pool's RBD namespaces (rbd_namespace in its default namespace).
-func (r *Rados) Namespaces(ctx context.Context, pool string) ([]string, error) {
+func (r *Rados) Namespaces(_ context.Context, pool string) ([]string, error) {
 	io, err := r.ioctx(Image{Pool: pool})
 	if err != nil {
 		return nil, err
@@ -284,7 +284,7 @@ func (r *Rados) Pools(ctx context.Context) ([]string, error) {
 // ImageInfo is the image's id and watchers (what `rbd status` shows): rbd_id.<name> read
 // and the header object's watchers listed, 2 round trips; an image without rbd_id.<name> (the
 // old format 1) is opened read-only instead, which costs ~10.
-func (r *Rados) ImageInfo(ctx context.Context, img Image) (imageInfo, error) {
+func (r *Rados) ImageInfo(ctx context.Context, img Image) (imageInfo, error) { //nolint:revive // the unexported result seals Backend to this package's backends
 	if err := ctx.Err(); err != nil {
 		return imageInfo{}, err
 	}
@@ -317,7 +317,7 @@ func openImageInfo(io *rados.IOContext, img Image) (imageInfo, error) {
 	if err != nil {
 		return imageInfo{}, cephconn.Classify(fmt.Errorf("open image %s: %w", img, err), "open image "+img.String(), osdCap)
 	}
-	defer im.Close()
+	defer func() { _ = im.Close() }() // opened read only: its close loses nothing
 	id, err := im.GetId()
 	if err != nil {
 		return imageInfo{}, cephconn.Classify(fmt.Errorf("image %s: id: %w", img, err), "read image "+img.String(), osdCap)

@@ -208,7 +208,7 @@ func (s *Store) update(ctx context.Context, img Image, decide func(cur *Record, 
 			return nil, err
 		}
 		// lost a race: back off a little, at random, so that a crowd spreads out
-		time.Sleep(time.Duration(rand.IntN(1+attempt)) * time.Millisecond)
+		time.Sleep(time.Duration(rand.IntN(1+attempt)) * time.Millisecond) //nolint:gosec // jitter, not a secret
 	}
 	return nil, fmt.Errorf("%w: claim of %s changed %d times in a row while writing", ErrBusy, img, maxAttempts)
 }

@@ -18,7 +18,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/api"
 )
 
-// ErrUnreachable: nothing answers on the socket (agent not running, or no access to it).
+// ErrUnreachable says nothing answers on the socket (agent not running, or no access to it).
 var ErrUnreachable = errors.New("rbd-owner agent not reachable")
 
 // CodeUnreachable is Code's answer for ErrUnreachable. It is not one of the agent's codes (no
@@ -149,7 +149,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		}
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read to its end or failed: its close loses nothing
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
 		return fmt.Errorf("%s %s: read answer: %w", method, path, err)

@@ -78,7 +78,7 @@ type Config struct {
 	PerImageMetrics bool `yaml:"per_image_metrics"`
 }
 
-// ShortFencesEnv, set to 1 in the agent's environment, lowers the floor of fence_expiry from an
+// ShortFencesEnv (set to 1 in the agent's environment) lowers the floor of fence_expiry from an
 // hour to a minute: for test labs only, where a fence must outlive its expiry within a test run.
 // The packages never set it.
 const ShortFencesEnv = "RBD_OWNER_TEST_SHORT_FENCES"
@@ -344,6 +344,11 @@ func (c *Config) validate() error {
 	if err := checkOptions("map_options", c.MapOptions); err != nil {
 		return err
 	}
+	return c.validateClusters()
+}
+
+// validateClusters validates the clusters list: each entry complete, ids unique.
+func (c *Config) validateClusters() error {
 	seen := map[string]bool{}
 	for i, cl := range c.Clusters {
 		key := fmt.Sprintf("clusters[%d]", i)
@@ -419,7 +424,6 @@ func checkOptions(key string, opts []string) error {
 	return nil
 }
 
-// Cluster returns the cluster named id; "" picks the only one.
 // ClusterByMonitors finds the one configured cluster that has one of the given monitor
 // addresses (as a CSI plugin passes them to `rbd -m`: "host:port", "v1:host:port", an
 // address vector "[v2:host:3300,v1:host:6789]", with or without "/nonce"). A monitor without a
@@ -479,6 +483,7 @@ func monitorAddrs(mons []string) []monAddr {
 	return out
 }
 
+// Cluster returns the cluster named id; "" picks the only one.
 func (c *Config) Cluster(id string) (*Cluster, error) {
 	if id == "" {
 		if len(c.Clusters) == 1 {

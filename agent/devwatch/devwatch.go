@@ -21,6 +21,7 @@ import (
 // Kind says what happened to a device.
 type Kind int
 
+// The kinds of change.
 const (
 	Added   Kind = iota + 1 // mapped: its block device exists
 	Removed                 // unmapped
@@ -132,7 +133,11 @@ func (w *Watcher) Devices() []krbd.Device {
 func (w *Watcher) run(ctx context.Context, sub krbd.Subscription) {
 	defer close(w.done)
 	defer close(w.out)
-	defer func() { sub.Close() }()
+	defer func() {
+		if err := sub.Close(); err != nil {
+			w.cfg.Logger.WithError(err).Warn("devwatch: close the uevent subscription")
+		}
+	}()
 	if !w.resync(ctx) {
 		return
 	}

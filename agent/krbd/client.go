@@ -189,22 +189,7 @@ func (c *Client) Map(ctx context.Context, spec Spec, o MapOptions) (Device, erro
 }
 
 func (c *Client) mapImage(ctx context.Context, spec Spec, o MapOptions) (Device, error) {
-	nonce, err := newNonce()
-	if err != nil {
-		return Device{}, err
-	}
-	add, err := buildAddString(spec, o, nonce)
-	if err != nil {
-		return Device{}, err
-	}
-	payload, err := DecodeSecret(o.Secret)
-	if err != nil {
-		return Device{}, err
-	}
-	if err := c.EnsureModule(ctx); err != nil {
-		return Device{}, err
-	}
-	file, err := c.controlFile("add")
+	req, err := c.prepareAdd(ctx, spec, o)
 	if err != nil {
 		return Device{}, err
 	}
@@ -214,39 +199,24 @@ func (c *Client) mapImage(ctx context.Context, spec Spec, o MapOptions) (Device,
 	}
 	defer unlock()
 
-	// Listen before writing (the kernel emits its events before the write returns): they wake
-	// the wait for whatever sysfs and /dev did not show at once, and udevd's say it is done.
-	sub, err := c.cfg.Events.Subscribe(ctx)
+	sub, udev, err := c.subscribeMap(ctx, o)
 	if err != nil {
 		return Device{}, err
 	}
-	defer sub.Close()
-	var udev Subscription
-	if !o.NoUdev && c.cfg.Udev != nil {
-		switch u, err := c.cfg.Udev.Subscribe(ctx); {
-		case errors.Is(err, ErrNoUdev):
-		case err != nil:
-			return Device{}, err
-		default:
-			udev = u
-			defer udev.Close()
-		}
+	defer c.closeSub("uevent", sub)
+	if udev != nil {
+		defer c.closeSub("udev event", udev)
 	}
-	before, err := c.ids()
+	seen, err := c.knownDevices()
 	if err != nil {
 		return Device{}, err
-	}
-	// ids with their client ids: an id freed and reused meanwhile is a new device
-	seen := make(map[int]string, len(before))
-	for _, id := range before {
-		seen[id] = c.attr(id, "client_id")
 	}
 
 	start := time.Now()
-	if err := c.writeWithKey(KeyName(o.User, nonce), payload, file, []byte(add)); err != nil {
-		return Device{}, classify(filepath.Base(file), err)
+	if err := c.writeWithKey(req.keyName, req.payload, req.file, []byte(req.add)); err != nil {
+		return Device{}, classify(filepath.Base(req.file), err)
 	}
-	c.cfg.Logger.WithFields(logrus.Fields{"spec": spec.String(), "file": file, "took": time.Since(start)}).Debug("rbd add written")
+	c.cfg.Logger.WithFields(logrus.Fields{"spec": spec.String(), "file": req.file, "took": time.Since(start)}).Debug("rbd add written")
 
 	timeout := o.Timeout
 	if timeout == 0 {
@@ -254,23 +224,107 @@ func (c *Client) mapImage(ctx context.Context, spec Spec, o MapOptions) (Device,
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	d, err := c.waitMapped(wctx, sub, spec, add, seen)
-	if err == nil {
-		if udev != nil {
-			c.waitUdev(ctx, udev, d)
-		}
-		return d, nil
+	d, err := c.waitMapped(wctx, sub, spec, req.add, seen)
+	if err != nil {
+		return Device{}, c.removeUnfinished(ctx, req.add, err)
 	}
-	// the kernel accepted the write but the device did not come up in time: remove it, found
-	// by its config_info (our add string, unique by its key name), so no claim-less device stays
-	if ours, ok := c.findByAdd(add); ok {
-		uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultTimeout)
-		defer ucancel()
-		if _, uerr := c.UnmapDevice(uctx, ours, UnmapOptions{Force: true}); uerr != nil {
-			return Device{}, fmt.Errorf("%w (and rbd%d, which it made, could not be removed: %v): %w", err, ours.ID, uerr, ErrLeftMapped)
-		}
+	if udev != nil {
+		c.waitUdev(ctx, udev, d)
 	}
-	return Device{}, err
+	return d, nil
+}
+
+// addRequest is one map's write to the bus: the add string, and the key it names.
+type addRequest struct {
+	file    string // the control file: add, or add_single_major
+	add     string // unique to this map by its key name
+	keyName string
+	payload []byte // the secret, decoded
+}
+
+// prepareAdd builds a map's add string and key, and makes sure the kernel can take them (the
+// module loaded, the control file found).
+func (c *Client) prepareAdd(ctx context.Context, spec Spec, o MapOptions) (addRequest, error) {
+	nonce, err := newNonce()
+	if err != nil {
+		return addRequest{}, err
+	}
+	add, err := buildAddString(spec, o, nonce)
+	if err != nil {
+		return addRequest{}, err
+	}
+	payload, err := DecodeSecret(o.Secret)
+	if err != nil {
+		return addRequest{}, err
+	}
+	if err := c.EnsureModule(ctx); err != nil {
+		return addRequest{}, err
+	}
+	file, err := c.controlFile("add")
+	if err != nil {
+		return addRequest{}, err
+	}
+	return addRequest{file: file, add: add, keyName: KeyName(o.User, nonce), payload: payload}, nil
+}
+
+// subscribeMap listens before a map's write (the kernel emits its events before the write
+// returns): sub's events wake the wait for whatever sysfs and /dev did not show at once, and
+// udev's say udevd is done (nil with noudev, or without udevd).
+func (c *Client) subscribeMap(ctx context.Context, o MapOptions) (sub, udev Subscription, err error) {
+	sub, err = c.cfg.Events.Subscribe(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if o.NoUdev || c.cfg.Udev == nil {
+		return sub, nil, nil
+	}
+	switch u, err := c.cfg.Udev.Subscribe(ctx); {
+	case errors.Is(err, ErrNoUdev):
+		return sub, nil, nil
+	case err != nil:
+		c.closeSub("uevent", sub)
+		return nil, nil, err
+	default:
+		return sub, u, nil
+	}
+}
+
+// knownDevices lists the devices there before a map, with their client ids: an id freed and
+// reused meanwhile is a new device.
+func (c *Client) knownDevices() (map[int]string, error) {
+	before, err := c.ids()
+	if err != nil {
+		return nil, err
+	}
+	seen := make(map[int]string, len(before))
+	for _, id := range before {
+		seen[id] = c.attr(id, "client_id")
+	}
+	return seen, nil
+}
+
+// removeUnfinished is a map's way out when the kernel accepted its write but the device did not
+// come up in time (err): the device is removed, found by its config_info (the add string,
+// unique by its key name), so that no claim-less device stays.
+func (c *Client) removeUnfinished(ctx context.Context, add string, err error) error {
+	ours, ok := c.findByAdd(add)
+	if !ok {
+		return err
+	}
+	uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultTimeout)
+	defer ucancel()
+	if _, uerr := c.UnmapDevice(uctx, ours, UnmapOptions{Force: true}); uerr != nil {
+		return fmt.Errorf("%w (and rbd%d, which it made, could not be removed: %v): %w", err, ours.ID, uerr, ErrLeftMapped)
+	}
+	return err
+}
+
+// closeSub closes an event subscription a map or unmap is done with. A failure changes nothing
+// about the device, so it is logged, not returned.
+func (c *Client) closeSub(what string, s Subscription) {
+	if err := s.Close(); err != nil {
+		c.cfg.Logger.WithError(err).Warnf("could not close a %s subscription", what)
+	}
 }
 
 // newNonce returns a random lower-case hex string for a map's key name.
@@ -369,12 +423,12 @@ func (c *Client) waitMapped(ctx context.Context, sub Subscription, spec Spec, ad
 			}
 		}
 		if cand != nil {
-			maj, min, err := c.cfg.StatDev(cand.DevNode)
+			maj, mnr, err := c.cfg.StatDev(cand.DevNode)
 			switch {
-			case err == nil && maj == cand.Major && min == cand.Minor:
+			case err == nil && maj == cand.Major && mnr == cand.Minor:
 				return *cand, nil
 			case err == nil:
-				lastErr = fmt.Errorf("%s is %d:%d, sysfs says %d:%d", cand.DevNode, maj, min, cand.Major, cand.Minor)
+				lastErr = fmt.Errorf("%s is %d:%d, sysfs says %d:%d", cand.DevNode, maj, mnr, cand.Major, cand.Minor)
 			default:
 				lastErr = err
 			}
@@ -476,7 +530,7 @@ func (c *Client) unmap(ctx context.Context, id int, attr, want string, o UnmapOp
 	if err != nil {
 		return false, err
 	}
-	defer sub.Close()
+	defer c.closeSub("uevent", sub)
 	msg := strconv.Itoa(id)
 	if o.Force {
 		msg += " force"
@@ -557,15 +611,15 @@ func (c *Client) UnmapSpec(ctx context.Context, spec Spec, fsid string, o UnmapO
 	if err != nil {
 		return false, fmt.Errorf("unmap %s: %w", spec, err)
 	}
-	any := false
+	unmapped := false
 	for _, d := range devs {
 		ok, err := c.UnmapDevice(ctx, d, o)
 		if err != nil {
-			return any, fmt.Errorf("unmap %s: %w", spec, err)
+			return unmapped, fmt.Errorf("unmap %s: %w", spec, err)
 		}
-		any = any || ok
+		unmapped = unmapped || ok
 	}
-	return any, nil
+	return unmapped, nil
 }
 
 // UnmapPath unmaps the device behind a /dev path (see FindByPath). A path that does not

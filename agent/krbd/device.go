@@ -127,8 +127,8 @@ func ParseDevice(id int, attrs map[string]string) (Device, error) {
 	str(&d.ClientID, "client_id")
 	str(&d.ClientAddr, "client_addr")
 	str(&d.ClusterFSID, "cluster_fsid")
-	d.Major = uint32(num("major", 32))
-	d.Minor = uint32(num("minor", 32))
+	d.Major = uint32(num("major", 32)) //nolint:gosec // parsed with bitSize 32: it fits
+	d.Minor = uint32(num("minor", 32)) //nolint:gosec // parsed with bitSize 32: it fits
 	d.Size = num("size", 64)
 	if err != nil {
 		return Device{}, err
@@ -254,7 +254,7 @@ func (c *Client) FindBySpec(spec Spec, fsid string) ([]Device, error) {
 // FindByPath returns the device behind a /dev path: /dev/rbdN, a stable link
 // (/dev/rbd-owner/...) or any other link to it, matched by the node's major:minor.
 func (c *Client) FindByPath(path string) (Device, error) {
-	maj, min, err := c.cfg.StatDev(path)
+	maj, mnr, err := c.cfg.StatDev(path)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return Device{}, fmt.Errorf("find %s: %w", path, ErrNotFound)
@@ -266,9 +266,9 @@ func (c *Client) FindByPath(path string) (Device, error) {
 		return Device{}, fmt.Errorf("find %s: %w", path, err)
 	}
 	for _, d := range devs {
-		if d.Major == maj && d.Minor == min {
+		if d.Major == maj && d.Minor == mnr {
 			return d, nil
 		}
 	}
-	return Device{}, fmt.Errorf("find %s (%d:%d): %w: no mapped rbd device has that number", path, maj, min, ErrNotFound)
+	return Device{}, fmt.Errorf("find %s (%d:%d): %w: no mapped rbd device has that number", path, maj, mnr, ErrNotFound)
 }

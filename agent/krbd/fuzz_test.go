@@ -125,7 +125,7 @@ func FuzzParseUevent(f *testing.F) {
 	f.Add([]byte("add@/devices/rbd/0\x00ACTION=add\x00DEVPATH=/devices/rbd/0\x00SUBSYSTEM=rbd\x00"))
 	f.Add([]byte("remove@/devices/rbd/0/block/rbd0\x00SUBSYSTEM=block\x00DEVTYPE=disk\x00"))
 	f.Add(append([]byte("libudev\x00\xfe\xed\xca\xfe\x00\x00\x00\x00\x28\x00\x00\x00"), make([]byte, 40)...))
-	f.Fuzz(func(t *testing.T, msg []byte) {
+	f.Fuzz(func(_ *testing.T, msg []byte) {
 		ev, err := krbd.ParseUevent(msg)
 		if err != nil {
 			return

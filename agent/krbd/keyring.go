@@ -116,7 +116,7 @@ func ReadKeyringFile(path, entity string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("keyring: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only: its close loses nothing
 	s, err := ParseKeyring(f, entity)
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", path, err)

@@ -191,7 +191,9 @@ func TestParseKeyring(t *testing.T) {
 		t.Errorf("bad key: %v", err)
 	}
 	p := filepath.Join(t.TempDir(), "k")
-	os.WriteFile(p, []byte(ring), 0o600)
+	if err := os.WriteFile(p, []byte(ring), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if got, err := krbd.ReadKeyringFile(p, "client.rbdowner"); err != nil || got != testSecret {
 		t.Errorf("ReadKeyringFile = %q, %v", got, err)
 	}
@@ -301,8 +303,12 @@ func TestMap(t *testing.T) {
 	}
 	// a stable link resolves to its device
 	link := filepath.Join(k.Dev, "rbd-owner", "fsid", "rbd", "ns1", "img1")
-	os.MkdirAll(filepath.Dir(link), 0o755)
-	os.Symlink("../../../../rbd1", link)
+	if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../../../rbd1", link); err != nil {
+		t.Fatal(err)
+	}
 	if got, err := c.FindByPath(link); err != nil || got.ID != 1 {
 		t.Errorf("FindByPath(link) = %+v, %v", got, err)
 	}

@@ -41,9 +41,9 @@ func (c *Client) MountPoints(major, minor uint32) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read mounts: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only: its close loses nothing
 	ms, err := mountinfo.GetMountsFromReader(f, func(i *mountinfo.Info) (skip, stop bool) {
-		return !(uint32(i.Major) == major && uint32(i.Minor) >= minor && uint32(i.Minor) < minor+partitionsPerDevice), false
+		return !(i.Major == int(major) && i.Minor >= int(minor) && i.Minor < int(minor)+partitionsPerDevice), false
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read mounts from %s: %w", c.cfg.MountInfo, err)

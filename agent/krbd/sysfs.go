@@ -26,7 +26,9 @@ func (SysfsWriter) WriteControl(path string, data []byte) error {
 	if err != nil {
 		return &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	defer unix.Close(fd)
+	// the kernel acts on the write(2) and answers there; a close of a sysfs control file
+	// reports nothing, and an add or remove it made stands whatever close says
+	defer func() { _ = unix.Close(fd) }()
 	n, err := unix.Write(fd, data)
 	if err != nil {
 		return &os.PathError{Op: "write", Path: path, Err: err}

@@ -181,7 +181,7 @@ func (s *NetlinkSource) Subscribe(ctx context.Context) (Subscription, error) {
 	// timeout once cost every map and unmap up to 100 ms on its way out).
 	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
-		conn.Close()
+		_ = conn.Close() // the eventfd's error is the one to report
 		return nil, fmt.Errorf("uevent socket: eventfd: %w", err)
 	}
 	n := s.Buffer
@@ -221,14 +221,16 @@ func (s *netlinkSub) Close() error {
 func (s *netlinkSub) run() {
 	defer func() {
 		s.once.Do(func() {}) // from here on signal writes nothing, so the eventfd can go
-		unix.Close(s.wake)
-		s.conn.Close()
+		// the reader's end: the subscriber learns it from the closed channel, and a close
+		// error of either socket leaves nothing to undo
+		_ = unix.Close(s.wake)
+		_ = s.conn.Close()
 		close(s.ch)
 		close(s.exited)
 	}()
 	lost := false
 	buf := make([]byte, 64<<10)
-	fds := []unix.PollFd{{Fd: int32(s.conn.Fd), Events: unix.POLLIN}, {Fd: int32(s.wake), Events: unix.POLLIN}}
+	fds := []unix.PollFd{{Fd: int32(s.conn.Fd), Events: unix.POLLIN}, {Fd: int32(s.wake), Events: unix.POLLIN}} //nolint:gosec // fds are C ints: they fit
 	for {
 		if lost { // a loss not reported yet: say so now, not only with the next rbd event
 			lost = !s.offer(Uevent{Overflow: true})

@@ -37,7 +37,7 @@ func TestSourceForLoopbackThroughNetlink(t *testing.T) {
 func TestCacheAndForget(t *testing.T) {
 	calls := 0
 	r := New()
-	r.routeGet = func(ip net.IP) ([]netlink.Route, error) {
+	r.routeGet = func(_ net.IP) ([]netlink.Route, error) {
 		calls++
 		return []netlink.Route{{Src: net.ParseIP("203.0.113.11")}}, nil
 	}

@@ -144,7 +144,7 @@ func TestPeerGroupsGrowsTheBuffer(t *testing.T) {
 	t.Cleanup(func() { getsockoptGroups = old })
 	const n = 1000
 	calls := 0
-	getsockoptGroups = func(fd int, buf []uint32) (int, error) {
+	getsockoptGroups = func(_ int, buf []uint32) (int, error) {
 		calls++
 		if len(buf) < n {
 			return 4 * n, unix.ERANGE

@@ -214,7 +214,7 @@ func (s *Store) SetAside() *SetAside { return s.aside }
 
 // WriteFailure returns the error of the last write and since when writes have failed, when
 // the last write failed; nil once one succeeds.
-func (s *Store) WriteFailure() (error, time.Time) {
+func (s *Store) WriteFailure() (error, time.Time) { //nolint:revive,staticcheck // a fact and its date, not a call that fails
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.werr, s.wsince
@@ -474,9 +474,12 @@ func replace(path string, data []byte) (err error) {
 		return fmt.Errorf("create %s: %w", filepath.Base(tmp), bare(err))
 	}
 	defer func() {
-		if err != nil {
-			fh.Close()
-			os.Remove(tmp)
+		if err == nil {
+			return
+		}
+		_ = fh.Close() // after a failure, and maybe closed already: err is what went wrong
+		if rerr := os.Remove(tmp); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			err = fmt.Errorf("%w (and %s stays: %v)", err, filepath.Base(tmp), bare(rerr))
 		}
 	}()
 	if _, err := fh.Write(data); err != nil {
@@ -496,7 +499,7 @@ func replace(path string, data []byte) (err error) {
 	if err != nil {
 		return fmt.Errorf("open its directory to fsync it: %w", bare(err))
 	}
-	defer d.Close()
+	defer func() { _ = d.Close() }() // read only: its fsync is what counts, checked below
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("fsync its directory: %w", bare(err))
 	}

@@ -26,7 +26,7 @@ func runDaemon(args []string) error {
 	if !isExecutable(path) {
 		return fmt.Errorf("the agent program %s is missing (reinstall the package)", path)
 	}
-	err := syscall.Exec(path, append([]string{"rbd-owner-agent", "daemon"}, args...), os.Environ())
+	err := syscall.Exec(path, append([]string{"rbd-owner-agent", "daemon"}, args...), os.Environ()) //nolint:gosec // the installed agent, or the one beside this program; the arguments are the caller's own
 	return fmt.Errorf("start the agent %s: %w", path, err)
 }
 

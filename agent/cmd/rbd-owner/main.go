@@ -291,8 +291,9 @@ func runMap(ctx context.Context, c *client.Client, args []string, out *output) e
 	if out.json {
 		return printJSON(out, resp)
 	}
-	fmt.Fprintln(out, resp.Device)
-	return nil
+	// the device path is the answer a script reads: a failed write of it fails the command
+	_, err = fmt.Fprintln(out, resp.Device)
+	return err
 }
 
 func runUnmap(ctx context.Context, c *client.Client, args []string, out *output) error {

@@ -130,7 +130,7 @@ func (k *Kernel) loadModule() error {
 }
 
 // LoadModule is the fake "modprobe rbd" (krbd.Config.LoadModule).
-func (k *Kernel) LoadModule(ctx context.Context) error {
+func (k *Kernel) LoadModule(_ context.Context) error {
 	k.mu.Lock()
 	k.loads++
 	k.mu.Unlock()
@@ -232,15 +232,18 @@ func (k *Kernel) Mount(id, partition int, path string) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
 	k.mountSeq++
 	src := filepath.Join(k.Dev, "rbd"+strconv.Itoa(id))
 	if partition > 0 {
 		src += "p" + strconv.Itoa(partition)
 	}
 	// mountinfo escapes a space in a path as \040
-	if _, err := fmt.Fprintf(f, "%d 22 %s:%d / %s rw,relatime shared:%d - ext4 %s rw\n",
-		100+k.mountSeq, strings.TrimSpace(string(maj)), minor+partition, strings.ReplaceAll(path, " ", `\040`), 100+k.mountSeq, src); err != nil {
+	_, err = fmt.Fprintf(f, "%d 22 %s:%d / %s rw,relatime shared:%d - ext4 %s rw\n",
+		100+k.mountSeq, strings.TrimSpace(string(maj)), minor+partition, strings.ReplaceAll(path, " ", `\040`), 100+k.mountSeq, src)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return err
 	}
 	k.open[id] = true
@@ -296,11 +299,11 @@ func (k *Kernel) StatDev(path string) (uint32, uint32, error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	var maj, min uint32
-	if _, err := fmt.Sscanf(string(b), "%d:%d", &maj, &min); err != nil {
+	var maj, mnr uint32
+	if _, err := fmt.Sscanf(string(b), "%d:%d", &maj, &mnr); err != nil {
 		return 0, 0, fmt.Errorf("%s: not a (fake) block device", path)
 	}
-	return maj, min, nil
+	return maj, mnr, nil
 }
 
 // WriteControl implements krbd.ControlWriter: it dispatches on the control file.
@@ -474,8 +477,8 @@ func (k *Kernel) remove(s string) error {
 	sid := strconv.Itoa(id)
 	dir := filepath.Join(k.Sysfs, "devices", "rbd", sid)
 	maj, _ := os.ReadFile(filepath.Join(dir, "major"))
-	min, _ := os.ReadFile(filepath.Join(dir, "minor"))
-	mm := strings.TrimSpace(string(maj)) + ":" + strings.TrimSpace(string(min))
+	mnr, _ := os.ReadFile(filepath.Join(dir, "minor"))
+	mm := strings.TrimSpace(string(maj)) + ":" + strings.TrimSpace(string(mnr))
 	blk := "rbd" + sid
 	k.emit(krbd.Uevent{Action: "remove", Subsystem: "bdi", DevPath: "/devices/virtual/bdi/" + mm})
 	_ = os.Remove(filepath.Join(k.Dev, blk))
@@ -513,7 +516,7 @@ func (k *Kernel) subscribe(ctx context.Context, udev bool) (krbd.Subscription, e
 	go func() {
 		select {
 		case <-ctx.Done():
-			s.Close()
+			_ = s.Close() // always nil: the fake's Close only unregisters
 		case <-s.done:
 		}
 	}()

@@ -386,17 +386,19 @@ func perVolume(kind string) bool {
 // and reads every claim in it, so the fleet's cost is nodes × (nodes × volumes) per period.
 func sweep(kind string) bool { return strings.HasSuffix(kind, "@sweep") }
 
+// runGroup is the runs of one revision at one number of volumes per node.
+type runGroup struct {
+	rev  string
+	vols int
+	runs []*run
+}
+
 func fits(runs []*run, pNodes, pVols int, pRenew, pSweep float64) {
-	type group struct {
-		rev  string
-		vols int
-		runs []*run
-	}
-	var groups []*group
+	var groups []*runGroup
 	for _, r := range runs {
-		i := slices.IndexFunc(groups, func(g *group) bool { return g.rev == r.rev && g.vols == r.vols })
+		i := slices.IndexFunc(groups, func(g *runGroup) bool { return g.rev == r.rev && g.vols == r.vols })
 		if i < 0 {
-			groups = append(groups, &group{rev: r.rev, vols: r.vols})
+			groups = append(groups, &runGroup{rev: r.rev, vols: r.vols})
 			i = len(groups) - 1
 		}
 		groups[i].runs = append(groups[i].runs, r)
@@ -420,71 +422,84 @@ func fits(runs []*run, pNodes, pVols int, pRenew, pSweep float64) {
 			ns = append(ns, fmt.Sprint(r.nodes))
 		}
 		fmt.Printf("\n  %s, %d volumes per node, nodes %s\n", g.rev, g.vols, strings.Join(ns, " "))
-		fmt.Printf("  %-36s %12s %12s %8s %16s %14s\n", "kind", "a /interval", "b /int./node", "R²", "proj /interval", fmt.Sprintf("proj ops/s %gs", pRenew))
-		scale := float64(pVols) / float64(g.vols)
-		var total float64
-		for _, k := range kinds(g.runs, "steady", func(k string) bool {
-			return counted(k) && !strings.HasPrefix(k, "error ") && !strings.Contains(k, "map-error") && k != "all counted calls"
-		}) {
-			var x, y []float64
-			for _, r := range g.runs {
-				v := 0.0 // a kind a run did not see: none of it
-				if l, ok := r.get("steady", k); ok && l.PerNodePerInterval != nil {
-					v = *l.PerNodePerInterval * float64(r.nodes)
-				}
-				x, y = append(x, float64(r.nodes)), append(y, v)
-			}
-			a, b, r2 := fit(x, y)
-			proj, projS := "-", "-"
-			switch {
-			case strings.HasPrefix(k, "osd "):
-			case sweep(k):
-				proj, projS = "(sweep: below)", ""
-			default:
-				perNode := b
-				if perVolume(k) {
-					perNode = b * scale
-				}
-				p := a + perNode*float64(pNodes)
-				total += p
-				proj, projS = fmt.Sprintf("%.0f", p), fmt.Sprintf("%.0f", p/pRenew)
-			}
-			fmt.Printf("  %-36s %12.2f %12.3f %8.4f %16s %14s\n", k, a, b, r2, proj, projS)
-		}
-		fmt.Printf("  %-36s %12s %12s %8s %16.0f %14.0f\n", "all but the sweep", "", "", "", total, total/pRenew)
-		// the sweep: the claims each listing returned, and the sweep's reads per claim listed, over
-		// the whole run (a listing's reads may fall in the next phase, or between two)
-		var perClaim []float64
+		total := fitKinds(g, pNodes, pVols, pRenew)
+		projectSweep(g, pNodes, pVols, pRenew, pSweep, total)
+	}
+}
+
+// fitKinds prints the line fitted to each steady-state kind of g's runs and its projection,
+// and returns the projected calls per renew interval of all but the sweep.
+func fitKinds(g *runGroup, pNodes, pVols int, pRenew float64) float64 {
+	fmt.Printf("  %-36s %12s %12s %8s %16s %14s\n", "kind", "a /interval", "b /int./node", "R²", "proj /interval", fmt.Sprintf("proj ops/s %gs", pRenew))
+	scale := float64(pVols) / float64(g.vols)
+	var total float64
+	for _, k := range kinds(g.runs, "steady", func(k string) bool {
+		return counted(k) && !strings.HasPrefix(k, "error ") && !strings.Contains(k, "map-error") && k != "all counted calls"
+	}) {
+		var x, y []float64
 		for _, r := range g.runs {
-			var listings, listed, reads float64
-			for phase := range r.lines {
-				l, _ := count(r, phase, "list-objects @sweep")
-				i, _ := count(r, phase, "items list-objects @sweep")
-				c, _ := count(r, phase, "read claim @sweep")
-				listings, listed, reads = listings+l, listed+i, reads+c
+			v := 0.0 // a kind a run did not see: none of it
+			if l, ok := r.get("steady", k); ok && l.PerNodePerInterval != nil {
+				v = *l.PerNodePerInterval * float64(r.nodes)
 			}
-			period := "?"
-			if p, ok := r.get("steady", "sweep-period-s"); ok && p.Value != nil {
-				period = fmt.Sprintf("%g", *p.Value)
-			}
-			if listed > 0 {
-				perClaim = append(perClaim, reads/listed)
-				fmt.Printf("  sweep at %d nodes (every %ss): %.0f listings in the run returned %.0f claims each (%d in the pool once set up); %.3f reads per claim listed\n",
-					r.nodes, period, listings, listed/listings, r.nodes*r.vols, reads/listed)
-			}
+			x, y = append(x, float64(r.nodes)), append(y, v)
 		}
-		if len(perClaim) > 0 {
-			var m float64
-			for _, v := range perClaim {
-				m += v
+		a, b, r2 := fit(x, y)
+		proj, projS := "-", "-"
+		switch {
+		case strings.HasPrefix(k, "osd "):
+		case sweep(k):
+			proj, projS = "(sweep: below)", ""
+		default:
+			perNode := b
+			if perVolume(k) {
+				perNode = b * scale
 			}
-			m /= float64(len(perClaim))
-			perSec := float64(pNodes) * m * float64(pNodes*pVols) / pSweep
-			fmt.Printf("  sweep projected: %d nodes each listing the %d claims of the pool and reading %.3f per claim every %gs: %.0f reads/s;\n",
-				pNodes, pNodes*pVols, m, pSweep, perSec)
-			fmt.Printf("  with the rest at renew %gs: %.0f ops/s\n", pRenew, total/pRenew+perSec)
-		} else {
-			fmt.Println("  sweep: no listing in the runs (a sweep period is much longer than they are)")
+			p := a + perNode*float64(pNodes)
+			total += p
+			proj, projS = fmt.Sprintf("%.0f", p), fmt.Sprintf("%.0f", p/pRenew)
+		}
+		fmt.Printf("  %-36s %12.2f %12.3f %8.4f %16s %14s\n", k, a, b, r2, proj, projS)
+	}
+	fmt.Printf("  %-36s %12s %12s %8s %16.0f %14.0f\n", "all but the sweep", "", "", "", total, total/pRenew)
+	return total
+}
+
+// projectSweep prints the sweep's cost in g's runs and its projection, beside the rest (total
+// calls per renew interval).
+func projectSweep(g *runGroup, pNodes, pVols int, pRenew, pSweep, total float64) {
+	// the claims each listing returned, and the sweep's reads per claim listed, over the whole
+	// run (a listing's reads may fall in the next phase, or between two)
+	var perClaim []float64
+	for _, r := range g.runs {
+		var listings, listed, reads float64
+		for phase := range r.lines {
+			l, _ := count(r, phase, "list-objects @sweep")
+			i, _ := count(r, phase, "items list-objects @sweep")
+			c, _ := count(r, phase, "read claim @sweep")
+			listings, listed, reads = listings+l, listed+i, reads+c
+		}
+		period := "?"
+		if p, ok := r.get("steady", "sweep-period-s"); ok && p.Value != nil {
+			period = fmt.Sprintf("%g", *p.Value)
+		}
+		if listed > 0 {
+			perClaim = append(perClaim, reads/listed)
+			fmt.Printf("  sweep at %d nodes (every %ss): %.0f listings in the run returned %.0f claims each (%d in the pool once set up); %.3f reads per claim listed\n",
+				r.nodes, period, listings, listed/listings, r.nodes*r.vols, reads/listed)
 		}
 	}
+	if len(perClaim) == 0 {
+		fmt.Println("  sweep: no listing in the runs (a sweep period is much longer than they are)")
+		return
+	}
+	var m float64
+	for _, v := range perClaim {
+		m += v
+	}
+	m /= float64(len(perClaim))
+	perSec := float64(pNodes) * m * float64(pNodes*pVols) / pSweep
+	fmt.Printf("  sweep projected: %d nodes each listing the %d claims of the pool and reading %.3f per claim every %gs: %.0f reads/s;\n",
+		pNodes, pNodes*pVols, m, pSweep, perSec)
+	fmt.Printf("  with the rest at renew %gs: %.0f ops/s\n", pRenew, total/pRenew+perSec)
 }

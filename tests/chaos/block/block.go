@@ -54,7 +54,7 @@ func (s Stamp) Fill(buf []byte) {
 	binary.LittleEndian.PutUint32(buf[Size-4:], crc32.ChecksumIEEE(buf[:Size-4]))
 }
 
-// ErrCorrupt: the block holds neither zeros nor a whole stamp (a torn or foreign write).
+// ErrCorrupt says the block holds neither zeros nor a whole stamp (a torn or foreign write).
 var ErrCorrupt = errors.New("block is corrupt")
 
 // Read parses one block: (nil, nil) for a block never written (all zeros).

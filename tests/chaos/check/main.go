@@ -53,79 +53,130 @@ func main() {
 }
 
 func run(dir string, lease, slack float64, nodes map[string]string, out io.Writer) (int, error) {
-	logFiles, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
-	var rs []io.Reader
-	for _, f := range logFiles {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return 0, err
-		}
-		rs = append(rs, bytes.NewReader(b))
-	}
-	logs, err := ReadLogs(rs...)
-	if err != nil {
+	r := round{}
+	var err error
+	if r.logs, err = readLogs(dir); err != nil {
 		return 0, err
 	}
-	var vs []Violation
-	imgs, _ := filepath.Glob(filepath.Join(dir, "images", "*.img"))
-	if len(imgs) == 0 {
-		return 0, fmt.Errorf("no images in %s/images", dir)
-	}
-	blocks := 0
-	for _, f := range imgs {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			return 0, err
-		}
-		c, v := CheckImage(strings.TrimSuffix(filepath.Base(f), ".img"), data, logs)
-		blocks += c
-		vs = append(vs, v...)
-	}
-	sf, err := os.Open(filepath.Join(dir, "samples.jsonl"))
-	if err != nil {
+	if err := r.checkImages(dir); err != nil {
 		return 0, err
 	}
-	samples, err := ReadSamples(sf)
-	sf.Close()
-	if err != nil {
+	if r.samples, err = readSamples(dir); err != nil {
 		return 0, err
-	}
-	if len(samples) == 0 {
-		return 0, fmt.Errorf("no samples in %s/samples.jsonl: the sampler recorded nothing, so who watched the images is unknown", dir)
 	}
 	ff, err := os.Open(filepath.Join(dir, "faults.txt"))
 	if err != nil {
 		return 0, err
 	}
-	faults, err := ReadFaults(ff)
+	r.faults, err = ReadFaults(ff)
 	ff.Close()
 	if err != nil {
 		return 0, err
 	}
-	takeovers, v := CheckSamples(samples, logs, faults, lease, slack)
-	vs = append(vs, v...)
-	entries, v := CheckBlocklist(samples, nodes, faults, lease, slack)
-	vs = append(vs, v...)
-	vs = append(vs, CheckHolds(logs)...)
-	var gaps []HBGap
+	var v []Violation
+	r.takeovers, v = CheckSamples(r.samples, r.logs, r.faults, lease, slack)
+	r.vs = append(r.vs, v...)
+	r.entries, v = CheckBlocklist(r.samples, nodes, r.faults, lease, slack)
+	r.vs = append(r.vs, v...)
+	r.vs = append(r.vs, CheckHolds(r.logs)...)
+	if err := r.checkHeartbeats(dir, lease); err != nil {
+		return 0, err
+	}
+	r.report(out)
+	return len(r.vs), nil
+}
+
+// round is what run read and found in a round's directory.
+type round struct {
+	logs      *Logs
+	images    int
+	blocks    int // blocks checked
+	samples   []Sample
+	faults    []Fault
+	takeovers []Takeover
+	entries   []BlockEntry
+	gaps      []HBGap
+	vs        []Violation
+}
+
+// readLogs reads every log in dir/logs.
+func readLogs(dir string) (*Logs, error) {
+	logFiles, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
+	var rs []io.Reader
+	for _, f := range logFiles {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		rs = append(rs, bytes.NewReader(b))
+	}
+	return ReadLogs(rs...)
+}
+
+// checkImages checks every image exported into dir/images against the logs.
+func (r *round) checkImages(dir string) error {
+	imgs, _ := filepath.Glob(filepath.Join(dir, "images", "*.img"))
+	if len(imgs) == 0 {
+		return fmt.Errorf("no images in %s/images", dir)
+	}
+	r.images = len(imgs)
+	for _, f := range imgs {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		c, v := CheckImage(strings.TrimSuffix(filepath.Base(f), ".img"), data, r.logs)
+		r.blocks += c
+		r.vs = append(r.vs, v...)
+	}
+	return nil
+}
+
+// readSamples reads dir/samples.jsonl, which must hold some.
+func readSamples(dir string) ([]Sample, error) {
+	sf, err := os.Open(filepath.Join(dir, "samples.jsonl"))
+	if err != nil {
+		return nil, err
+	}
+	samples, err := ReadSamples(sf)
+	sf.Close()
+	if err != nil {
+		return nil, err
+	}
+	if len(samples) == 0 {
+		return nil, fmt.Errorf("no samples in %s/samples.jsonl: the sampler recorded nothing, so who watched the images is unknown", dir)
+	}
+	return samples, nil
+}
+
+// checkHeartbeats checks dir/heartbeats.txt (there when a slow-pool fault ran) against the
+// faults: each slow-pool fault that ended must have samples.
+func (r *round) checkHeartbeats(dir string, lease float64) error {
 	if hf, err := os.Open(filepath.Join(dir, "heartbeats.txt")); err == nil {
 		hbs, err := ReadHeartbeats(hf)
 		hf.Close()
 		if err != nil {
-			return 0, err
+			return err
 		}
-		gaps, v = CheckHeartbeats(hbs, faults, lease)
-		vs = append(vs, v...)
+		var v []Violation
+		r.gaps, v = CheckHeartbeats(hbs, r.faults, lease)
+		r.vs = append(r.vs, v...)
 	} else if !os.IsNotExist(err) {
-		return 0, err
+		return err
 	}
-	for _, f := range faults {
-		if f.Kind == "slow-pool" && f.End >= 0 && !slices.ContainsFunc(gaps, func(g HBGap) bool { return g.Fault == f }) {
-			vs = append(vs, Violation{InvRenewed, fmt.Sprintf("slow-pool %s at t=%.1f-%.1f: no heartbeat samples of it in heartbeats.txt", f.Node, f.Start, f.End)})
+	for _, f := range r.faults {
+		if f.Kind == "slow-pool" && f.End >= 0 && !slices.ContainsFunc(r.gaps, func(g HBGap) bool { return g.Fault == f }) {
+			r.vs = append(r.vs, Violation{InvRenewed, fmt.Sprintf("slow-pool %s at t=%.1f-%.1f: no heartbeat samples of it in heartbeats.txt", f.Node, f.Start, f.End)})
 		}
 	}
+	return nil
+}
+
+// report prints the summary, what happened (takeovers, blocklist entries, live holds, slow
+// pools) and every violation.
+func (r *round) report(out io.Writer) {
 	kinds := map[string]int{}
-	for _, f := range faults {
+	for _, f := range r.faults {
 		kinds[f.Kind]++
 	}
 	var ks []string
@@ -134,11 +185,11 @@ func run(dir string, lease, slack float64, nodes map[string]string, out io.Write
 	}
 	sort.Strings(ks)
 	fmt.Fprintf(out, "check: %d images, %d blocks checked, %d acknowledged writes, %d samples, %d takeovers, faults: %s\n",
-		len(imgs), blocks, logs.NAcked, len(samples), len(takeovers), strings.Join(ks, " "))
-	for _, t := range takeovers {
+		r.images, r.blocks, r.logs.NAcked, len(r.samples), len(r.takeovers), strings.Join(ks, " "))
+	for _, t := range r.takeovers {
 		fmt.Fprintf(out, "check: takeover t=%.1f %s: %s fenced by %s\n", t.T, t.Image, t.Fenced, t.By)
 	}
-	for _, e := range entries {
+	for _, e := range r.entries {
 		who := e.Node
 		if who == "" {
 			who = "no node"
@@ -148,23 +199,22 @@ func run(dir string, lease, slack float64, nodes map[string]string, out io.Write
 		fmt.Fprintf(out, "check: blocklisted t=%.1f %s: %s\n", e.T, e.Entry, who)
 	}
 	var held []string
-	for img, node := range logs.Holds {
+	for img, node := range r.logs.Holds {
 		held = append(held, img+" by "+node)
 	}
 	sort.Strings(held)
 	for _, h := range held {
 		fmt.Fprintf(out, "check: live hold %s\n", h)
 	}
-	for _, m := range logs.HoldMissed {
+	for _, m := range r.logs.HoldMissed {
 		fmt.Fprintf(out, "check: live hold never mapped (the fault did not run as meant): %s\n", m)
 	}
-	for _, g := range gaps {
+	for _, g := range r.gaps {
 		fmt.Fprintf(out, "check: slow-pool t=%.1f-%.1f: %s's heartbeat in %s: longest unchanged %.1f s (%d changes, %d looks, %d unreadable)\n",
 			g.Fault.Start, g.Fault.End, g.Fault.Node, g.Pool, g.Gap, g.Changes, g.Samples, g.Unreadable)
 	}
-	for _, v := range vs {
+	for _, v := range r.vs {
 		fmt.Fprintf(out, "VIOLATION %s: %s\n", v.Invariant, v.Detail)
 	}
-	fmt.Fprintf(out, "check: %d violations\n", len(vs))
-	return len(vs), nil
+	fmt.Fprintf(out, "check: %d violations\n", len(r.vs))
 }
