@@ -144,6 +144,7 @@ lint: deps
 	@out=$$(gofmt -l agent); [ -z "$$out" ] || { echo "gofmt needed:"; echo "$$out"; exit 1; }
 	$(GO) vet -tags "$(CEPH_TAG)" ./...
 	$(GO) tool -modfile=tools/lint/go.mod golangci-lint run --build-tags "$(CEPH_TAG)" ./...
+	@tests/import-graph -q
 	@tests/lint-shell
 
 clean:

@@ -46,7 +46,7 @@ func (c *claimChecks) checked(k state.Key, now, every time.Duration) {
 	if c.next == nil {
 		c.next = map[state.Key]time.Duration{}
 	}
-	c.next[k] = now + every - time.Duration(rand.Int64N(int64(every/4)+1))
+	c.next[k] = now + every - time.Duration(rand.Int64N(int64(every/4)+1)) //nolint:gosec // jitter that spreads reads, not a secret
 }
 
 // keep forgets the claims no longer held (keys not in held).

@@ -78,7 +78,7 @@ func (d *Daemon) ticker(loop string, every time.Duration) (<-chan time.Time, fun
 	return t.C, t.Stop
 }
 
-// ErrCrash, returned by Options.Fault, simulates a kill -9 at that step: nothing is undone.
+// ErrCrash is what Options.Fault returns to simulate a kill -9 at that step: nothing is undone.
 var ErrCrash = saga.ErrCrash
 
 // Daemon is the running agent.

@@ -383,7 +383,7 @@ func (f *fleet) startNode(n *fleetNode) error {
 				once.Do(func() { close(ready) })
 			}
 		},
-		Connect: func(ctx context.Context, c config.Cluster) (Connection, error) {
+		Connect: func(_ context.Context, c config.Cluster) (Connection, error) {
 			conn, err := cephconn.Connect(cephconn.Options{User: c.User, Keyring: c.Keyring, Monitors: c.Monitors})
 			if err != nil {
 				return Connection{}, err

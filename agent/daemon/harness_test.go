@@ -38,7 +38,6 @@ type node struct {
 	d      *Daemon
 	cancel context.CancelFunc
 	done   chan error
-	sock   string
 	// manual holds the loops (Options.Ticker names) that tick only when the test says so
 	manual map[string]chan time.Time
 }

@@ -412,7 +412,7 @@ func TestIntruderThatCouldNotBeFencedIsSaidSo(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "fsid-intr-fail")
 	var failures atomic.Int32
 	failures.Store(1)
-	c.m.SetHook(func(ctx context.Context, call string, img claim.Image) error {
+	c.m.SetHook(func(_ context.Context, call string, _ claim.Image) error {
 		if call == "blocklist" && failures.Add(-1) >= 0 {
 			return errors.New("the monitors refused the command (EACCES)")
 		}

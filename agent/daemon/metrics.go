@@ -156,9 +156,10 @@ func (d *Daemon) serveMetricsOn(ctx context.Context, l net.Listener) {
 			d.log.WithError(err).WithField("address", addr).Error("metrics listener stopped")
 		}
 	}()
-	go func() {
+	go func() { //nolint:gosec // G118: it runs once ctx has ended; the shutdown needs a context of its own
 		defer d.bg.Done()
 		<-ctx.Done()
+		// ctx has ended: the shutdown gets a bounded context of its own
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := srv.Shutdown(sctx); err != nil {

@@ -67,7 +67,7 @@ func (d *Daemon) releaseCall(ctx context.Context, req api.ImageRequest, peer *pe
 	return api.ReleaseResponse{Released: ok}, err
 }
 
-func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
+func (d *Daemon) handleStatus(w http.ResponseWriter, _ *http.Request) {
 	server.WriteJSON(w, http.StatusOK, d.Status())
 }
 

@@ -354,7 +354,11 @@ func TestAPIRefusesPeersOutsideTheGroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer os.RemoveAll(cdir)
+	t.Cleanup(func() {
+		if err := os.RemoveAll(cdir); err != nil {
+			t.Log(err)
+		}
+	})
 	_ = os.Chmod(cdir, 0o755)
 	a := newNode(t, "node-a")
 	a.d.peers = peercred.Policy{AdminGroup: 4243, CSIGroup: 4242} // groups the child is not in

@@ -82,9 +82,16 @@ func TestScaleFigures(t *testing.T) {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	cancel()
-	<-done
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
 	d2, done, cancel, took := start()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
 	managed := 0
 	for _, dv := range d2.Status().Devices {
 		if dv.Managed && dv.Problem == "" {

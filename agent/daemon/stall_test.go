@@ -34,7 +34,7 @@ type memCluster struct {
 
 func newMemCluster(id, pool, fsid string) *memCluster {
 	c := &memCluster{id: id, pool: pool, m: claim.NewMemory(fsid), entered: make(chan struct{}), release: make(chan struct{})}
-	c.m.SetHook(func(ctx context.Context, call string, img claim.Image) error {
+	c.m.SetHook(func(_ context.Context, call string, _ claim.Image) error {
 		if call == "write" {
 			c.writes.Add(1)
 		}
@@ -108,7 +108,7 @@ func startMemDaemonOn(t *testing.T, k *fakekernel.Kernel, change func(*Options),
 	opts := Options{Config: cfg, Log: log, Audit: audit.NewWithSink(log, func(audit.Entry) {}), Kernel: krbd.New(kc),
 		Peers: &peercred.Policy{AdminGroup: -1, CSIGroup: -1}, Watchdog: 2 * time.Second,
 		Notify: func(s string) { n.mu.Lock(); n.notes = append(n.notes, s); n.mu.Unlock() },
-		Connect: func(ctx context.Context, c config.Cluster) (Connection, error) {
+		Connect: func(_ context.Context, c config.Cluster) (Connection, error) {
 			return Connection{Backend: byID[c.ID].m, Secret: memSecret}, nil
 		}}
 	if change != nil {

@@ -55,7 +55,7 @@ func (d *Daemon) sweepLoop(ctx context.Context) {
 			now := d.opts.Mono()
 			for _, p := range d.state.ClaimPools() {
 				if _, ok := next[p]; !ok {
-					next[p] = now + time.Duration(rand.Int64N(int64(period)))
+					next[p] = now + time.Duration(rand.Int64N(int64(period))) //nolint:gosec // jitter that spreads sweeps, not a secret
 				}
 				if running[p] || now < next[p] {
 					continue
@@ -63,7 +63,10 @@ func (d *Daemon) sweepLoop(ctx context.Context) {
 				running[p], next[p] = true, now+period
 				go func() {
 					defer func() { done <- p }()
-					d.sweepPool(ctx, p)
+					if _, err := d.sweepPool(ctx, p); err != nil {
+						// each failure was logged where it happened; swept again next period
+						d.log.WithError(err).WithField("pool", p.Pool).Debug("pool sweep incomplete")
+					}
 				}()
 			}
 		}

@@ -7,7 +7,9 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 )
 
-func sortUnmanaged(us []Unmanaged) { sort.Slice(us, func(i, j int) bool { return us[i].Dev.ID < us[j].Dev.ID }) }
+func sortUnmanaged(us []Unmanaged) {
+	sort.Slice(us, func(i, j int) bool { return us[i].Dev.ID < us[j].Dev.ID })
+}
 
 // KeptFences is what NoteKept remembers of one claim's live fences, and when (At, on the
 // agent's monotonic clock).

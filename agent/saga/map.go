@@ -82,7 +82,7 @@ func (r *mapRun) runSteps(ctx context.Context) (*api.MapResponse, error) {
 // outcome undoes a failed map (or keeps its state for the reconciler) and records the outcome,
 // once: the claim made, if any, then the map done, refused or failed.
 func (r *mapRun) outcome(err error) error {
-	err, k, keep := classify(err)
+	k, keep, err := classify(err)
 	if err != nil {
 		if keep {
 			err = r.run.keep(err)

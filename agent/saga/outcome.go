@@ -39,14 +39,14 @@ func failure(err error) error { return &stepError{err: err, kind: failed} }
 // the device could not be removed): nothing is undone.
 func kept(err error) error { return &stepError{err: err, kind: failed, keep: true} }
 
-// classify splits a saga's error into the error answered, how it is recorded, and whether its
-// state is kept.
-func classify(err error) (error, kind, bool) {
+// classify splits a saga's error into how it is recorded, whether its state is kept, and the
+// error answered.
+func classify(err error) (kind, bool, error) {
 	var se *stepError
 	if errors.As(err, &se) {
-		return se.err, se.kind, se.keep
+		return se.kind, se.keep, se.err
 	}
-	return err, quiet, false
+	return quiet, false, err
 }
 
 // recordClaim audits a claim a map made, and each holder it took the image over from (fenced),

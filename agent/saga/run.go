@@ -9,7 +9,7 @@ import (
 	"github.com/sirupsen/logrus"
 )
 
-// ErrCrash, returned by Sagas.Fault, simulates a kill -9 at that step: nothing is undone and
+// ErrCrash is what Sagas.Fault returns to simulate a kill -9 at that step: nothing is undone and
 // nothing is recorded.
 var ErrCrash = errors.New("simulated crash")
 
@@ -56,6 +56,9 @@ func (r *run) fail(err error) error {
 	}
 	return err
 }
+
+// commit ends the undo list: what is done from here on is never undone.
+func (r *run) commit() { r.undo = nil }
 
 // keep abandons the undo list: the persisted state stays as it is for the reconciler.
 func (r *run) keep(err error) error {

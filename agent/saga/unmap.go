@@ -60,7 +60,7 @@ func (s *Sagas) Unmap(ctx context.Context, req api.UnmapRequest, c Caller) (unma
 // outcome undoes a failed unmap (nothing once its devices are gone) and records the outcome,
 // once.
 func (r *unmapRun) outcome(err error) error {
-	err, k, keep := classify(err)
+	k, keep, err := classify(err)
 	if err == nil {
 		dev := ""
 		if len(r.devs) > 0 {
@@ -164,7 +164,7 @@ func (r *unmapRun) kernel(ctx context.Context) error {
 		}
 		r.s.Node.ForgetUnmanaged(dv.ID)
 	}
-	r.run.keep(nil)
+	r.run.commit()
 	return nil
 }
 

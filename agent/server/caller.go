@@ -68,7 +68,7 @@ func (c Caller) Peer() *peercred.Cred {
 	return &c.Cred
 }
 
-// ErrDenied: the caller's role does not allow the call.
+// ErrDenied is the kind of a refusal because the caller's role does not allow the call.
 var ErrDenied = fault.ErrPermission
 
 // NeedsAdmin is the message of a refusal for want of the admin role.

@@ -97,7 +97,8 @@ func Listen(path string, log *logrus.Logger) (net.Listener, error) {
 	if err := os.Chown(path, 0, gid); err != nil {
 		log.WithError(err).WithField("socket", path).Warn("cannot give the socket to group rbd-owner")
 	}
-	if err := os.Chmod(path, 0o660); err != nil {
+	// group rbd-owner (ceph-csi, the CLI of its members) connects: read-write for the group
+	if err := os.Chmod(path, 0o660); err != nil { //nolint:gosec // see above
 		if cerr := l.Close(); cerr != nil {
 			log.WithError(cerr).WithField("socket", path).Warn("closing the socket")
 		}

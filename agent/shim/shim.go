@@ -71,15 +71,15 @@ func FromEnvironment() Env {
 	if sock == "" {
 		sock = api.DefaultCSISocket
 	}
-	real := os.Getenv("RBD_OWNER_REAL_RBD")
-	if real == "" {
-		real = DefaultRealRBD
+	realProg := os.Getenv("RBD_OWNER_REAL_RBD")
+	if realProg == "" {
+		realProg = DefaultRealRBD
 	}
 	realNBD := os.Getenv("RBD_OWNER_REAL_RBD_NBD")
 	if realNBD == "" {
 		realNBD = DefaultRealRBDNBD
 	}
-	return Env{Agent: client.New(sock), Socket: sock, RealRBD: real, RealRBDNBD: realNBD,
+	return Env{Agent: client.New(sock), Socket: sock, RealRBD: realProg, RealRBDNBD: realNBD,
 		Stdout: os.Stdout, Stderr: os.Stderr, Exec: syscall.Exec}
 }
 
@@ -142,13 +142,13 @@ func passThrough(args []string, env Env) int {
 
 // execReal replaces this process with Ceph's program PROG at REAL (named by the environment
 // variable VAR), with the same arguments, streams and environment; it returns only on failure.
-func execReal(prog, real, envVar string, args []string, env Env) int {
-	if self, err := os.Executable(); err == nil && sameFile(self, real) {
-		fmt.Fprintf(env.Stderr, "%s: rbd-owner's %s would run itself as the real %s (%s); set %s to Ceph's %s\n", prog, prog, prog, real, envVar, prog)
+func execReal(prog, realProg, envVar string, args []string, env Env) int {
+	if self, err := os.Executable(); err == nil && sameFile(self, realProg) {
+		fmt.Fprintf(env.Stderr, "%s: rbd-owner's %s would run itself as the real %s (%s); set %s to Ceph's %s\n", prog, prog, prog, realProg, envVar, prog)
 		return exitEINVAL
 	}
-	err := env.Exec(real, append([]string{prog}, args...), os.Environ())
-	fmt.Fprintf(env.Stderr, "%s: rbd-owner's %s cannot run Ceph's %s (%s): %v\n", prog, prog, prog, real, err)
+	err := env.Exec(realProg, append([]string{prog}, args...), os.Environ())
+	fmt.Fprintf(env.Stderr, "%s: rbd-owner's %s cannot run Ceph's %s (%s): %v\n", prog, prog, prog, realProg, err)
 	return 127
 }
 
@@ -322,7 +322,11 @@ func doMap(ctx context.Context, c *cmdline, env Env) int {
 		code, msg := agentError(err, env)
 		return fail(env, code, "rbd: map failed: rbd-owner refused to map %s: %s", ref, msg)
 	}
-	fmt.Fprintln(env.Stdout, resp.Device)
+	if _, err := fmt.Fprintln(env.Stdout, resp.Device); err != nil {
+		// the caller cannot learn the device: fail, so that it asks again (and is answered
+		// with the same device, already mapped)
+		return fail(env, exitEIO, "rbd: map: %s is mapped as %s, but writing its path failed: %v", ref, resp.Device, err)
+	}
 	return exitOK
 }
 

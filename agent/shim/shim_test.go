@@ -349,3 +349,20 @@ func TestHiddenKrbdMapRefused(t *testing.T) {
 		}
 	}
 }
+
+// failingWriter fails every write, as a closed pipe does.
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("broken pipe") }
+
+// A map whose device path cannot be written out fails (EIO), so that ceph-csi asks again
+// rather than go on without the device; the agent answers the retry with the same device.
+func TestMapFailsWhenTheDevicePathCannotBeWritten(t *testing.T) {
+	var errb bytes.Buffer
+	env := Env{Agent: &fakeAgent{}, RealRBD: "/usr/bin/rbd", RealRBDNBD: "/usr/bin/rbd-nbd", Stdout: failingWriter{}, Stderr: &errb,
+		Exec: func(string, []string, []string) error { t.Fatal("exec"); return nil }}
+	code := Main("rbd", []string{"--id", "x", "-m", "10.0.0.1", "--keyfile=/k", "map", "rbd/img", "--device-type", "krbd"}, env)
+	if code != exitEIO || !strings.Contains(errb.String(), "rbd/img is mapped as /dev/rbd3, but writing its path failed: broken pipe") {
+		t.Fatalf("exit %d, stderr %q", code, errb.String())
+	}
+}
