@@ -16,6 +16,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
 )
 
 // DefaultPath is where the packaged config lives.
@@ -268,10 +269,10 @@ func (c *Config) fill(machineID string) error {
 		c.FenceExpiry = DefaultFenceExpiry
 	}
 	if c.MapTimeout == 0 {
-		c.MapTimeout = Duration(30 * time.Second)
+		c.MapTimeout = Duration(krbd.DefaultTimeout)
 	}
 	if c.MountTimeout == 0 {
-		c.MountTimeout = Duration(30 * time.Second)
+		c.MountTimeout = Duration(krbd.DefaultMountTimeout)
 	}
 	if c.OrphanSweepInterval == 0 {
 		c.OrphanSweepInterval = Duration(time.Hour)
