@@ -356,7 +356,7 @@ end_idle:
 #endif
          fi;
 #ifdef ROLES
-         /* daemon/server.go: the socket grants the caller's role; the request may ask for
+         /* server/caller.go: the socket grants the caller's role; the request may ask for
             takeover */
          if :: adm = 0 :: adm = 1 fi;
          if :: tk = 0 :: tk = 1 fi;
