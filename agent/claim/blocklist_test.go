@@ -78,20 +78,20 @@ func TestBlocklistEntriesReadsRangesOnARealCluster(t *testing.T) {
 			t.Fatalf("%s: %v %s", cmd, err, st)
 		}
 	}
-	mon(`{"prefix":"osd blocklist","blocklistop":"add","range":"range","addr":"127.0.0.3/32","expire":600.0}`)
+	mon(`{"prefix":"osd blocklist","blocklistop":"add","range":"range","addr":"127.0.0.13/32","expire":600.0}`)
 	t.Cleanup(func() {
-		_, _, _ = admin.MonCommand([]byte(`{"prefix":"osd blocklist","blocklistop":"rm","range":"range","addr":"127.0.0.3/32"}`))
+		_, _, _ = admin.MonCommand([]byte(`{"prefix":"osd blocklist","blocklistop":"rm","range":"range","addr":"127.0.0.13/32"}`))
 	})
-	mon(`{"prefix":"osd blocklist","blocklistop":"add","addr":"127.0.0.4:0/0","expire":600.0}`)
+	mon(`{"prefix":"osd blocklist","blocklistop":"add","addr":"127.0.0.14:0/0","expire":600.0}`)
 	t.Cleanup(func() {
-		_, _, _ = admin.MonCommand([]byte(`{"prefix":"osd blocklist","blocklistop":"rm","addr":"127.0.0.4:0/0"}`))
+		_, _, _ = admin.MonCommand([]byte(`{"prefix":"osd blocklist","blocklistop":"rm","addr":"127.0.0.14:0/0"}`))
 	})
 	entries, err := a.Backend().BlocklistEntries(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for addr, by := range map[string]string{"127.0.0.3:0/42": "cidr:127.0.0.3:0/32", "127.0.0.3:0/0": "cidr:127.0.0.3:0/32",
-		"127.0.0.4:0/42": "127.0.0.4:0/0", "127.0.0.5:0/42": ""} {
+	for addr, by := range map[string]string{"127.0.0.13:0/42": "cidr:127.0.0.13:0/32", "127.0.0.13:0/0": "cidr:127.0.0.13:0/32",
+		"127.0.0.14:0/42": "127.0.0.14:0/0", "127.0.0.15:0/42": ""} {
 		e, ok := Covering(entries, addr)
 		if got := map[bool]string{true: e.String()}[ok]; got != by {
 			t.Errorf("%s: covered by %q, want %q (entries %v)", addr, got, by, entries)
