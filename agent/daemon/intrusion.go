@@ -153,6 +153,12 @@ func (d *Daemon) judgeByClaim(ctx context.Context, cl *cluster, dv krbd.Device) 
 		d.noteUnmanaged(nodestate.Unmanaged{Dev: dv, Cluster: cl.cfg.ID, Why: "the kernel shows no client_addr, so it cannot be fenced"})
 		return nil
 	}
+	if err := dv.Spec().Head().Validate(); err != nil {
+		// no claim can name it (the agent refuses such names), so none protects it, and none
+		// will: reported as it is, not judged again and again
+		d.noteUnmanaged(nodestate.Unmanaged{Dev: dv, Cluster: cl.cfg.ID, Why: "rbd-owner does not manage an image of that name: " + err.Error()})
+		return nil
+	}
 	store, err := cl.Claims(ctx)
 	if err != nil {
 		d.node.NotePending(dv, err.Error(), false)

@@ -438,3 +438,26 @@ func TestIntruderThatCouldNotBeFencedIsSaidSo(t *testing.T) {
 		t.Fatalf("status line of an unfenced intruder: %q", p)
 	}
 }
+
+// TestUnmanagedWithANameTheAgentRefusesIsReported: a mapping made outside rbd-owner of an image
+// whose name rbd-owner does not accept (no claim can name it) is reported as unprotected at
+// once, under every policy: never left "not checked yet" and judged again forever.
+func TestUnmanagedWithANameTheAgentRefusesIsReported(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "fsid-oddname")
+	n, al := startIntrusionDaemon(t, c, config.UnmanagedAdoptOrFence)
+	addImage(n, c, "a=b")
+	dv := handMap(t, n, c, "a=b", "noshare")
+	waitFor(t, "reported", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Reported)) == 1 })
+	e := al.find(audit.UnmanagedDevice, audit.Reported)[0]
+	if !strings.Contains(e.Message, "no claim protects it") || !strings.Contains(e.Message, "a=b") {
+		t.Fatalf("report: %+v", e)
+	}
+	for _, d := range n.d.Status().Devices {
+		if d.Device == dv.DevNode && (strings.Contains(d.Problem, "not checked yet") || !strings.Contains(d.Problem, "no claim protects it")) {
+			t.Fatalf("status line: %q", d.Problem)
+		}
+	}
+	if _, ok := n.d.state.Get(state.Key{Cluster: "c1", Ref: krbd.Spec{Pool: c.pool, Image: "a=b"}}); ok {
+		t.Fatal("adopted an image whose name the agent refuses")
+	}
+}

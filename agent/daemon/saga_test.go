@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
@@ -307,3 +308,32 @@ func TestSnapshotMapNeedsNoClaim(t *testing.T) {
 func withAccess(r api.MapRequest, access string) api.MapRequest { r.Access = access; return r }
 
 var _ = state.Mapped
+
+// TestClaimIsAuditedWhenMade: the claim a map makes (and any takeover's fences) is in the audit
+// trail before the kernel step runs, so that a kill during the rest of the saga cannot lose the
+// record of what it changed on the cluster.
+func TestClaimIsAuditedWhenMade(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "fsid-audit-claim")
+	al := &auditLog{}
+	var atKernel atomic.Int32
+	n := startMemDaemonWith(t, func(o *Options) {
+		o.Audit = audit.NewWithSink(o.Log, al.sink)
+		o.Fault = func(saga, step string) error {
+			if saga == "map" && step == "map" {
+				atKernel.Store(int32(len(al.find(audit.Claim, ""))))
+			}
+			return nil
+		}
+	}, c)
+	t.Cleanup(func() { n.stop(t) })
+	addImage(n, c, "img")
+	if _, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: c.pool, Image: "img"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := atKernel.Load(); got != 1 {
+		t.Fatalf("claim entries in the audit trail when the kernel step began: %d, want 1", got)
+	}
+	if es := al.find(audit.Claim, ""); len(es) != 1 {
+		t.Fatalf("claim entries after the map: %+v, want one", es)
+	}
+}

@@ -37,7 +37,8 @@ type mapRun struct {
 // Map is the map saga: validate → resolve → intent → claim → claimed → kernel → record →
 // persist, then the reply. A failing step undoes the ones before it: no claim is left without
 // a device and no device without a claim. Asking again for an image this node has mapped
-// answers the same device with AlreadyMapped. The outcome is recorded once, at the end.
+// answers the same device with AlreadyMapped. The outcome is recorded once, at the end; the
+// claim and a takeover's fences are audited when they are made (mapRun.claim).
 func (s *Sagas) Map(ctx context.Context, req api.MapRequest, c Caller) (resp *api.MapResponse, err error) {
 	r := &mapRun{s: s, run: &run{s: s, name: "map"}, req: req, c: c}
 	defer func(start time.Time) { s.Metrics.Map(s.Agent.ClusterLabel(r.req.Cluster), start, err) }(time.Now())
@@ -80,7 +81,7 @@ func (r *mapRun) runSteps(ctx context.Context) (*api.MapResponse, error) {
 }
 
 // outcome undoes a failed map (or keeps its state for the reconciler) and records the outcome,
-// once: the claim made, if any, then the map done, refused or failed.
+// once: the map done, refused or failed.
 func (r *mapRun) outcome(err error) error {
 	k, keep, err := classify(err)
 	if err != nil {
@@ -89,9 +90,6 @@ func (r *mapRun) outcome(err error) error {
 		} else {
 			err = r.run.fail(err)
 		}
-	}
-	if r.res != nil {
-		r.recordClaim()
 	}
 	if err != nil {
 		r.recordMapError(err, k)
@@ -194,6 +192,9 @@ func (r *mapRun) claim(ctx context.Context) error {
 		return refuse(err)
 	}
 	r.res = res
+	// audited now, not with the outcome: the claim (and a takeover's fences) changed the
+	// cluster, and a kill later in the saga must not lose the record of it
+	r.recordClaim()
 	epoch := res.Holder.Epoch
 	r.run.onFail(func(ctx context.Context) error { _, err := r.store.Release(ctx, t.img, epoch); return err })
 	r.m.Epoch, r.m.Phase = epoch, state.Claimed

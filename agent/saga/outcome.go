@@ -50,7 +50,7 @@ func classify(err error) (kind, bool, error) {
 }
 
 // recordClaim audits a claim a map made, and each holder it took the image over from (fenced),
-// whatever became of the map after.
+// as soon as the claim is made: whatever becomes of the map after, the record stays.
 func (r *mapRun) recordClaim() {
 	t, res, peer := r.t, r.res, r.c.Peer
 	epoch := res.Holder.Epoch

@@ -3,7 +3,8 @@
 // claim. A map resolves the image and what this node already has, writes its intent, claims,
 // writes the claim, maps in the kernel, records the mapping's client in the claim and writes
 // the mapping; an unmap finds the device, writes its intent, unmaps, releases the claim and
-// forgets the mapping. The outcome (audit entry, metrics, log) is recorded once, at the end.
+// forgets the mapping. The outcome (audit entry, metrics, log) is recorded once, at the end; a
+// claim made, and a takeover's fences, are audited the moment they are made.
 // Sagas of one image are serialised by its lock (Locks); other images proceed in parallel.
 package saga
 
