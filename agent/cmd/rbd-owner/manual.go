@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -33,8 +34,7 @@ func genDocsCommand(root *cobra.Command) *cobra.Command {
 				return err
 			}
 			if err := manpage.Write(f, root, manPage(date)); err != nil {
-				f.Close()
-				return err
+				return errors.Join(err, f.Close())
 			}
 			return f.Close()
 		},
