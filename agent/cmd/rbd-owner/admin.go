@@ -197,29 +197,34 @@ func (a *app) releaseCommand() *cobra.Command {
 	var cluster string
 	var force bool
 	cmd := &cobra.Command{
-		Use:     "release --force " + argImageSpec,
+		Use:     "release [--force] " + argImageSpec,
 		GroupID: groupAdmin,
-		Short:   "Drop a dead owner's claim of an image (after fence)",
-		Long: `Drop another node's claim of an image, so that any node can map it. It is refused unless
-every holder was fenced first (rbd-owner fence): --force says you know the owner is dead.`,
-		Example: `  rbd-owner fence rbd/pvc-123
+		Short:   "Drop this node's unused claim of an image, or (--force) a dead owner's",
+		Long: `Without --force: drop this node's own claim of an image it does not map (a claim left
+behind, for example after its state file was lost). It is refused while the image, or the
+claim's client, is mapped on this node: unmap it instead. Group rbd-owner may do this.
+
+With --force (admin): drop another node's claim, so that any node can map it. It is refused
+unless every holder was fenced first (rbd-owner fence): --force says you know the owner is dead.`,
+		Example: `  # this node's claim, left without a device
+  rbd-owner release rbd/pvc-123
+
+  # a dead node's claim, once fenced
+  rbd-owner fence rbd/pvc-123
   rbd-owner release --force rbd/pvc-123`,
 		Args:              wantArgs(argImageSpec),
 		ValidArgsFunction: a.completeImages(false),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !force {
-				return usageError{"release drops a dead owner's claim: say --force (and fence it first)"}
-			}
 			req, err := imageRequest(cluster, args[0])
 			if err != nil {
 				return err
 			}
-			req.Force = true
+			req.Force = force
 			return a.runRelease(cmd.Context(), req, args[0])
 		},
 	}
 	cmd.Flags().StringVar(&cluster, "cluster", "", clusterUsage)
-	cmd.Flags().BoolVar(&force, "force", false, "drop another (fenced) node's claim")
+	cmd.Flags().BoolVar(&force, "force", false, "drop another (fenced) node's claim (admin)")
 	a.addJSON(cmd, "the answer")
 	a.completeClusters(cmd)
 	return cmd

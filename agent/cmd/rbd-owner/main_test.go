@@ -94,7 +94,6 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"map"}, exitUsage, "missing argument POOL[/NAMESPACE]/IMAGE[@SNAP]"},
 		{[]string{"map", "rbd/a,b"}, exitUsage, "rbd/a,b"},
 		{[]string{"map", "--bogus", "rbd/a"}, exitUsage, "bogus"},
-		{[]string{"release", "rbd/a"}, exitUsage, "--force"},
 		{[]string{"fence", "rbd/a@s"}, exitUsage, "snapshot"},
 		{[]string{"frobnicate"}, exitUsage, "unknown command"},
 		{[]string{}, exitUsage, "usage"},
@@ -361,7 +360,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"fence"}, "rbd-owner fence: missing argument POOL[/NAMESPACE]/IMAGE (or --node NODE)", "rbd-owner fence (POOL[/NAMESPACE]/IMAGE | --node NODE) [flags]", true},
 		{[]string{"fence", "--node", "n", "rbd/img"}, `rbd-owner fence: unexpected argument "rbd/img"`, "rbd-owner fence (", true},
 		{[]string{"unfence", "--force", "rbd/img"}, "rbd-owner unfence: --force is for unfence --node NODE", "rbd-owner unfence (", true},
-		{[]string{"release", "--force"}, "rbd-owner release: missing argument POOL[/NAMESPACE]/IMAGE", "rbd-owner release --force POOL[/NAMESPACE]/IMAGE [flags]", true},
+		{[]string{"release", "--force"}, "rbd-owner release: missing argument POOL[/NAMESPACE]/IMAGE", "rbd-owner release [--force] POOL[/NAMESPACE]/IMAGE [flags]", true},
 		{[]string{"version", "x"}, `rbd-owner version: unexpected argument "x"`, "rbd-owner version [flags]", true},
 		{[]string{"status", "--bogus"}, "rbd-owner status: unknown flag: --bogus", "rbd-owner status [flags]", true},
 		{[]string{"--bogus", "status"}, "rbd-owner: unknown flag: --bogus", "rbd-owner <command> [flags] (see rbd-owner --help)", true},
@@ -478,5 +477,27 @@ func TestCompletion(t *testing.T) {
 	}
 	if _, out, _ := cli("__complete", "completion", ""); strings.Contains(out, "powershell") || !strings.Contains(out, "fish") {
 		t.Errorf("completion's shells:\n%s", out)
+	}
+}
+
+// release without --force asks the agent to drop this node's own claim (README: a claim left
+// without a device); with --force, a dead owner's.
+func TestReleaseOwnAndForced(t *testing.T) {
+	for _, tc := range []struct {
+		args  []string
+		force bool
+	}{{[]string{"release", "rbd/a"}, false}, {[]string{"release", "--force", "rbd/a"}, true}} {
+		sock, seen := serve(t, 200, api.ReleaseResponse{Released: true})
+		code, out, errs := cli(append([]string{"--socket", sock}, tc.args...)...)
+		if code != 0 || out != "released rbd/a\n" || errs != "" {
+			t.Fatalf("%v: exit %d, stdout %q, stderr %q", tc.args, code, out, errs)
+		}
+		var req api.ImageRequest
+		if err := json.Unmarshal([]byte(strings.SplitN((*seen)[0], " ", 3)[2]), &req); err != nil {
+			t.Fatal(err)
+		}
+		if req.Pool != "rbd" || req.Image != "a" || req.Force != tc.force {
+			t.Fatalf("%v: request %+v", tc.args, req)
+		}
 	}
 }
