@@ -11,7 +11,7 @@ CEPH_TAG     = $(shell tests/ceph/build-tag)
 LDFLAGS     := -s -w -X github.com/rbd-owner/rbd-owner/agent/version.Version=$(VERSION)
 ARCH        := amd64
 
-.PHONY: all build test unit model e2e e2e-trixie-reef matrix chaos bench-go lab lab-sh lab-down bench package package-check lint metrics-check k8s-check deps clean
+.PHONY: all build test unit model e2e e2e-trixie-reef matrix chaos bench-go lab lab-sh lab-down bench package cli-docs package-check lint metrics-check k8s-check deps clean
 all: build
 
 deps:
@@ -122,7 +122,21 @@ k8s-check:
 # packages depend on librados2/librbd1 at least that new (go-ceph is compiled for its API).
 # Evaluated lazily, after `deps` may have installed librados-dev.
 CEPH_MIN     = $(or $(shell dpkg-query -W -f='$${Version}' librados-dev 2>/dev/null | sed -n 's/^\([0-9]*:\)\{0,1\}\([0-9][0-9]*\.[0-9][0-9]*\).*/\2/p'),16.2)
-package: build
+# The CLI's manual page rbd-owner(8) and its bash, zsh and fish completions, generated from the
+# command definitions into dist/ for the packages: the completions by the built CLI itself, the
+# page by a build of it with -tags gendocs (bin/rbd-owner-gendocs, not shipped), dated by the
+# commit for a reproducible page.
+cli-docs: build
+	@rm -rf dist/completions dist/man
+	@mkdir -p dist/completions dist/man
+	CGO_ENABLED=0 $(GO) build -tags gendocs -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-owner-gendocs ./agent/cmd/rbd-owner
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) bin/rbd-owner-gendocs __gendocs dist/man
+	gzip -9n dist/man/rbd-owner.8
+	bin/rbd-owner completion bash >dist/completions/rbd-owner
+	bin/rbd-owner completion zsh >dist/completions/_rbd-owner
+	bin/rbd-owner completion fish >dist/completions/rbd-owner.fish
+
+package: build cli-docs
 	@test -f udev/60-rbd-owner.rules || { echo "package: udev/60-rbd-owner.rules is missing" >&2; exit 1; }
 	@mkdir -p dist
 	@rm -f dist/rbd-owner_*.deb dist/rbd-owner-*.rpm

@@ -5,20 +5,43 @@ import (
 	"io"
 	"strings"
 
+	"github.com/spf13/cobra"
+
 	"github.com/rbd-owner/rbd-owner/agent/config"
 )
+
+func (a *app) checkConfigCommand() *cobra.Command {
+	var path string
+	cmd := &cobra.Command{
+		Use:     "check-config [--config PATH]",
+		GroupID: groupAgent,
+		Short:   "Say whether the agent would start with a config (exit 0 or 1)",
+		Long: `Load a config as the agent does at start (every key, the defaults, the lease bound) and say
+whether the agent would start with it: exit 0 with one line that sums it up, or exit 1 with the
+agent's own error (one line naming the file, the line and the key). It needs no agent and no
+cluster; the packages run it before they restart the agent on an upgrade.`,
+		Example: `  # after an edit of /etc/rbd-owner/config.yaml
+  rbd-owner check-config && systemctl restart rbd-owner
+
+  rbd-owner check-config --config ./config.yaml.new`,
+		DisableFlagsInUseLine: true,
+		Args:                  wantArgs(),
+		ValidArgsFunction:     cobra.NoFileCompletions,
+		RunE: func(*cobra.Command, []string) error {
+			return runCheckConfig(path, a.out)
+		},
+	}
+	cmd.Flags().StringVar(&path, "config", config.DefaultPath, "the config file's `PATH`")
+	must(cmd.MarkFlagFilename("config", "yaml", "yml"))
+	return cmd
+}
 
 // runCheckConfig loads a config as the agent does at start (config.Load: every key, the
 // defaults, the lease bound) and says whether the agent would start with it. It needs no agent
 // and no cluster, and links nothing of Ceph's: the packages run it before they restart the
 // agent on an upgrade.
-func runCheckConfig(args []string, stdout io.Writer) error {
-	fs := flags("check-config")
-	path := fs.String("config", config.DefaultPath, "config file")
-	if _, err := parse(fs, args, 0); err != nil {
-		return err
-	}
-	c, err := config.Load(*path, "")
+func runCheckConfig(path string, stdout io.Writer) error {
+	c, err := config.Load(path, "")
 	if err != nil {
 		return err
 	}
@@ -31,6 +54,6 @@ func runCheckConfig(args []string, stdout io.Writer) error {
 		clusters = "no cluster yet"
 	}
 	fmt.Fprintf(stdout, "%s: the agent accepts it (node %s, %s; lease_duration %s exceeds the lease bound %s for renew_interval %s)\n",
-		*path, c.NodeID, clusters, c.LeaseDuration.D(), c.LeaseBound(), c.RenewInterval.D())
+		path, c.NodeID, clusters, c.LeaseDuration.D(), c.LeaseBound(), c.RenewInterval.D())
 	return nil
 }

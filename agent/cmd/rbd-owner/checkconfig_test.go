@@ -41,7 +41,7 @@ func TestCheckConfig(t *testing.T) {
 		{[]string{"check-config", "--config", noClusters}, exitFailed, "", "rbd-owner check-config: config " + noClusters + ": clusters: missing; add the Ceph clusters this node maps images from, " +
 			"e.g. clusters: [{id: ceph-a, monitors: [10.0.0.1:6789], user: rbd-owner, keyring: /etc/ceph/ceph.client.rbd-owner.keyring}] (or clusters: [] for none yet)\n"},
 		{[]string{"check-config", "--config", filepath.Join(dir, "absent.yaml")}, exitFailed, "", "absent.yaml"},
-		{[]string{"check-config", "--config", good, "extra"}, exitUsage, "", "want 0 argument(s)"},
+		{[]string{"check-config", "--config", good, "extra"}, exitUsage, "", `unexpected argument "extra"`},
 		{[]string{"check-config", "--bogus"}, exitUsage, "", "bogus"},
 	} {
 		code, out, errs := cli(tc.args...)
@@ -55,7 +55,10 @@ func TestCheckConfig(t *testing.T) {
 			t.Errorf("%q: the error is not one line: %q", tc.args, errs)
 		}
 	}
-	if code, out, _ := cli("help"); code != exitOK || !strings.Contains(out, "check-config [--config PATH]") {
+	if code, out, _ := cli("help"); code != exitOK || !strings.Contains(out, "\n  check-config ") {
 		t.Errorf("usage does not list check-config: %q", out)
+	}
+	if code, out, _ := cli("help", "check-config"); code != exitOK || !strings.Contains(out, "check-config [--config PATH]") {
+		t.Errorf("check-config's help has no usage line: %q", out)
 	}
 }

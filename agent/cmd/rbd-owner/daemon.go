@@ -4,11 +4,64 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rbd-owner/rbd-owner/agent/config"
 )
 
 // agentPath is where the packages install the agent program.
 var agentPath = "/usr/lib/rbd-owner/rbd-owner-agent"
+
+func daemonCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "daemon [--config PATH]",
+		GroupID: groupAgent,
+		Short:   "Run the node agent (systemd's rbd-owner.service runs it)",
+		Long: `Run the node agent in the foreground: it becomes the agent program
+/usr/lib/rbd-owner/rbd-owner-agent (the one part of rbd-owner linked with the Ceph libraries),
+in the same process, with its arguments. rbd-owner.service runs it under systemd, with socket
+activation (rbd-owner.socket), notify and a watchdog; start it by hand only to debug.`,
+		Example: `  systemctl status rbd-owner
+  rbd-owner daemon --config /etc/rbd-owner/config.yaml`,
+		DisableFlagsInUseLine: true,
+		// the agent parses its own arguments
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			for _, arg := range args {
+				if arg == "--" {
+					break
+				}
+				if arg == "-h" || arg == "--help" {
+					return cmd.Help()
+				}
+			}
+			return runDaemon(withoutSocket(args))
+		},
+	}
+	// documented here, parsed by the agent
+	cmd.Flags().String("config", config.DefaultPath, "the config file's `PATH`")
+	return cmd
+}
+
+// withoutSocket is the agent's arguments: the line's, without the global --socket (which names
+// the socket the CLI calls; the agent's are in its config), as before the command's name.
+func withoutSocket(args []string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		switch {
+		case args[i] == "--":
+			return append(out, args[i:]...)
+		case args[i] == "--socket" && i+1 < len(args):
+			i++
+		case !strings.HasPrefix(args[i], "--socket="):
+			out = append(out, args[i])
+		}
+	}
+	return out
+}
 
 // runDaemon replaces this process with the agent (agent/cmd/rbd-owner-agent): rbd-owner-agent
 // beside this binary (as `make build` leaves them in bin/), else the packaged one. The agent is the one

@@ -51,6 +51,20 @@ func TestDaemonExecsTheAgent(t *testing.T) {
 	if strings.TrimSpace(string(out)) != want {
 		t.Fatalf("the agent ran as %q, want %q", strings.TrimSpace(string(out)), want)
 	}
+
+	// the global --socket is the CLI's, before the command's name or after it; -config is the
+	// flag package's form of --config, which the agent parses
+	cmd = exec.Command(cliPath, "--socket", "/run/x.sock", "daemon", "-config", "/etc/x.yaml", "--socket=/y")
+	cmd.Env = append(os.Environ(), "RBD_OWNER_TEST_MAIN=1")
+	if out, err = cmd.Output(); err != nil || !strings.Contains(string(out), " args=daemon --config /etc/x.yaml listen_fds=\n") {
+		t.Fatalf("with --socket: %v: %q", err, out)
+	}
+	// its help is the CLI's, without the agent
+	cmd = exec.Command(cliPath, "daemon", "--help")
+	cmd.Env = append(os.Environ(), "RBD_OWNER_TEST_MAIN=1")
+	if out, err = cmd.Output(); err != nil || !strings.Contains(string(out), "Usage:\n  rbd-owner daemon [--config PATH]\n") {
+		t.Fatalf("daemon --help: %v: %q", err, out)
+	}
 }
 
 func copyFile(t *testing.T, from, to string) {

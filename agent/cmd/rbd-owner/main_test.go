@@ -91,10 +91,9 @@ func TestExitCodes(t *testing.T) {
 	}{
 		{[]string{"--socket", sock, "map", "rbd/img"}, exitFailed, "cluster_unavailable"},
 		{[]string{"--socket", filepath.Join(t.TempDir(), "none"), "status"}, exitUnreachable, "systemctl status rbd-owner"},
-		{[]string{"map"}, exitUsage, "want 1 argument"},
+		{[]string{"map"}, exitUsage, "missing argument POOL[/NAMESPACE]/IMAGE[@SNAP]"},
 		{[]string{"map", "rbd/a,b"}, exitUsage, "rbd/a,b"},
 		{[]string{"map", "--bogus", "rbd/a"}, exitUsage, "bogus"},
-		{[]string{"release", "rbd/a"}, exitUsage, "--force"},
 		{[]string{"fence", "rbd/a@s"}, exitUsage, "snapshot"},
 		{[]string{"frobnicate"}, exitUsage, "unknown command"},
 		{[]string{}, exitUsage, "usage"},
@@ -249,6 +248,256 @@ func TestJSONRequested(t *testing.T) {
 	} {
 		if got := jsonRequested(strings.Fields(args)); got != want {
 			t.Errorf("jsonRequested(%q) = %v, want %v", args, got, want)
+		}
+	}
+}
+
+// TestEveryExitCode pins the contract's exit codes, one command line each.
+func TestEveryExitCode(t *testing.T) {
+	mapped, _ := serve(t, 200, api.MapResponse{Device: "/dev/rbd7"})
+	failed, _ := serve(t, 500, api.ErrorBody{Error: &api.Error{Code: api.CodeInternal, Message: "boom"}})
+	claimed, _ := serve(t, 409, api.ErrorBody{Error: &api.Error{Code: api.CodeClaimedElsewhere, Message: "rbd/img is held (rwo) by node node-b",
+		Owner: &api.Owner{NodeID: "node-b", Hostname: "host-b", Epoch: 2}}})
+	problems, _ := serve(t, 200, statusWith(nil, "clock skew: node node-b's clock is 9s ahead"))
+	nowhere := filepath.Join(t.TempDir(), "none")
+	for _, tc := range []struct {
+		code int
+		args []string
+	}{
+		{exitOK, []string{"--socket", mapped, "map", "rbd/img"}},
+		{exitFailed, []string{"--socket", failed, "map", "rbd/img"}},
+		{exitUsage, []string{"--socket", mapped, "map"}},
+		{exitClaimed, []string{"--socket", claimed, "map", "rbd/img"}},
+		{exitUnreachable, []string{"--socket", nowhere, "map", "rbd/img"}},
+		{exitProblems, []string{"--socket", problems, "status"}},
+	} {
+		if code, out, errs := cli(tc.args...); code != tc.code {
+			t.Errorf("%q: exit %d, want %d; stdout %q stderr %q", tc.args, code, tc.code, out, errs)
+		}
+	}
+	if exitOK != 0 || exitFailed != 1 || exitUsage != 2 || exitClaimed != 3 || exitUnreachable != 4 || exitProblems != 5 {
+		t.Error("the exit codes differ from the documented 0-5")
+	}
+}
+
+// commands is every command with a valid line for it, for the tests of help and usage.
+var commands = map[string][]string{
+	"map": {"rbd/img"}, "unmap": {"rbd/img"}, "status": nil, "claims": nil, "fence": {"rbd/img"},
+	"release": {"--force", "rbd/img"}, "unfence": {"rbd/img"}, "daemon": nil, "check-config": nil,
+	"version": nil, "completion": {"bash"},
+}
+
+// TestHelp: --help, -h and `help` print the help on stdout and exit 0: the root's lists the
+// commands, the exit codes and the JSON contract; a command's has its usage line, examples,
+// flags and the global flags.
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}, {"--socket", "/x", "--help"}} {
+		code, out, errs := cli(args...)
+		if code != exitOK || errs != "" {
+			t.Errorf("%q: exit %d stderr %q", args, code, errs)
+		}
+		for _, want := range []string{
+			"Usage:\n  rbd-owner <command> [flags]\n", "\nCommands:\n  map ", "\nAdmin Commands (root or group rbd-owner-admin):\n  fence ",
+			"\nAgent Commands:\n  daemon ", "Exit codes: 0 done, 1 failed, 2 usage error, 3 held by another node, 4 agent not reachable,\n5 status",
+			`{"error": {"code", "message", ...}}`, "--socket PATH", "--version", `Use "rbd-owner <command> --help"`,
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%q: the help has no %q:\n%s", args, want, out)
+			}
+		}
+		for name := range commands {
+			if !strings.Contains(out, "\n  "+name+" ") {
+				t.Errorf("%q: the help does not list %s", args, name)
+			}
+		}
+	}
+	for name := range commands {
+		code, out, errs := cli(name, "--help")
+		if code != exitOK || errs != "" || !strings.HasPrefix(strings.SplitN(out, "Usage:\n  ", 2)[1], "rbd-owner "+name) ||
+			!strings.Contains(out, "\nExamples:\n  ") || !strings.Contains(out, "\nFlags:\n") || !strings.Contains(out, "  -h, --help ") {
+			t.Errorf("%s --help: exit %d stderr %q:\n%s", name, code, errs, out)
+		}
+		if _, viaHelp, _ := cli("help", name); viaHelp != out {
+			t.Errorf("help %s differs from %s --help:\n%s", name, name, viaHelp)
+		}
+		if takes := name != "daemon" && name != "check-config" && name != "version" && name != "completion"; takes != strings.Contains(out, "      --json ") {
+			t.Errorf("%s --help: --json listed %v, want %v", name, !takes, takes)
+		}
+	}
+	_, out, _ := cli("map", "--help")
+	for _, want := range []string{
+		"Usage:\n  rbd-owner map POOL[/NAMESPACE]/IMAGE[@SNAP] [flags]\n\nExamples:\n  # map an image",
+		"\nFlags:\n      --access MODE ", "      --cluster ID ", "      --takeover ", "      --no-udev ", "      --read-only ", "      --volume-id ID ",
+		"      --json ", "\nGlobal Flags:\n      --socket PATH ",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("map --help has no %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	for _, args := range [][]string{{"--version"}, {"version"}, {"-version"}} {
+		if code, out, errs := cli(args...); code != exitOK || out != "rbd-owner dev\n" || errs != "" {
+			t.Errorf("%q: exit %d stdout %q stderr %q", args, code, out, errs)
+		}
+	}
+}
+
+// TestUsageErrors: a missing or extra argument, an unknown flag, command or help topic: exit 2,
+// nothing on stdout, the error in one line and the command's usage line on stderr.
+func TestUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args        []string
+		err, usage  string
+		stdoutEmpty bool
+	}{
+		{[]string{"map"}, "rbd-owner map: missing argument POOL[/NAMESPACE]/IMAGE[@SNAP]", "rbd-owner map POOL[/NAMESPACE]/IMAGE[@SNAP] [flags] (see rbd-owner map --help)", true},
+		{[]string{"map", "rbd/a", "rbd/b"}, `rbd-owner map: unexpected argument "rbd/b"`, "rbd-owner map POOL[/NAMESPACE]/IMAGE[@SNAP] [flags]", true},
+		{[]string{"unmap"}, "rbd-owner unmap: missing argument POOL[/NAMESPACE]/IMAGE[@SNAP] or /dev/rbdN", "rbd-owner unmap (POOL[/NAMESPACE]/IMAGE[@SNAP] | /dev/rbdN) [flags]", true},
+		{[]string{"status", "extra"}, `rbd-owner status: unexpected argument "extra"`, "rbd-owner status [flags]", true},
+		{[]string{"claims", "rbd"}, `rbd-owner claims: unexpected argument "rbd"`, "rbd-owner claims [flags]", true},
+		{[]string{"fence"}, "rbd-owner fence: missing argument POOL[/NAMESPACE]/IMAGE (or --node NODE)", "rbd-owner fence (POOL[/NAMESPACE]/IMAGE | --node NODE) [flags]", true},
+		{[]string{"fence", "--node", "n", "rbd/img"}, `rbd-owner fence: unexpected argument "rbd/img"`, "rbd-owner fence (", true},
+		{[]string{"unfence", "--force", "rbd/img"}, "rbd-owner unfence: --force is for unfence --node NODE", "rbd-owner unfence (", true},
+		{[]string{"release", "--force"}, "rbd-owner release: missing argument POOL[/NAMESPACE]/IMAGE", "rbd-owner release [--force] POOL[/NAMESPACE]/IMAGE [flags]", true},
+		{[]string{"version", "x"}, `rbd-owner version: unexpected argument "x"`, "rbd-owner version [flags]", true},
+		{[]string{"status", "--bogus"}, "rbd-owner status: unknown flag: --bogus", "rbd-owner status [flags]", true},
+		{[]string{"--bogus", "status"}, "rbd-owner: unknown flag: --bogus", "rbd-owner <command> [flags] (see rbd-owner --help)", true},
+		{[]string{"map", "--access"}, "rbd-owner map: flag needs an argument: --access", "rbd-owner map ", true},
+		{[]string{"check-config", "--json"}, "rbd-owner check-config: unknown flag: --json (rbd-owner check-config prints no JSON)", "rbd-owner check-config [--config PATH] (see", true},
+		{[]string{}, "rbd-owner: name a command", "rbd-owner <command> [flags] (see rbd-owner --help)", true},
+		{[]string{"fense"}, `rbd-owner: unknown command "fense" (did you mean "fence"?)`, "rbd-owner <command> [flags]", true},
+		{[]string{"help", "frobnicate"}, `rbd-owner help: unknown help topic "frobnicate"`, "rbd-owner help [command] [flags]", true},
+		{[]string{"completion"}, "rbd-owner completion: name a shell: bash, zsh or fish", "rbd-owner completion (bash | zsh | fish) [flags]", true},
+		{[]string{"completion", "powershell"}, `rbd-owner completion: unknown shell "powershell": bash, zsh or fish`, "rbd-owner completion (", true},
+	} {
+		code, out, errs := cli(tc.args...)
+		lines := strings.Split(strings.TrimSuffix(errs, "\n"), "\n")
+		if code != exitUsage || (tc.stdoutEmpty && out != "") || len(lines) != 2 || lines[0] != tc.err ||
+			!strings.HasPrefix(lines[1], "usage: "+tc.usage) {
+			t.Errorf("%q: exit %d stdout %q stderr:\n%s\nwant exit 2, %q then \"usage: %s…\"", tc.args, code, out, errs, tc.err, tc.usage)
+		}
+	}
+}
+
+// TestFlagsAnywhere: the global --socket and a command's --json before the command's name,
+// between its arguments or after them; the single-dash long flags of the flag package the
+// command line was first written with still work.
+func TestFlagsAnywhere(t *testing.T) {
+	sock, seen := serve(t, 200, api.MapResponse{Device: "/dev/rbd7", Link: "/dev/rbd-owner/f/rbd/img"})
+	for _, args := range [][]string{
+		{"--socket", sock, "map", "rbd/img", "--json"},
+		{"map", "--socket", sock, "--json", "rbd/img"},
+		{"map", "rbd/img", "--socket=" + sock, "--json"},
+		{"--json", "--socket", sock, "map", "rbd/img"},
+		{"-socket", sock, "map", "-json", "rbd/img"},
+		{"map", "-json=true", "-socket=" + sock, "rbd/img", "-cluster", "c1"},
+	} {
+		code, out, errs := cli(args...)
+		var resp api.MapResponse
+		if err := json.Unmarshal([]byte(out), &resp); err != nil || code != exitOK || errs != "" || resp.Link != "/dev/rbd-owner/f/rbd/img" {
+			t.Errorf("%q: exit %d stdout %q stderr %q (%v)", args, code, out, errs, err)
+		}
+	}
+	if !strings.Contains((*seen)[len(*seen)-1], `"cluster":"c1"`) {
+		t.Errorf("-cluster c1 did not reach the request: %q", (*seen)[len(*seen)-1])
+	}
+	for in, want := range map[string]string{
+		"-json":                "--json",
+		"-socket=/x":           "--socket=/x",
+		"-h":                   "-h",
+		"-help":                "--help",
+		"-bogus":               "-bogus",
+		"rbd/img":              "rbd/img",
+		"--json":               "--json",
+		"-- -json":             "-- -json",
+		"map -json -- -socket": "map --json -- -socket",
+	} {
+		if got := strings.Join(longFlags((&app{out: &output{}}).newRoot(), strings.Fields(in)), " "); got != want {
+			t.Errorf("longFlags(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestMapAndUnmapJSON(t *testing.T) {
+	sock, _ := serve(t, 200, api.MapResponse{Device: "/dev/rbd7", Link: "/dev/rbd-owner/f/rbd/img", AlreadyMapped: true})
+	code, out, errs := cli("--socket", sock, "map", "--json", "rbd/img")
+	if code != exitOK || errs != "" || !strings.Contains(out, `"device": "/dev/rbd7"`) || !strings.Contains(out, `"already_mapped": true`) {
+		t.Fatalf("map --json: exit %d stdout %q stderr %q", code, out, errs)
+	}
+	sock, _ = serve(t, 200, api.UnmapResponse{Unmapped: false})
+	code, out, errs = cli("--socket", sock, "unmap", "rbd/img")
+	if code != exitOK || errs != "" || out != "rbd/img was not mapped\n" {
+		t.Fatalf("unmap: exit %d stdout %q stderr %q", code, out, errs)
+	}
+}
+
+// TestCompletion: the scripts for bash, zsh and fish; the images mapped on this node (the
+// agent's status) for the commands that name one, the clusters for --cluster, and nothing,
+// quietly, when no agent answers.
+func TestCompletion(t *testing.T) {
+	for shell, want := range map[string]string{"bash": "# bash completion V2 for rbd-owner", "zsh": "#compdef rbd-owner", "fish": "complete -c rbd-owner"} {
+		if code, out, errs := cli("completion", shell); code != exitOK || errs != "" || !strings.Contains(out, want) {
+			t.Errorf("completion %s: exit %d stderr %q, want %q in:\n%.300s", shell, code, errs, want, out)
+		}
+	}
+	st := statusWith([]api.Device{
+		{Device: "/dev/rbd0", Cluster: "c1", Pool: "rbd", Image: "img1", Managed: true},
+		{Device: "/dev/rbd1", Cluster: "c1", Pool: "rbd", Namespace: "ns", Image: "img2", Snapshot: "s1", Managed: true},
+		{Device: "/dev/rbd2"}, // no image known
+	})
+	st.Clusters[0].FSID = "fsid-1"
+	sock, _ := serve(t, 200, st)
+	nowhere := filepath.Join(t.TempDir(), "none")
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--socket", sock, "__complete", "map", ""}, []string{"rbd/img1\tmapped at /dev/rbd0", "rbd/ns/img2@s1\tmapped at /dev/rbd1"}},
+		{[]string{"__complete", "unmap", "--socket", sock, "rbd/n"}, []string{"rbd/ns/img2@s1\tmapped at /dev/rbd1"}},
+		{[]string{"__complete", "unmap", "--socket", sock, "/dev/"}, []string{"/dev/rbd0\trbd/img1", "/dev/rbd1\trbd/ns/img2@s1"}},
+		{[]string{"__complete", "fence", "--socket", sock, ""}, []string{"rbd/img1\tmapped at /dev/rbd0", "rbd/ns/img2\tmapped at /dev/rbd1"}},
+		{[]string{"__complete", "release", "--socket", sock, "--force", ""}, []string{"rbd/img1\tmapped at /dev/rbd0", "rbd/ns/img2\tmapped at /dev/rbd1"}},
+		{[]string{"__complete", "unfence", "--socket", sock, "--node", "n", ""}, nil},
+		{[]string{"__complete", "map", "--socket", sock, "rbd/img1", ""}, nil},
+		{[]string{"__complete", "map", "--socket", sock, "--cluster", ""}, []string{"c1\tfsid fsid-1"}},
+		{[]string{"__complete", "map", "--access", ""}, []string{"rwo", "rox", "rwx"}},
+		{[]string{"__complete", "map", "--socket", nowhere, ""}, nil},
+		{[]string{"__complete", "fence", "--socket", nowhere, "--cluster", ""}, nil},
+	} {
+		code, out, _ := cli(tc.args...)
+		want := strings.Join(append(tc.want, ":4"), "\n") + "\n" // 4: no file names
+		if code != exitOK || out != want {
+			t.Errorf("%q: exit %d stdout\n%s\nwant\n%s", tc.args, code, out, want)
+		}
+	}
+	if _, out, _ := cli("__complete", ""); !strings.HasPrefix(out, "map\tClaim an image") || strings.Contains(out, "powershell") {
+		t.Errorf("the commands do not complete:\n%s", out)
+	}
+	if _, out, _ := cli("__complete", "completion", ""); strings.Contains(out, "powershell") || !strings.Contains(out, "fish") {
+		t.Errorf("completion's shells:\n%s", out)
+	}
+}
+
+// release without --force asks the agent to drop this node's own claim (README: a claim left
+// without a device); with --force, a dead owner's.
+func TestReleaseOwnAndForced(t *testing.T) {
+	for _, tc := range []struct {
+		args  []string
+		force bool
+	}{{[]string{"release", "rbd/a"}, false}, {[]string{"release", "--force", "rbd/a"}, true}} {
+		sock, seen := serve(t, 200, api.ReleaseResponse{Released: true})
+		code, out, errs := cli(append([]string{"--socket", sock}, tc.args...)...)
+		if code != 0 || out != "released rbd/a\n" || errs != "" {
+			t.Fatalf("%v: exit %d, stdout %q, stderr %q", tc.args, code, out, errs)
+		}
+		var req api.ImageRequest
+		if err := json.Unmarshal([]byte(strings.SplitN((*seen)[0], " ", 3)[2]), &req); err != nil {
+			t.Fatal(err)
+		}
+		if req.Pool != "rbd" || req.Image != "a" || req.Force != tc.force {
+			t.Fatalf("%v: request %+v", tc.args, req)
 		}
 	}
 }

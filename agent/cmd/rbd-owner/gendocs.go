@@ -1,0 +1,9 @@
+//go:build gendocs
+
+package main
+
+// With -tags gendocs (`make package` builds bin/rbd-owner-gendocs so, never shipped), the
+// program has the hidden `__gendocs DIR`, which writes the manual page (manual.go).
+func init() {
+	extraCommands = append(extraCommands, genDocsCommand)
+}

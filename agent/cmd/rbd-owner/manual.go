@@ -1,0 +1,73 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rbd-owner/rbd-owner/agent/internal/manpage"
+	"github.com/rbd-owner/rbd-owner/agent/version"
+)
+
+// extraCommands add commands to the tree that only some builds have (gendocs.go).
+var extraCommands []func(root *cobra.Command) *cobra.Command
+
+// genDocsCommand is `__gendocs DIR`: it writes DIR/rbd-owner.8, the manual page rbd-owner(8),
+// from the command definitions. Only the generator's build has it (gendocs.go).
+func genDocsCommand(root *cobra.Command) *cobra.Command {
+	return &cobra.Command{
+		Use:    "__gendocs DIR",
+		Hidden: true,
+		Args:   wantArgs("DIR"),
+		RunE: func(_ *cobra.Command, args []string) error {
+			date, err := sourceDate()
+			if err != nil {
+				return err
+			}
+			f, err := os.Create(filepath.Join(args[0], root.Name()+".8"))
+			if err != nil {
+				return err
+			}
+			if err := manpage.Write(f, root, manPage(date)); err != nil {
+				return errors.Join(err, f.Close())
+			}
+			return f.Close()
+		},
+	}
+}
+
+// sourceDate is the page's date: SOURCE_DATE_EPOCH's (reproducible builds; the Makefile sets
+// it to the commit's time), else today's.
+func sourceDate() (string, error) {
+	t := time.Now()
+	if epoch := os.Getenv("SOURCE_DATE_EPOCH"); epoch != "" {
+		secs, err := strconv.ParseInt(epoch, 10, 64)
+		if err != nil {
+			return "", fmt.Errorf("SOURCE_DATE_EPOCH: %w", err)
+		}
+		t = time.Unix(secs, 0)
+	}
+	return t.UTC().Format("2006-01-02"), nil
+}
+
+// manPage is rbd-owner(8)'s header and closing sections (the commands say the rest).
+func manPage(date string) manpage.Page {
+	return manpage.Page{Section: "8", Date: date, Source: "rbd-owner " + version.Version, Sections: []manpage.Section{
+		{Title: "Files", Text: `/etc/rbd-owner/config.yaml: the agent's configuration (rbd-owner check-config checks it).
+
+/run/rbd-owner/rbd-owner.sock: the agent's API socket, each caller served in the role its uid
+and groups give it; /run/rbd-owner/csi/csi.sock serves the CSI role only, whoever calls.
+
+/var/lib/rbd-owner: the agent's state. /dev/rbd-owner: the stable links of the mapped images.
+
+/usr/share/doc/rbd-owner/README.md: how it works, the configuration's keys, the API, the
+metrics and troubleshooting.`},
+		{Title: "See also", Text: `rbd(8), systemctl(1), journalctl(1): journalctl -u rbd-owner has the agent's log and its
+audit entries (RBD_OWNER_EVENT=...).`},
+	}}
+}
