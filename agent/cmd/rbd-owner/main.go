@@ -1,5 +1,5 @@
 // Command rbd-owner is the node agent (`rbd-owner daemon`) and its command-line client
-// (every other subcommand). See README.md and the product contract for the CLI.
+// (every other subcommand). See README.md, docs/api.md and the product contract for the CLI.
 package main
 
 import (
