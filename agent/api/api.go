@@ -243,7 +243,7 @@ type Claim struct {
 	Fences []Fence `json:"fences,omitempty"`
 }
 
-// Fence is one blocklisting a claim records (see the README, Fence lifetimes).
+// Fence is one blocklisting a claim records (see docs/claim-record.md, Fence lifetimes).
 type Fence struct {
 	NodeID    string    `json:"node_id"`
 	Addr      string    `json:"addr"`

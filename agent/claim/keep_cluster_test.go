@@ -42,7 +42,7 @@ func TestBlocklistReaddKeepsTheOldExpiryOnTheRealCluster(t *testing.T) {
 		t.Fatalf("%s not listed after two adds: %v", addr, err)
 	}
 	if !listed.Equal(first) {
-		t.Fatalf("a re-add moved the entry's expiry from %s to %s: this cluster lengthens entries, so renewals work on it (the README's Fence lifetimes say they do not)",
+		t.Fatalf("a re-add moved the entry's expiry from %s to %s: this cluster lengthens entries, so renewals work on it (docs/claim-record.md's Fence lifetimes say they do not)",
 			first.Format(time.RFC3339Nano), listed.Format(time.RFC3339Nano))
 	}
 

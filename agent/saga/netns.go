@@ -45,7 +45,7 @@ func SameNetNS(peer *peercred.Cred) error {
 	}
 	theirs, err := os.Readlink("/proc/" + strconv.Itoa(peer.PID) + "/ns/net")
 	if err != nil {
-		return nil // an older kernel and no view of the caller: its map goes on (README)
+		return nil // an older kernel and no view of the caller: its map goes on (docs/kubernetes.md)
 	}
 	if theirs != mine {
 		return refuse(theirs, mine)

@@ -1,6 +1,6 @@
 // Command rbd-owner is the node agent (`rbd-owner daemon`) and its command-line client
 // (every other subcommand), on cobra: `rbd-owner --help`, `rbd-owner COMMAND --help`. See
-// README.md and the product contract for the CLI.
+// README.md and docs/api.md for the CLI.
 package main
 
 import (
