@@ -91,6 +91,29 @@ const DefaultLeaseDuration = Duration(60 * time.Second)
 // DefaultClaimCheckInterval is claim_check_interval's default.
 const DefaultClaimCheckInterval = Duration(time.Hour)
 
+// DefaultOrphanSweepInterval is orphan_sweep_interval's default.
+const DefaultOrphanSweepInterval = Duration(time.Hour)
+
+// RenewsPerLease is how many renew intervals a lease lasts when renew_interval is not set: its
+// default is lease_duration / RenewsPerLease.
+const RenewsPerLease = 3
+
+// DefaultMachineID is the file node_id's default is read from.
+const DefaultMachineID = "/etc/machine-id"
+
+// Bounds the checks below apply (Keys describes them from the same constants).
+const (
+	maxNodeIDLength        = 128
+	minOrphanSweepInterval = time.Minute
+	minMapTimeout          = time.Second
+)
+
+// the values of takeover_policy and unmanaged, in the order their messages list them
+var (
+	takeoverPolicies  = []string{TakeoverManual, TakeoverAfterFence, TakeoverAfterLeaseExpiry}
+	unmanagedPolicies = []string{UnmanagedFenceIfClaimed, UnmanagedAdoptOrFence, UnmanagedReport}
+)
+
 // DefaultFenceExpiry is fence_expiry's default: ten years, so that a fence's blocklist entry
 // does not run out while its mapping may exist. Renewing an entry does not lengthen it on every
 // Ceph release: on 16.2 (Pacific) `osd blocklist add` of an address already listed answers
@@ -102,12 +125,18 @@ const DefaultClaimCheckInterval = Duration(time.Hour)
 // for a claim store made without one, is this one.
 const DefaultFenceExpiry = Duration(10 * 365 * 24 * time.Hour)
 
+// The shortest fence_expiry allowed, and the one with ShortFencesEnv set.
+const (
+	minFenceExpiry      = time.Hour
+	minFenceExpiryShort = time.Minute
+)
+
 // fenceExpiryFloor is the shortest fence_expiry allowed.
 func fenceExpiryFloor() time.Duration {
 	if os.Getenv(ShortFencesEnv) == "1" {
-		return time.Minute
+		return minFenceExpiryShort
 	}
-	return time.Hour
+	return minFenceExpiry
 }
 
 // SweepsOrphans says whether the orphan sweep is on.
@@ -257,7 +286,7 @@ func (c *Config) fill(machineID string) error {
 		c.LeaseDuration = DefaultLeaseDuration
 	}
 	if c.RenewInterval == 0 {
-		c.RenewInterval = Duration(c.LeaseDuration.D() / 3)
+		c.RenewInterval = Duration(c.LeaseDuration.D() / RenewsPerLease)
 	}
 	if c.TakeoverPolicy == "" {
 		c.TakeoverPolicy = TakeoverAfterFence
@@ -275,14 +304,14 @@ func (c *Config) fill(machineID string) error {
 		c.MountTimeout = Duration(krbd.DefaultMountTimeout)
 	}
 	if c.OrphanSweepInterval == 0 {
-		c.OrphanSweepInterval = Duration(time.Hour)
+		c.OrphanSweepInterval = DefaultOrphanSweepInterval
 	}
 	if c.ClaimCheckInterval == 0 {
 		c.ClaimCheckInterval = DefaultClaimCheckInterval
 	}
 	if c.NodeID == "" {
 		if machineID == "" {
-			machineID = "/etc/machine-id"
+			machineID = DefaultMachineID
 		}
 		b, err := os.ReadFile(machineID)
 		if err != nil {
@@ -297,8 +326,8 @@ func (c *Config) fill(machineID string) error {
 }
 
 func (c *Config) validate() error {
-	if strings.ContainsAny(c.NodeID, " \t\n\x00/") || len(c.NodeID) > 128 {
-		return fieldErr("node_id", "%q must be a single word of at most 128 characters", c.NodeID)
+	if strings.ContainsAny(c.NodeID, " \t\n\x00/") || len(c.NodeID) > maxNodeIDLength {
+		return fieldErr("node_id", "%q must be a single word of at most %d characters", c.NodeID, maxNodeIDLength)
 	}
 	if !strings.HasPrefix(c.Socket, "/") {
 		return fieldErr("socket", "%q must be an absolute path", c.Socket)
@@ -312,8 +341,8 @@ func (c *Config) validate() error {
 	if c.ClaimCheckInterval.D() < c.RenewInterval.D() {
 		return fieldErr("claim_check_interval", "%s is shorter than renew_interval (%s)", c.ClaimCheckInterval.D(), c.RenewInterval.D())
 	}
-	if c.OrphanSweepInterval.D() < time.Minute {
-		return fieldErr("orphan_sweep_interval", "%s is shorter than a minute (each sweep lists every claim of a pool)", c.OrphanSweepInterval.D())
+	if c.OrphanSweepInterval.D() < minOrphanSweepInterval {
+		return fieldErr("orphan_sweep_interval", "%s is shorter than %s (each sweep lists every claim of a pool)", c.OrphanSweepInterval.D(), FormatDuration(minOrphanSweepInterval))
 	}
 	if err := checkListen(c.MetricsListen); err != nil {
 		return err
@@ -327,20 +356,21 @@ func (c *Config) validate() error {
 	if err := c.checkLease(); err != nil {
 		return err
 	}
-	if err := oneOf("takeover_policy", c.TakeoverPolicy, TakeoverManual, TakeoverAfterFence, TakeoverAfterLeaseExpiry); err != nil {
+	if err := oneOf("takeover_policy", c.TakeoverPolicy, takeoverPolicies...); err != nil {
 		return err
 	}
-	if err := oneOf("unmanaged", c.Unmanaged, UnmanagedFenceIfClaimed, UnmanagedAdoptOrFence, UnmanagedReport); err != nil {
+	if err := oneOf("unmanaged", c.Unmanaged, unmanagedPolicies...); err != nil {
 		return err
 	}
 	if floor := fenceExpiryFloor(); c.FenceExpiry.D() < floor {
 		return fieldErr("fence_expiry", "%s is too short (at least %s): a fence is renewed every quarter of it while its mapping may exist, so a short one only adds blocklist calls", c.FenceExpiry.D(), floor)
 	}
-	if c.MapTimeout.D() < time.Second {
-		return fieldErr("map_timeout", "%s is too short (at least 1s)", c.MapTimeout.D())
+	if c.MapTimeout.D() < minMapTimeout {
+		return fieldErr("map_timeout", "%s is too short (at least %s)", c.MapTimeout.D(), FormatDuration(minMapTimeout))
 	}
-	if c.MountTimeout.D() < time.Second {
-		return fieldErr("mount_timeout", "%s is too short (at least 1s)", c.MountTimeout.D())
+	if d := c.MountTimeout.D(); d < krbd.MinMountTimeout || d > krbd.MaxMountTimeout {
+		// the kernel's option takes these; krbd refuses a map outside them
+		return fieldErr("mount_timeout", "%s is outside the kernel's range, %s to %s", d, FormatDuration(krbd.MinMountTimeout), FormatDuration(krbd.MaxMountTimeout))
 	}
 	if err := checkOptions("map_options", c.MapOptions); err != nil {
 		return err
