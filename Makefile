@@ -122,16 +122,17 @@ k8s-check:
 # packages depend on librados2/librbd1 at least that new (go-ceph is compiled for its API).
 # Evaluated lazily, after `deps` may have installed librados-dev.
 CEPH_MIN     = $(or $(shell dpkg-query -W -f='$${Version}' librados-dev 2>/dev/null | sed -n 's/^\([0-9]*:\)\{0,1\}\([0-9][0-9]*\.[0-9][0-9]*\).*/\2/p'),16.2)
-# The CLI's manual page rbd-owner(8) and its bash, zsh and fish completions, generated from the
-# command definitions into dist/ for the packages: the completions by the built CLI itself, the
-# page by a build of it with -tags gendocs (bin/rbd-owner-gendocs, not shipped), dated by the
-# commit for a reproducible page.
+# The manual pages and the CLI's bash, zsh and fish completions, generated into dist/ for the
+# packages: the completions by the built CLI itself; the pages by a build of it with -tags gendocs
+# (bin/rbd-owner-gendocs, not shipped), dated by the commit for reproducible pages: rbd-owner(8)
+# from the command definitions, rbd-owner.yaml(5) from the config's keys (agent/config/keys.go)
+# and rbd-owner-agent(8) with the agent's flags (agent/internal/agentflags).
 cli-docs: build
 	@rm -rf dist/completions dist/man
 	@mkdir -p dist/completions dist/man
 	CGO_ENABLED=0 $(GO) build -tags gendocs -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-owner-gendocs ./agent/cmd/rbd-owner
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) bin/rbd-owner-gendocs __gendocs dist/man
-	gzip -9n dist/man/rbd-owner.8
+	gzip -9n dist/man/rbd-owner.8 dist/man/rbd-owner-agent.8 dist/man/rbd-owner.yaml.5
 	bin/rbd-owner completion bash >dist/completions/rbd-owner
 	bin/rbd-owner completion zsh >dist/completions/_rbd-owner
 	bin/rbd-owner completion fish >dist/completions/rbd-owner.fish

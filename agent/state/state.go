@@ -141,6 +141,9 @@ type SetAside struct {
 	Reason error
 }
 
+// FileName is the state file's name in the state directory.
+const FileName = "mappings.json"
+
 // Open is OpenAt with no boot id.
 func Open(dir string) (*Store, error) { return OpenAt(dir, "") }
 
@@ -151,7 +154,7 @@ func Open(dir string) (*Store, error) { return OpenAt(dir, "") }
 // the store works in memory and says so in WriteFailure until a write succeeds. Open fails only
 // when it cannot make the incarnation's random name.
 func OpenAt(dir, bootID string) (*Store, error) {
-	s := &Store{path: filepath.Join(dir, "mappings.json"), m: map[Key]Mapping{}, pools: map[Pool]bool{}, boot: bootID}
+	s := &Store{path: filepath.Join(dir, FileName), m: map[Key]Mapping{}, pools: map[Pool]bool{}, boot: bootID}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		s.noteWrite(fmt.Errorf("create state directory: %w", err))
 	}

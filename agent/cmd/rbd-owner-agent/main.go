@@ -3,6 +3,9 @@
 // /usr/lib/rbd-owner/rbd-owner-agent; the unit starts it as `/usr/bin/rbd-owner daemon`.
 //
 //	rbd-owner-agent [daemon] [--config PATH]
+//
+// Its flags are defined in agent/internal/agentflags, from which its manual page
+// rbd-owner-agent(8) is written (agent/internal/confdoc).
 package main
 
 import (
@@ -22,33 +25,34 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/daemon"
 	"github.com/rbd-owner/rbd-owner/agent/internal/abortdump"
+	"github.com/rbd-owner/rbd-owner/agent/internal/agentflags"
 )
 
 func main() {
 	args := os.Args[1:]
-	if len(args) > 0 && args[0] == "daemon" {
+	if len(args) > 0 && args[0] == agentflags.Command {
 		args = args[1:]
 	}
-	fs := flag.NewFlagSet("rbd-owner daemon", flag.ContinueOnError)
-	path := fs.String("config", config.DefaultPath, "config file")
+	var a agentflags.Args
+	fs := agentflags.New(&a, os.Stderr)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
-		os.Exit(2) // the flag package said what was wrong
+		os.Exit(agentflags.ExitUsage) // the flag package said what was wrong
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "rbd-owner daemon: unexpected argument %q\n", fs.Arg(0))
-		os.Exit(2)
+		os.Exit(agentflags.ExitUsage)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	underJournal, jerr := journal.StderrIsJournalStream()
-	if err := run(ctx, *path, os.Stderr, underJournal, jerr); err != nil {
+	if err := run(ctx, a.Config, os.Stderr, underJournal, jerr); err != nil {
 		// the agent's one line, as `rbd-owner check-config` prints it; at error priority in the
 		// journal (journald reads the "<3>" and drops it)
 		fmt.Fprintf(os.Stderr, "%srbd-owner daemon: %v\n", priorityPrefix(underJournal, logrus.ErrorLevel), err)
-		os.Exit(1)
+		os.Exit(agentflags.ExitFailure)
 	}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,11 +10,11 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/internal/agentflags"
 )
 
 // agentPath is where the packages install the agent program.
-var agentPath = "/usr/lib/rbd-owner/rbd-owner-agent"
+var agentPath = agentflags.Path
 
 func daemonCommand() *cobra.Command {
 	cmd := &cobra.Command{
@@ -41,8 +42,8 @@ activation (rbd-owner.socket), notify and a watchdog; start it by hand only to d
 			return runDaemon(withoutSocket(args))
 		},
 	}
-	// documented here, parsed by the agent
-	cmd.Flags().String("config", config.DefaultPath, "the config file's `PATH`")
+	// documented here from the agent's own definitions, parsed by the agent
+	cmd.Flags().AddGoFlagSet(agentflags.New(&agentflags.Args{}, io.Discard))
 	return cmd
 }
 

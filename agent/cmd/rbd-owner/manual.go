@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rbd-owner/rbd-owner/agent/internal/confdoc"
 	"github.com/rbd-owner/rbd-owner/agent/internal/manpage"
 	"github.com/rbd-owner/rbd-owner/agent/version"
 )
@@ -17,8 +19,10 @@ import (
 // extraCommands add commands to the tree that only some builds have (gendocs.go).
 var extraCommands []func(root *cobra.Command) *cobra.Command
 
-// genDocsCommand is `__gendocs DIR`: it writes DIR/rbd-owner.8, the manual page rbd-owner(8),
-// from the command definitions. Only the generator's build has it (gendocs.go).
+// genDocsCommand is `__gendocs DIR`: it writes the manual pages into DIR: rbd-owner.8, the
+// CLI's rbd-owner(8), from the command definitions, and rbd-owner.yaml.5 and rbd-owner-agent.8
+// from the config's keys and the agent's flags (agent/internal/confdoc). Only the generator's
+// build has it (gendocs.go).
 func genDocsCommand(root *cobra.Command) *cobra.Command {
 	return &cobra.Command{
 		Use:    "__gendocs DIR",
@@ -29,16 +33,35 @@ func genDocsCommand(root *cobra.Command) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			f, err := os.Create(filepath.Join(args[0], root.Name()+".8"))
-			if err != nil {
-				return err
+			source := "rbd-owner " + version.Version
+			pages := []struct {
+				file  string
+				write func(io.Writer) error
+			}{
+				{root.Name() + ".8", func(w io.Writer) error { return manpage.Write(w, root, manPage(date)) }},
+				{confdoc.ConfigPageFile, func(w io.Writer) error { return confdoc.ConfigPage(w, date, source) }},
+				{confdoc.AgentPageFile, func(w io.Writer) error { return confdoc.AgentPage(w, date, source) }},
 			}
-			if err := manpage.Write(f, root, manPage(date)); err != nil {
-				return errors.Join(err, f.Close())
+			for _, p := range pages {
+				if err := writeFile(filepath.Join(args[0], p.file), p.write); err != nil {
+					return err
+				}
 			}
-			return f.Close()
+			return nil
 		},
 	}
+}
+
+// writeFile creates path and writes it with write.
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		return errors.Join(err, f.Close())
+	}
+	return f.Close()
 }
 
 // sourceDate is the page's date: SOURCE_DATE_EPOCH's (reproducible builds; the Makefile sets
@@ -58,7 +81,8 @@ func sourceDate() (string, error) {
 // manPage is rbd-owner(8)'s header and closing sections (the commands say the rest).
 func manPage(date string) manpage.Page {
 	return manpage.Page{Section: "8", Date: date, Source: "rbd-owner " + version.Version, Sections: []manpage.Section{
-		{Title: "Files", Text: `/etc/rbd-owner/config.yaml: the agent's configuration (rbd-owner check-config checks it).
+		{Title: "Files", Text: `/etc/rbd-owner/config.yaml: the agent's configuration, rbd-owner.yaml(5) (rbd-owner
+check-config checks it).
 
 /run/rbd-owner/rbd-owner.sock: the agent's API socket, each caller served in the role its uid
 and groups give it; /run/rbd-owner/csi/csi.sock serves the CSI role only, whoever calls.
@@ -67,7 +91,9 @@ and groups give it; /run/rbd-owner/csi/csi.sock serves the CSI role only, whoeve
 
 /usr/share/doc/rbd-owner/README.md: how it works, the configuration's keys, the API, the
 metrics and troubleshooting.`},
-		{Title: "See also", Text: `rbd(8), systemctl(1), journalctl(1): journalctl -u rbd-owner has the agent's log and its
+		{Title: "See also", Text: `rbd-owner-agent(8), the agent; rbd-owner.yaml(5), its configuration's keys.
+
+rbd(8), systemctl(1), journalctl(1): journalctl -u rbd-owner has the agent's log and its
 audit entries (RBD_OWNER_EVENT=...).`},
 	}}
 }

@@ -8,7 +8,8 @@ import (
 )
 
 // TestManualPage: `__gendocs DIR` (the build with -tags gendocs) writes rbd-owner(8) with every
-// command, its flags and examples, dated by SOURCE_DATE_EPOCH.
+// command, its flags and examples, dated by SOURCE_DATE_EPOCH, and the pages rbd-owner.yaml(5)
+// and rbd-owner-agent(8).
 func TestManualPage(t *testing.T) {
 	t.Setenv("SOURCE_DATE_EPOCH", "1796212800")
 	dir := t.TempDir()
@@ -41,5 +42,13 @@ func TestManualPage(t *testing.T) {
 	}
 	if strings.Contains(page, "__gendocs") || strings.Contains(page, "__complete") || strings.Contains(page, "powershell") {
 		t.Error("rbd-owner.8 documents a hidden command")
+	}
+	// the config's and the agent's pages beside it (agent/internal/confdoc tests what they say)
+	for file, want := range map[string]string{"rbd-owner.yaml.5": `.TH "RBD\-OWNER.YAML" "5" "2026\-12\-02" "rbd\-owner dev"`,
+		"rbd-owner-agent.8": `.TH "RBD\-OWNER\-AGENT" "8" "2026\-12\-02" "rbd\-owner dev"`} {
+		b, err := os.ReadFile(filepath.Join(dir, file))
+		if err != nil || !strings.HasPrefix(string(b), want+"\n") {
+			t.Errorf("%s: %v; want it to start with %s", file, err, want)
+		}
 	}
 }

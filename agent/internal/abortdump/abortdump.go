@@ -26,7 +26,11 @@ const Keep = 5
 // watchdog's.
 const ExitCode = 2
 
-const prefix, suffix = "goroutines-", ".txt"
+// The name of a dump file is Prefix, the time of the abort, and Suffix.
+const (
+	Prefix = "goroutines-"
+	Suffix = ".txt"
+)
 
 // Watch makes a SIGABRT write the dump into dir, log one line at error level and exit with
 // ExitCode. Stopping the agent this way unmaps nothing, like any other exit.
@@ -56,8 +60,8 @@ func OnAbort(dir string, log logrus.FieldLogger, now time.Time) {
 // can hold anything the agent had in hand), through a temporary name and a rename, and removes
 // all but the newest Keep dumps. It returns the file's path.
 func Write(dir string, now time.Time) (string, error) {
-	path := filepath.Join(dir, prefix+now.UTC().Format("20060102T150405Z")+suffix)
-	f, err := os.CreateTemp(dir, "."+prefix+"*.tmp") // 0600
+	path := filepath.Join(dir, Prefix+now.UTC().Format("20060102T150405Z")+Suffix)
+	f, err := os.CreateTemp(dir, "."+Prefix+"*.tmp") // 0600
 	if err != nil {
 		return "", err // names the directory
 	}
@@ -92,7 +96,7 @@ func prune(dir string) {
 	}
 	var dumps []string
 	for _, e := range entries {
-		if n := e.Name(); strings.HasPrefix(n, prefix) && strings.HasSuffix(n, suffix) && e.Type().IsRegular() {
+		if n := e.Name(); strings.HasPrefix(n, Prefix) && strings.HasSuffix(n, Suffix) && e.Type().IsRegular() {
 			dumps = append(dumps, n)
 		}
 	}

@@ -50,3 +50,17 @@ func TestWrite(t *testing.T) {
 		}
 	}
 }
+
+func TestInline(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain - text":                     `plain \- text`,
+		"the `lease_duration` key, `-o` x": `the \fBlease_duration\fR key, \fB\-o\fR x`,
+		"`.hidden` first":                  `\fB.hidden\fR first`,
+		".dot `a\\b`":                      `\&.dot \fBa\eb\fR`,
+		"'quote":                           `\&'quote`,
+	} {
+		if got := Inline(in); got != want {
+			t.Errorf("Inline(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
