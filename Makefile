@@ -10,8 +10,22 @@ VERSION     ?= $(shell v=$$(git describe --tags --exact-match --match 'v[0-9]*' 
 CEPH_TAG     = $(shell tests/ceph/build-tag)
 LDFLAGS     := -s -w -X github.com/rbd-owner/rbd-owner/agent/version.Version=$(VERSION)
 ARCH        := amd64
+# the packages' maintainer (RFC 822: a role address in the project's name, not a person's; the
+# domain is a placeholder until the project has one, see packaging/lintian-overrides) and home
+# the packages' file names (revision 1, as nfpm.yaml's release)
+DEB         = rbd-owner_$(VERSION)-1_$(ARCH).deb
+RPM         = rbd-owner-$(VERSION)-1.x86_64.rpm
+MAINTAINER  := rbd-owner maintainers <maintainers@rbd-owner.invalid>
+HOMEPAGE    := https://github.com/rbd-owner/rbd-owner
+# the agent is a position-independent executable with the usual hardening of its C parts (cgo:
+# go-ceph and agent/watchers), as Debian's and Fedora's build flags give packaged C programs:
+# fortified functions, stack protector, full RELRO and immediate binding
+AGENT_BUILD := -buildmode=pie
+AGENT_ENV   := CGO_CPPFLAGS="-D_FORTIFY_SOURCE=2" \
+               CGO_CFLAGS="-O2 -fstack-protector-strong -fstack-clash-protection -fcf-protection" \
+               CGO_LDFLAGS="-Wl,-z,relro -Wl,-z,now"
 
-.PHONY: all build test unit model e2e e2e-trixie-reef matrix chaos bench-go lab lab-sh lab-down bench package cli-docs package-check lint metrics-check k8s-check deps clean
+.PHONY: all build test unit model e2e e2e-trixie-reef matrix chaos bench-go lab lab-sh lab-down bench package cli-docs pkg-meta package-check lint metrics-check k8s-check deps clean
 all: build
 
 deps:
@@ -19,7 +33,7 @@ deps:
 
 build: deps
 	@mkdir -p bin
-	CGO_ENABLED=1 $(GO) build -tags "$(CEPH_TAG)" -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-owner-agent ./agent/cmd/rbd-owner-agent
+	CGO_ENABLED=1 $(AGENT_ENV) $(GO) build $(AGENT_BUILD) -tags "$(CEPH_TAG)" -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-owner-agent ./agent/cmd/rbd-owner-agent
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-owner ./agent/cmd/rbd-owner
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-shim ./agent/cmd/rbd-shim
 
@@ -137,20 +151,33 @@ cli-docs: build
 	bin/rbd-owner completion zsh >dist/completions/_rbd-owner
 	bin/rbd-owner completion fish >dist/completions/rbd-owner.fish
 
-package: build cli-docs
+# The packages' changelog (from CHANGELOG.md, its [Unreleased] section as this VERSION, dated by
+# the commit) and their DEP-5 copyright (from the Go modules compiled into the three programs
+# and their licence files; it fails when nfpm.yaml's license no longer says what they contain).
+pkg-meta: build
+	@mkdir -p dist
+	$(GO) run ./agent/internal/pkgmeta/gen changelog -version "$(VERSION)" -maintainer "$(MAINTAINER)" \
+	  -date "$$(git log -1 --format=%ct 2>/dev/null || echo 0)" -out dist/changelog.yml
+	$(GO) run ./agent/internal/pkgmeta/gen copyright -contact "$(MAINTAINER)" -source "$(HOMEPAGE)" \
+	  -tags "$(CEPH_TAG)" -out dist/copyright \
+	  -program /usr/lib/rbd-owner/rbd-owner-agent=./agent/cmd/rbd-owner-agent \
+	  -program /usr/bin/rbd-owner=./agent/cmd/rbd-owner \
+	  -program /usr/lib/rbd-owner/bin/rbd=./agent/cmd/rbd-shim
+
+package: build cli-docs pkg-meta
 	@test -f udev/60-rbd-owner.rules || { echo "package: udev/60-rbd-owner.rules is missing" >&2; exit 1; }
 	@mkdir -p dist
 	@rm -f dist/rbd-owner_*.deb dist/rbd-owner-*.rpm
-	@export VERSION="$(VERSION)" ARCH=$(ARCH) CEPH_MIN="$(CEPH_MIN)" && set -x && \
-	  $(GO) tool nfpm package --config nfpm.yaml --packager deb --target "dist/rbd-owner_$(VERSION)_$(ARCH).deb" && \
-	  $(GO) tool nfpm package --config nfpm.yaml --packager rpm --target "dist/rbd-owner-$(VERSION).x86_64.rpm"
+	@export VERSION="$(VERSION)" ARCH=$(ARCH) CEPH_MIN="$(CEPH_MIN)" MAINTAINER="$(MAINTAINER)" HOMEPAGE="$(HOMEPAGE)" && set -x && \
+	  $(GO) tool nfpm package --config nfpm.yaml --packager deb --target "dist/$(DEB)" && \
+	  $(GO) tool nfpm package --config nfpm.yaml --packager rpm --target "dist/$(RPM)"
 
 # Checks the built packages: contents, conffile, units (systemd-analyze verify), and a real
 # dpkg -i / purge on this machine, which it leaves as it found it; the .rpm's contents,
 # dependencies (resolved against stand-ins for the distributions' Ceph libraries) and scriptlets,
 # installed, upgraded and erased in scratch roots (rpm --root). Needs root.
 package-check: package
-	@CEPH_MIN="$(CEPH_MIN)" GO="$(GO)" tests/package-check "dist/rbd-owner_$(VERSION)_$(ARCH).deb" "dist/rbd-owner-$(VERSION).x86_64.rpm"
+	@CEPH_MIN="$(CEPH_MIN)" GO="$(GO)" MAINTAINER="$(MAINTAINER)" HOMEPAGE="$(HOMEPAGE)" tests/package-check "dist/$(DEB)" "dist/$(RPM)"
 
 # gofmt, go vet, golangci-lint (.golangci.yml; pinned in its own module, tools/lint/go.mod, so
 # that its dependencies stay out of the agent's; the first run builds it, a few minutes on 2
