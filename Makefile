@@ -34,6 +34,7 @@ deps:
 build: deps
 	@mkdir -p bin
 	CGO_ENABLED=1 $(AGENT_ENV) $(GO) build $(AGENT_BUILD) -tags "$(CEPH_TAG)" -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-owner-agent ./agent/cmd/rbd-owner-agent
+	objcopy --remove-section=.comment bin/rbd-owner-agent  # the C compiler's version strings, as dh_strip does
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-owner ./agent/cmd/rbd-owner
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-shim ./agent/cmd/rbd-shim
 
