@@ -81,6 +81,16 @@ func sourceDate() (string, error) {
 // manPage is rbd-owner(8)'s header and closing sections (the commands say the rest).
 func manPage(date string) manpage.Page {
 	return manpage.Page{Section: "8", Date: date, Source: "rbd-owner " + version.Version, Sections: []manpage.Section{
+		{Title: "Exit status", Text: fmt.Sprintf(`%d: done. %d: failed (the agent refused or could not do it; the message names the next
+step). %d: a usage error (the command's usage line is printed). %d: the image is held by another
+node (map; the message names it). %d: no agent answers on the socket. %d: status only: the
+agent answers but reports problems (listed as "problem:" lines).
+
+With --json the codes are the same, and an error is the JSON document on stdout.`,
+			exitOK, exitFailed, exitUsage, exitClaimed, exitUnreachable, exitProblems)},
+		{Title: "Environment", Text: `rbd-owner reads no environment variable of its own. rbd-owner daemon starts the agent
+with its environment, in which systemd passes the socket activation's and the watchdog's
+variables: see rbd-owner-agent(8).`},
 		{Title: "Files", Text: `/etc/rbd-owner/config.yaml: the agent's configuration, rbd-owner.yaml(5) (rbd-owner
 check-config checks it).
 

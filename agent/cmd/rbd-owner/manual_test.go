@@ -29,7 +29,8 @@ func TestManualPage(t *testing.T) {
 		`.TH "RBD\-OWNER" "8" "2026\-12\-02" "rbd\-owner dev"`, ".SH NAME\nrbd\\-owner \\- Keep each Ceph RBD image mapped",
 		".B rbd\\-owner map POOL[/NAMESPACE]/IMAGE[@SNAP] [flags]\n", "Exit codes: 0 done, 1 failed, 2 usage error",
 		"\\fB\\-\\-socket\\fR \\fIPATH\\fR", ".SS \"rbd\\-owner fence (POOL[/NAMESPACE]/IMAGE | \\-\\-node NODE) [flags]\"",
-		"\\fB\\-\\-takeover\\fR", ".SH \"FILES\"\n", "/etc/rbd\\-owner/config.yaml", ".SH \"SEE ALSO\"\n",
+		"\\fB\\-\\-takeover\\fR", ".SH \"EXIT STATUS\"\n.PP\n0: done. 1: failed", "3: the image is held by another\nnode",
+		"5: status only", ".SH \"ENVIRONMENT\"\n.PP\nrbd\\-owner reads no environment variable", ".SH \"FILES\"\n", "/etc/rbd\\-owner/config.yaml", ".SH \"SEE ALSO\"\n",
 	} {
 		if !strings.Contains(page, want) {
 			t.Errorf("rbd-owner.8 has no %q", want)
