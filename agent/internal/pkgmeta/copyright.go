@@ -162,7 +162,7 @@ func WriteCopyright(w io.Writer, p Project, mods []Module) error {
 	for _, id := range ids {
 		b.WriteString("\n" + field("License", id+"\n"+wrap(
 			"On Debian systems, the complete text of this licence is in "+
-			"/usr/share/common-licenses/"+debianName[id]+"; it is also at "+commonLicences[id]+".")))
+				"/usr/share/common-licenses/"+debianName[id]+"; it is also at "+commonLicences[id]+".")))
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
