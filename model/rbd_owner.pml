@@ -28,6 +28,14 @@
  *   NO_I2, NO_I3      leave invariant 2 or 3 unchecked (a variant must then show two writers)
  *   FIX_UNMAP_ADDR    the unmap saga persists the device it found by name (docs/safety.md, F1)
  *   FIX_AGAIN_ADDR    a repeated claim forgets an earlier mapping's address (docs/safety.md, F2)
+ *   ONE_FSYNC         the map writes no state between its claim and the recorded device: the
+ *                     phase stays CLAIMING through the kernel's map (no "persist-claim")
+ *   FIX_CLAIMING_DEVICE  the settle and the unmap of a CLAIMING state look for the image's
+ *                     device by name and take this node's hold whose recorded mapping is none
+ *                     or that device (claimingEpoch with the device); the settle adopts the
+ *                     device (SetMapping, then MAPPED) when that hold is there. ONE_FSYNC
+ *                     without it is variant (ae): the settle releases the claim of a live
+ *                     mapping
  *   LIVENESS          node 0 keeps asking for image 0 (rwo, no takeover); the LTL property
  *   RWO_ONLY          maps ask for rwo only (else rwo, rox and rwx)
  *   KEEP_FENCED       add the renewal round's keepFenced, asserting it finds its mapping
@@ -399,7 +407,11 @@ end_idle:
          ph == CLAIMING ->
          /* claimingEpoch: the epoch of a hold of this node with no mapping recorded yet */
          op = OP_UNMAP; prevph = ph; g = kdev[w];
+#ifdef FIX_CLAIMING_DEVICE
+         ep = (h_held[H(i,n)] && (h_addr[H(i,n)] == 0 || h_addr[H(i,n)] == g) -> h_ep[H(i,n)] : 0);
+#else
          ep = (h_held[H(i,n)] && h_addr[H(i,n)] == 0 -> h_ep[H(i,n)] : 0);
+#endif
          printf("node %d image %d: UNMAP (claiming; claimingEpoch %d)\n", n, i, ep);
          goto unmap_intent
        }
@@ -432,14 +444,27 @@ unmap_intent:
   /* ---- daemon.settle: the reconciler finishes or undoes a persisted saga ---- */
   :: atomic {
          ph == CLAIMING ->
-         /* claimingEpoch, then release */
          op = OP_SETTLE;
+#ifdef FIX_CLAIMING_DEVICE
+         /* the device by name; claimingEpoch with it; adopt, release, or leave the device to
+            the judgement of mappings made outside rbd-owner */
+         g = kdev[w];
+         ep = (h_held[H(i,n)] && (h_addr[H(i,n)] == 0 || h_addr[H(i,n)] == g) -> h_ep[H(i,n)] : 0);
+         printf("node %d image %d: SETTLE claiming (device #%d, claimingEpoch %d)\n", n, i, g, ep);
+         if
+         :: g != 0 && ep != 0 -> goto sm_now
+         :: g == 0 && ep != 0 -> goto rel_read_now
+         :: else -> DELETE; DONE
+         fi
+#else
+         /* claimingEpoch, then release */
          ep = (h_held[H(i,n)] && h_addr[H(i,n)] == 0 -> h_ep[H(i,n)] : 0);
          printf("node %d image %d: SETTLE claiming (claimingEpoch %d)\n", n, i, ep);
          if
          :: ep != 0 -> goto rel_read_now
          :: else -> DELETE; DONE
          fi
+#endif
        }
   /* the map happened (the device found by name): record it in the claim and keep it */
   :: atomic {
@@ -622,7 +647,9 @@ acq_cas:
        fi;
 #endif
 acquired:
+#ifndef ONE_FSYNC
        PUT(CLAIMED, ep, 0);             /* persist-claim */
+#endif
        goto kmap
      }
   fi;
@@ -717,7 +744,7 @@ kunmap_now:
 #endif
        if
        :: op == OP_UNMAP && prevph == 0 -> DONE                  /* nobody's claim */
-       :: op == OP_SETTLE && ph == CLAIMED -> DELETE; DONE       /* a lost claim's device */
+       :: op == OP_SETTLE && (ph == CLAIMED || ph == CLAIMING) -> DELETE; DONE  /* a lost claim's device */
        :: else -> goto rel_read                                  /* then release */
        fi
      }

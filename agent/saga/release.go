@@ -6,12 +6,15 @@ import (
 
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
 // ClaimingEpoch finds the epoch of a claim this node was writing when its map was
-// interrupted (0 when the claim was not written, or holds a mapping already).
-func (s *Sagas) ClaimingEpoch(ctx context.Context, cl Cluster, m state.Mapping) (uint64, error) {
+// interrupted: this node's hold with no mapping recorded, or with the mapping of one of devs
+// (the image's devices on this node, found by names: a map interrupted after its record step).
+// 0 when the claim was not written, or records another mapping.
+func (s *Sagas) ClaimingEpoch(ctx context.Context, cl Cluster, m state.Mapping, devs []krbd.Device) (uint64, error) {
 	store, err := cl.Claims(ctx)
 	if err != nil {
 		return 0, err
@@ -23,8 +26,17 @@ func (s *Sagas) ClaimingEpoch(ctx context.Context, cl Cluster, m state.Mapping) 
 	if err != nil {
 		return 0, err
 	}
-	if h := rec.Holder(s.Config.NodeID); h != nil && h.ClientAddr == "" {
+	h := rec.Holder(s.Config.NodeID)
+	if h == nil {
+		return 0, nil
+	}
+	if h.ClientAddr == "" {
 		return h.Epoch, nil
+	}
+	for _, dv := range devs {
+		if dv.ClientAddr == h.ClientAddr {
+			return h.Epoch, nil
+		}
 	}
 	return 0, nil
 }
