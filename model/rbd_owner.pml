@@ -33,9 +33,13 @@
  *   FIX_CLAIMING_DEVICE  the settle and the unmap of a CLAIMING state look for the image's
  *                     device by name and take this node's hold whose recorded mapping is none
  *                     or that device (claimingEpoch with the device); the settle adopts the
- *                     device (SetMapping, then MAPPED) when that hold is there. ONE_FSYNC
- *                     without it is variant (ae): the settle releases the claim of a live
- *                     mapping
+ *                     device (SetMapping, then MAPPED) when that hold is there; with no
+ *                     device, this node's hold whatever mapping it records is released.
+ *                     ONE_FSYNC without it is variant (ae): the settle releases the claim of
+ *                     a live mapping. CLAIMING_STRICT (variant af): with no device, only a
+ *                     hold with no mapping recorded is released
+ *   LEAK_CHECK        invariant 6: the state forgets a mapping only once this node's hold is
+ *                     gone or fenced
  *   LIVENESS          node 0 keeps asking for image 0 (rwo, no takeover); the LTL property
  *   RWO_ONLY          maps ask for rwo only (else rwo, rox and rwx)
  *   KEEP_FENCED       add the renewal round's keepFenced, asserting it finds its mapping
@@ -132,6 +136,7 @@ byte crashes, faults, admins, handunmaps, foreign;
 byte maxgrant[IMAGES];          /* the highest epoch granted so far, per image */
 bool i2_epoch_reused;
 bool i3_claim_dropped_under_live_mapping;
+bool i6_hold_outlives_state;
 bool i1_i4_violated;
 #ifdef ROLES
 /* takeover_policy per node: after-lease-expiry (1) or manual (0), set in init */
@@ -320,10 +325,27 @@ inline blocklist(m, i, tg) {
   ph = P; mep = E; maddr = A; \
   printf("node %d image %d: state file: %e, epoch %d, device #%d\n", n, i, ph, mep, maddr); \
   MAY_CRASH
+#ifdef LEAK_CHECK
+/* invariant 6: the state file forgets a mapping only once this node's hold of the image is
+   gone (released, or another node's now) or fenced (an admin's, to be taken over): else the
+   claim is held by nobody's state, for ever */
+#define I6_CHECK \
+  i6_hold_outlives_state = (h_held[H(i,n)] && !h_fen[H(i,n)]); assert(!i6_hold_outlives_state);
+#else
+#define I6_CHECK
+#endif
 #define DELETE \
+  I6_CHECK \
   ph = 0; mep = 0; maddr = 0; printf("node %d image %d: state file: mapping forgotten\n", n, i); \
   MAY_CRASH
 #define DEVOK        (maddr != 0 && kdev[w] == maddr)
+/* claimingEpoch with no device of the image on this node: this node's hold whatever mapping
+   it records (that mapping is gone); CLAIMING_STRICT (variant af): only one with none */
+#ifdef CLAIMING_STRICT
+#define CLAIMING_NO_DEVICE 0
+#else
+#define CLAIMING_NO_DEVICE (g == 0)
+#endif
 
 #ifdef LIVENESS
 /* node 0's worker on image 0 is the client: it maps rwo without takeover (see the end) */
@@ -408,7 +430,7 @@ end_idle:
          /* claimingEpoch: the epoch of a hold of this node with no mapping recorded yet */
          op = OP_UNMAP; prevph = ph; g = kdev[w];
 #ifdef FIX_CLAIMING_DEVICE
-         ep = (h_held[H(i,n)] && (h_addr[H(i,n)] == 0 || h_addr[H(i,n)] == g) -> h_ep[H(i,n)] : 0);
+         ep = (h_held[H(i,n)] && (h_addr[H(i,n)] == 0 || h_addr[H(i,n)] == g || CLAIMING_NO_DEVICE) -> h_ep[H(i,n)] : 0);
 #else
          ep = (h_held[H(i,n)] && h_addr[H(i,n)] == 0 -> h_ep[H(i,n)] : 0);
 #endif
@@ -449,7 +471,7 @@ unmap_intent:
          /* the device by name; claimingEpoch with it; adopt, release, or leave the device to
             the judgement of mappings made outside rbd-owner */
          g = kdev[w];
-         ep = (h_held[H(i,n)] && (h_addr[H(i,n)] == 0 || h_addr[H(i,n)] == g) -> h_ep[H(i,n)] : 0);
+         ep = (h_held[H(i,n)] && (h_addr[H(i,n)] == 0 || h_addr[H(i,n)] == g || CLAIMING_NO_DEVICE) -> h_ep[H(i,n)] : 0);
          printf("node %d image %d: SETTLE claiming (device #%d, claimingEpoch %d)\n", n, i, g, ep);
          if
          :: g != 0 && ep != 0 -> goto sm_now

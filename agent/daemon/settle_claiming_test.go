@@ -127,3 +127,57 @@ func TestSettleClaimingLeavesADeviceWhoseClaimIsAnothers(t *testing.T) {
 		t.Fatalf("audit: %+v", got)
 	}
 }
+
+// TestSettleClaimingReleasesTheHoldOfAGoneDevice: a map interrupted after its record step
+// (phase "claiming", the claim naming the device's client), then the device removed by hand
+// before the agent settles: no device of the image is left, so the hold, whatever mapping it
+// records, is this node's interrupted map's, and is released. Releasing only a hold with no
+// mapping recorded would forget the state and keep the claim for ever (docs/safety.md,
+// variant af).
+func TestSettleClaimingReleasesTheHoldOfAGoneDevice(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000064")
+	crash := true
+	n := startMemDaemonWith(t, func(o *Options) {
+		noReconcile(o)
+		o.Fault = func(saga, s string) error {
+			if crash && saga == "map" && s == "persist" {
+				return ErrCrash
+			}
+			return nil
+		}
+	}, c)
+	defer n.stop(t)
+	addImage(n, c, "z")
+	_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "z"}, nil)
+	crash = false
+	if !errors.Is(err, ErrCrash) {
+		t.Fatalf("want the simulated crash, got %v", err)
+	}
+	devs, err := n.d.kernel.List()
+	if err != nil || len(devs) != 1 {
+		t.Fatalf("devices after the crash: %v %v", devs, err)
+	}
+	reader, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-r"}, Lease: time.Minute, FenceExpiry: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := claim.Image{Pool: "rbd", Image: "z"}
+	if rec, err := reader.Inspect(context.Background(), img); err != nil || rec.Holder("node-m") == nil || rec.Holder("node-m").ClientAddr != devs[0].ClientAddr {
+		t.Fatalf("claim after the crash: %+v %v, want node-m with %s recorded", rec, err, devs[0].ClientAddr)
+	}
+	handUnmap(t, n, devs[0])
+	key := state.Key{Cluster: "c1", Ref: claimRef(c, "z")}
+	if err := n.d.settleKey(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := n.d.state.Get(key); ok {
+		t.Fatalf("the claiming state was kept: %+v", m)
+	}
+	rec, err := reader.Inspect(context.Background(), img)
+	if err == nil && rec.Holder("node-m") != nil {
+		t.Fatalf("node-m still holds z with no state and no device: %+v", rec.Holders)
+	}
+	if err != nil && !errors.Is(err, claim.ErrNoClaim) {
+		t.Fatal(err)
+	}
+}

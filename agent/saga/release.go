@@ -11,9 +11,10 @@ import (
 )
 
 // ClaimingEpoch finds the epoch of a claim this node was writing when its map was
-// interrupted: this node's hold with no mapping recorded, or with the mapping of one of devs
-// (the image's devices on this node, found by names: a map interrupted after its record step).
-// 0 when the claim was not written, or records another mapping.
+// interrupted, given devs, the image's devices on this node (found by names): with a device,
+// this node's hold with no mapping recorded or with that device's (a map interrupted after its
+// record step); with none, this node's hold whatever mapping it records, since that mapping is
+// gone (docs/safety.md, variant af). 0 when this node holds no such claim.
 func (s *Sagas) ClaimingEpoch(ctx context.Context, cl Cluster, m state.Mapping, devs []krbd.Device) (uint64, error) {
 	store, err := cl.Claims(ctx)
 	if err != nil {
@@ -30,7 +31,7 @@ func (s *Sagas) ClaimingEpoch(ctx context.Context, cl Cluster, m state.Mapping, 
 	if h == nil {
 		return 0, nil
 	}
-	if h.ClientAddr == "" {
+	if h.ClientAddr == "" || len(devs) == 0 {
 		return h.Epoch, nil
 	}
 	for _, dv := range devs {
