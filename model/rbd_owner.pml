@@ -40,6 +40,9 @@
  *                     hold with no mapping recorded is released
  *   LEAK_CHECK        invariant 6: the state forgets a mapping only once this node's hold is
  *                     gone or fenced
+ *   FIX_MAP_KEEPS_PREV  a refused map writes back the state it replaced (one an interrupted
+ *                     saga left, "claiming" or "unmapping"), not nothing: variant (ag) without
+ *                     it forgets the interrupted map's hold (invariant 6)
  *   LIVENESS          node 0 keeps asking for image 0 (rwo, no takeover); the LTL property
  *   RWO_ONLY          maps ask for rwo only (else rwo, rox and rwx)
  *   KEEP_FENCED       add the renewal round's keepFenced, asserting it finds its mapping
@@ -312,7 +315,7 @@ inline blocklist(m, i, tg) {
 #endif
 #define RESET \
   op = 0; acc = 0; plan = 0; ev = 0; wat = 0; ep = 0; res = 0; g = 0; t = 0; pend = 0; \
-  out = 0; prevph = 0; evicting = 0; bad = 0; RESET_SNAP RESET_ROLE UNREAD
+  out = 0; prevph = 0; pmep = 0; pmaddr = 0; evicting = 0; bad = 0; RESET_SNAP RESET_ROLE UNREAD
 #define DONE        RESET; goto idle
 #define CRASH_NOW \
   crashes++; printf("node %d image %d: CRASH (the agent restarts)\n", n, i); RESET; goto idle
@@ -362,6 +365,7 @@ proctype Worker(byte n; byte i) {
   /* the operation under way (forgotten at a crash) */
   mtype acc, prevph;
   byte op, plan, ev, wat, ep, res, g, t, pend, out;
+  byte pmep, pmaddr;            /* the state a map replaced (with prevph), for its undo */
   bool evicting, bad;
 #ifdef READ_THEN_WRITE
   byte snap;
@@ -400,6 +404,9 @@ end_idle:
 #endif
 #else
          printf("node %d image %d: MAP as %e\n", n, i, acc);
+#endif
+#ifdef FIX_MAP_KEEPS_PREV
+         prevph = ph; pmep = mep; pmaddr = maddr;   /* a state left by an interrupted saga */
 #endif
          PUT(CLAIMING, 0, 0);
          wat = 0;                       /* inspectImage: the live watchers of the header */
@@ -590,7 +597,14 @@ acq_read:
        fi;
        if
        :: bad ->                        /* held, lost, busy, invalid: undo the intent */
-            printf("node %d image %d: acquire: refused\n", n, i); DELETE; DONE
+            printf("node %d image %d: acquire: refused\n", n, i);
+            /* undo the intent: FIX_MAP_KEEPS_PREV writes back a state an interrupted saga
+               left (its hold is still to be settled); else it is forgotten */
+            if
+            :: prevph != 0 -> PUT(prevph, pmep, pmaddr)
+            :: else -> DELETE
+            fi;
+            DONE
        :: else
        fi;
        if

@@ -181,3 +181,50 @@ func TestSettleClaimingReleasesTheHoldOfAGoneDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRefusedMapKeepsAnInterruptedMapsState: a map interrupted after its claim (phase
+// "claiming", this node's rwo hold written), then, before the reconciler settles it, a map of
+// the same image with another access, which the claim refuses. The refusal writes back the
+// interrupted map's state instead of forgetting it, so the reconciler still releases that
+// hold; forgetting it kept the claim for ever (docs/safety.md, variant ag).
+func TestRefusedMapKeepsAnInterruptedMapsState(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000065")
+	crash := true
+	n := startMemDaemonWith(t, func(o *Options) {
+		noReconcile(o)
+		o.Fault = func(saga, s string) error {
+			if crash && saga == "map" && s == "map" {
+				return ErrCrash
+			}
+			return nil
+		}
+	}, c)
+	defer n.stop(t)
+	addImage(n, c, "w")
+	_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "w"}, nil)
+	crash = false
+	if !errors.Is(err, ErrCrash) {
+		t.Fatalf("want the simulated crash, got %v", err)
+	}
+	key := state.Key{Cluster: "c1", Ref: claimRef(c, "w")}
+	if _, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "w", Access: string(claim.ROX)}, nil); err == nil {
+		t.Fatal("a rox map over this node's rwo hold was not refused")
+	}
+	if m, ok := n.d.state.Get(key); !ok || m.Phase != state.Claiming {
+		t.Fatalf("after the refused map: %+v (ok %v), want the interrupted map's claiming state", m, ok)
+	}
+	if err := n.d.settleKey(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+	reader, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-r"}, Lease: time.Minute, FenceExpiry: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := reader.Inspect(context.Background(), claim.Image{Pool: "rbd", Image: "w"})
+	if err == nil && rec.Holder("node-m") != nil {
+		t.Fatalf("node-m still holds w with no state and no device: %+v", rec.Holders)
+	}
+	if _, ok := n.d.state.Get(key); ok {
+		t.Fatal("the claiming state outlived its settling")
+	}
+}

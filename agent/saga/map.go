@@ -161,12 +161,21 @@ func (r *mapRun) resolve(ctx context.Context) (*api.MapResponse, bool, error) {
 }
 
 // intent writes the mapping, phase claiming, before the claim: a crash from here on leaves a
-// state the reconciler finishes or undoes. Undo: forget it.
+// state the reconciler finishes or undoes. Undo: forget it; but a state an interrupted saga
+// left ("claiming", "unmapping": not "mapped", which alreadyMapped answered) is written back
+// when this map made no claim, since the hold it names is still to be settled (forgetting it
+// would keep that claim for ever: docs/safety.md, variant ag).
 func (r *mapRun) intent(context.Context) error {
+	prev, had := r.s.State.Get(r.t.key)
 	if err := r.s.persist(r.run, "persist-intent", r.m); err != nil {
 		return refuse(err)
 	}
-	r.run.onFail(func(context.Context) error { return r.s.State.Delete(r.t.key) })
+	r.run.onFail(func(context.Context) error {
+		if had && r.res == nil {
+			return r.s.State.Put(prev)
+		}
+		return r.s.State.Delete(r.t.key)
+	})
 	r.steps.mark("intent")
 	return nil
 }
