@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +26,41 @@ func noReconcile(o *Options) {
 	}
 }
 
+// crashedMap starts node-m on c with no reconcile round, adds image, and maps it with a
+// simulated kill at the map saga's step: the state is what the killed agent left.
+func crashedMap(t *testing.T, c *memCluster, image, step string) *memDaemon {
+	t.Helper()
+	var crash atomic.Bool
+	crash.Store(true)
+	n := startMemDaemonWith(t, func(o *Options) {
+		noReconcile(o)
+		o.Fault = func(saga, s string) error {
+			if crash.Load() && saga == "map" && s == step {
+				return ErrCrash
+			}
+			return nil
+		}
+	}, c)
+	t.Cleanup(func() { n.stop(t) })
+	addImage(n, c, image)
+	_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: image}, nil)
+	crash.Store(false)
+	if !errors.Is(err, ErrCrash) {
+		t.Fatalf("want the simulated crash, got %v", err)
+	}
+	return n
+}
+
+// claimReader reads c's claims as a node of its own.
+func claimReader(t *testing.T, c *memCluster) *claim.Store {
+	t.Helper()
+	r, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-r"}, Lease: time.Minute, FenceExpiry: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 // TestSettleClaimingAdoptsTheDeviceOfAnInterruptedMap: the map writes no state between its
 // claim and the recorded device, so an agent killed after the kernel's map (before or after
 // the record step) leaves phase "claiming". Recovery finds the device by names, sees the claim
@@ -34,23 +70,7 @@ func TestSettleClaimingAdoptsTheDeviceOfAnInterruptedMap(t *testing.T) {
 	for _, step := range []string{"record", "persist"} {
 		t.Run(step, func(t *testing.T) {
 			c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000061")
-			crash := true
-			n := startMemDaemonWith(t, func(o *Options) {
-				noReconcile(o)
-				o.Fault = func(saga, s string) error {
-					if crash && saga == "map" && s == step {
-						return ErrCrash
-					}
-					return nil
-				}
-			}, c)
-			defer n.stop(t)
-			addImage(n, c, "x")
-			_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "x"}, nil)
-			crash = false
-			if !errors.Is(err, ErrCrash) {
-				t.Fatalf("want the simulated crash, got %v", err)
-			}
+			n := crashedMap(t, c, "x", step)
 			key := state.Key{Cluster: "c1", Ref: claimRef(c, "x")}
 			if m, _ := n.d.state.Get(key); m.Phase != state.Claiming || m.ClientAddr != "" {
 				t.Fatalf("state after the crash: %+v, want phase claiming and no device", m)
@@ -66,11 +86,7 @@ func TestSettleClaimingAdoptsTheDeviceOfAnInterruptedMap(t *testing.T) {
 			if !ok || m.Phase != state.Mapped || m.DeviceID != devs[0].ID || m.ClientAddr != devs[0].ClientAddr {
 				t.Fatalf("after settling: %+v (ok %v), want mapped on %+v", m, ok, devs[0])
 			}
-			reader, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-r"}, Lease: time.Minute, FenceExpiry: time.Hour})
-			if err != nil {
-				t.Fatal(err)
-			}
-			rec, err := reader.Inspect(context.Background(), claim.Image{Pool: "rbd", Image: "x"})
+			rec, err := claimReader(t, c).Inspect(context.Background(), claim.Image{Pool: "rbd", Image: "x"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -136,31 +152,12 @@ func TestSettleClaimingLeavesADeviceWhoseClaimIsAnothers(t *testing.T) {
 // variant af).
 func TestSettleClaimingReleasesTheHoldOfAGoneDevice(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000064")
-	crash := true
-	n := startMemDaemonWith(t, func(o *Options) {
-		noReconcile(o)
-		o.Fault = func(saga, s string) error {
-			if crash && saga == "map" && s == "persist" {
-				return ErrCrash
-			}
-			return nil
-		}
-	}, c)
-	defer n.stop(t)
-	addImage(n, c, "z")
-	_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "z"}, nil)
-	crash = false
-	if !errors.Is(err, ErrCrash) {
-		t.Fatalf("want the simulated crash, got %v", err)
-	}
+	n := crashedMap(t, c, "z", "persist")
 	devs, err := n.d.kernel.List()
 	if err != nil || len(devs) != 1 {
 		t.Fatalf("devices after the crash: %v %v", devs, err)
 	}
-	reader, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-r"}, Lease: time.Minute, FenceExpiry: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	reader := claimReader(t, c)
 	img := claim.Image{Pool: "rbd", Image: "z"}
 	if rec, err := reader.Inspect(context.Background(), img); err != nil || rec.Holder("node-m") == nil || rec.Holder("node-m").ClientAddr != devs[0].ClientAddr {
 		t.Fatalf("claim after the crash: %+v %v, want node-m with %s recorded", rec, err, devs[0].ClientAddr)
@@ -189,23 +186,7 @@ func TestSettleClaimingReleasesTheHoldOfAGoneDevice(t *testing.T) {
 // hold; forgetting it kept the claim for ever (docs/safety.md, variant ag).
 func TestRefusedMapKeepsAnInterruptedMapsState(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000065")
-	crash := true
-	n := startMemDaemonWith(t, func(o *Options) {
-		noReconcile(o)
-		o.Fault = func(saga, s string) error {
-			if crash && saga == "map" && s == "map" {
-				return ErrCrash
-			}
-			return nil
-		}
-	}, c)
-	defer n.stop(t)
-	addImage(n, c, "w")
-	_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "w"}, nil)
-	crash = false
-	if !errors.Is(err, ErrCrash) {
-		t.Fatalf("want the simulated crash, got %v", err)
-	}
+	n := crashedMap(t, c, "w", "map")
 	key := state.Key{Cluster: "c1", Ref: claimRef(c, "w")}
 	if _, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "w", Access: string(claim.ROX)}, nil); err == nil {
 		t.Fatal("a rox map over this node's rwo hold was not refused")
@@ -216,11 +197,7 @@ func TestRefusedMapKeepsAnInterruptedMapsState(t *testing.T) {
 	if err := n.d.settleKey(context.Background(), key); err != nil {
 		t.Fatal(err)
 	}
-	reader, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-r"}, Lease: time.Minute, FenceExpiry: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec, err := reader.Inspect(context.Background(), claim.Image{Pool: "rbd", Image: "w"})
+	rec, err := claimReader(t, c).Inspect(context.Background(), claim.Image{Pool: "rbd", Image: "w"})
 	if err == nil && rec.Holder("node-m") != nil {
 		t.Fatalf("node-m still holds w with no state and no device: %+v", rec.Holders)
 	}
