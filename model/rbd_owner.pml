@@ -28,6 +28,21 @@
  *   NO_I2, NO_I3      leave invariant 2 or 3 unchecked (a variant must then show two writers)
  *   FIX_UNMAP_ADDR    the unmap saga persists the device it found by name (docs/safety.md, F1)
  *   FIX_AGAIN_ADDR    a repeated claim forgets an earlier mapping's address (docs/safety.md, F2)
+ *   ONE_FSYNC         the map writes no state between its claim and the recorded device: the
+ *                     phase stays CLAIMING through the kernel's map (no "persist-claim")
+ *   FIX_CLAIMING_DEVICE  the settle and the unmap of a CLAIMING state look for the image's
+ *                     device by name and take this node's hold whose recorded mapping is none
+ *                     or that device (claimingEpoch with the device); the settle adopts the
+ *                     device (SetMapping, then MAPPED) when that hold is there; with no
+ *                     device, this node's hold whatever mapping it records is released.
+ *                     ONE_FSYNC without it is variant (ae): the settle releases the claim of
+ *                     a live mapping. CLAIMING_STRICT (variant af): with no device, only a
+ *                     hold with no mapping recorded is released
+ *   LEAK_CHECK        invariant 6: the state forgets a mapping only once this node's hold is
+ *                     gone or fenced
+ *   FIX_MAP_KEEPS_PREV  a refused map writes back the state it replaced (one an interrupted
+ *                     saga left, "claiming" or "unmapping"), not nothing: variant (ag) without
+ *                     it forgets the interrupted map's hold (invariant 6)
  *   LIVENESS          node 0 keeps asking for image 0 (rwo, no takeover); the LTL property
  *   RWO_ONLY          maps ask for rwo only (else rwo, rox and rwx)
  *   KEEP_FENCED       add the renewal round's keepFenced, asserting it finds its mapping
@@ -124,6 +139,7 @@ byte crashes, faults, admins, handunmaps, foreign;
 byte maxgrant[IMAGES];          /* the highest epoch granted so far, per image */
 bool i2_epoch_reused;
 bool i3_claim_dropped_under_live_mapping;
+bool i6_hold_outlives_state;
 bool i1_i4_violated;
 #ifdef ROLES
 /* takeover_policy per node: after-lease-expiry (1) or manual (0), set in init */
@@ -299,7 +315,7 @@ inline blocklist(m, i, tg) {
 #endif
 #define RESET \
   op = 0; acc = 0; plan = 0; ev = 0; wat = 0; ep = 0; res = 0; g = 0; t = 0; pend = 0; \
-  out = 0; prevph = 0; evicting = 0; bad = 0; RESET_SNAP RESET_ROLE UNREAD
+  out = 0; prevph = 0; pmep = 0; pmaddr = 0; evicting = 0; bad = 0; RESET_SNAP RESET_ROLE UNREAD
 #define DONE        RESET; goto idle
 #define CRASH_NOW \
   crashes++; printf("node %d image %d: CRASH (the agent restarts)\n", n, i); RESET; goto idle
@@ -312,10 +328,27 @@ inline blocklist(m, i, tg) {
   ph = P; mep = E; maddr = A; \
   printf("node %d image %d: state file: %e, epoch %d, device #%d\n", n, i, ph, mep, maddr); \
   MAY_CRASH
+#ifdef LEAK_CHECK
+/* invariant 6: the state file forgets a mapping only once this node's hold of the image is
+   gone (released, or another node's now) or fenced (an admin's, to be taken over): else the
+   claim is held by nobody's state, for ever */
+#define I6_CHECK \
+  i6_hold_outlives_state = (h_held[H(i,n)] && !h_fen[H(i,n)]); assert(!i6_hold_outlives_state);
+#else
+#define I6_CHECK
+#endif
 #define DELETE \
+  I6_CHECK \
   ph = 0; mep = 0; maddr = 0; printf("node %d image %d: state file: mapping forgotten\n", n, i); \
   MAY_CRASH
 #define DEVOK        (maddr != 0 && kdev[w] == maddr)
+/* claimingEpoch with no device of the image on this node: this node's hold whatever mapping
+   it records (that mapping is gone); CLAIMING_STRICT (variant af): only one with none */
+#ifdef CLAIMING_STRICT
+#define CLAIMING_NO_DEVICE 0
+#else
+#define CLAIMING_NO_DEVICE (g == 0)
+#endif
 
 #ifdef LIVENESS
 /* node 0's worker on image 0 is the client: it maps rwo without takeover (see the end) */
@@ -332,6 +365,7 @@ proctype Worker(byte n; byte i) {
   /* the operation under way (forgotten at a crash) */
   mtype acc, prevph;
   byte op, plan, ev, wat, ep, res, g, t, pend, out;
+  byte pmep, pmaddr;            /* the state a map replaced (with prevph), for its undo */
   bool evicting, bad;
 #ifdef READ_THEN_WRITE
   byte snap;
@@ -371,6 +405,9 @@ end_idle:
 #else
          printf("node %d image %d: MAP as %e\n", n, i, acc);
 #endif
+#ifdef FIX_MAP_KEEPS_PREV
+         prevph = ph; pmep = mep; pmaddr = maddr;   /* a state left by an interrupted saga */
+#endif
          PUT(CLAIMING, 0, 0);
          wat = 0;                       /* inspectImage: the live watchers of the header */
          for (t : 0 .. NODES-1) {
@@ -399,7 +436,11 @@ end_idle:
          ph == CLAIMING ->
          /* claimingEpoch: the epoch of a hold of this node with no mapping recorded yet */
          op = OP_UNMAP; prevph = ph; g = kdev[w];
+#ifdef FIX_CLAIMING_DEVICE
+         ep = (h_held[H(i,n)] && (h_addr[H(i,n)] == 0 || h_addr[H(i,n)] == g || CLAIMING_NO_DEVICE) -> h_ep[H(i,n)] : 0);
+#else
          ep = (h_held[H(i,n)] && h_addr[H(i,n)] == 0 -> h_ep[H(i,n)] : 0);
+#endif
          printf("node %d image %d: UNMAP (claiming; claimingEpoch %d)\n", n, i, ep);
          goto unmap_intent
        }
@@ -432,14 +473,27 @@ unmap_intent:
   /* ---- daemon.settle: the reconciler finishes or undoes a persisted saga ---- */
   :: atomic {
          ph == CLAIMING ->
-         /* claimingEpoch, then release */
          op = OP_SETTLE;
+#ifdef FIX_CLAIMING_DEVICE
+         /* the device by name; claimingEpoch with it; adopt, release, or leave the device to
+            the judgement of mappings made outside rbd-owner */
+         g = kdev[w];
+         ep = (h_held[H(i,n)] && (h_addr[H(i,n)] == 0 || h_addr[H(i,n)] == g || CLAIMING_NO_DEVICE) -> h_ep[H(i,n)] : 0);
+         printf("node %d image %d: SETTLE claiming (device #%d, claimingEpoch %d)\n", n, i, g, ep);
+         if
+         :: g != 0 && ep != 0 -> goto sm_now
+         :: g == 0 && ep != 0 -> goto rel_read_now
+         :: else -> DELETE; DONE
+         fi
+#else
+         /* claimingEpoch, then release */
          ep = (h_held[H(i,n)] && h_addr[H(i,n)] == 0 -> h_ep[H(i,n)] : 0);
          printf("node %d image %d: SETTLE claiming (claimingEpoch %d)\n", n, i, ep);
          if
          :: ep != 0 -> goto rel_read_now
          :: else -> DELETE; DONE
          fi
+#endif
        }
   /* the map happened (the device found by name): record it in the claim and keep it */
   :: atomic {
@@ -543,7 +597,14 @@ acq_read:
        fi;
        if
        :: bad ->                        /* held, lost, busy, invalid: undo the intent */
-            printf("node %d image %d: acquire: refused\n", n, i); DELETE; DONE
+            printf("node %d image %d: acquire: refused\n", n, i);
+            /* undo the intent: FIX_MAP_KEEPS_PREV writes back a state an interrupted saga
+               left (its hold is still to be settled); else it is forgotten */
+            if
+            :: prevph != 0 -> PUT(prevph, pmep, pmaddr)
+            :: else -> DELETE
+            fi;
+            DONE
        :: else
        fi;
        if
@@ -622,7 +683,9 @@ acq_cas:
        fi;
 #endif
 acquired:
+#ifndef ONE_FSYNC
        PUT(CLAIMED, ep, 0);             /* persist-claim */
+#endif
        goto kmap
      }
   fi;
@@ -717,7 +780,7 @@ kunmap_now:
 #endif
        if
        :: op == OP_UNMAP && prevph == 0 -> DONE                  /* nobody's claim */
-       :: op == OP_SETTLE && ph == CLAIMED -> DELETE; DONE       /* a lost claim's device */
+       :: op == OP_SETTLE && (ph == CLAIMED || ph == CLAIMING) -> DELETE; DONE  /* a lost claim's device */
        :: else -> goto rel_read                                  /* then release */
        fi
      }

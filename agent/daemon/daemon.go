@@ -209,7 +209,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// connecting starts first: no device found at recovery is judged before its claim is read
 	d.connectAll(ctx)
 	d.recover(ctx)
-	servers, err := d.serveAPI(cancel)
+	failed := make(chan error, 2) // an API server that stopped on its own
+	servers, err := d.serveAPI(func(err error) {
+		select {
+		case failed <- err:
+		default:
+		}
+		cancel()
+	})
 	if err != nil {
 		return err
 	}
@@ -228,14 +235,22 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	cancel()
 	d.bg.Wait()
+	select {
+	case err := <-failed:
+		// an error exit: systemd restarts the agent (Restart=on-failure); a clean one would
+		// leave it down and its leases unrenewed
+		d.log.WithError(err).Error("rbd-owner agent stopped because an API socket failed; mappings left in place")
+		return err
+	default:
+	}
 	d.log.Info("rbd-owner agent stopped; mappings left in place")
 	return nil
 }
 
 // serveAPI serves the API on the main socket and the CSI socket (when configured), each until
-// it is shut down; a server that stops on its own ends the agent (cancel). It returns both
-// servers, to be shut down.
-func (d *Daemon) serveAPI(cancel func()) ([]*http.Server, error) {
+// it is shut down; a server that stops on its own ends the agent with its error (stopped). It
+// returns both servers, to be shut down.
+func (d *Daemon) serveAPI(stopped func(error)) ([]*http.Server, error) {
 	l, lcsi, err := d.listeners()
 	if err != nil {
 		return nil, err
@@ -247,7 +262,7 @@ func (d *Daemon) serveAPI(cancel func()) ([]*http.Server, error) {
 			defer d.bg.Done()
 			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				d.log.WithError(err).WithField("socket", name).Error("API server stopped")
-				cancel()
+				stopped(fmt.Errorf("the API server on %s stopped: %w", name, err))
 			}
 		}()
 	}

@@ -102,7 +102,7 @@ func (d *Daemon) settleKey(ctx context.Context, key state.Key) error {
 	// mappings read 64 × 64 devices' sysfs, 40 s on a busy guest)
 	byID := map[int]krbd.Device{}
 	switch {
-	case m.Phase == state.Claimed || (m.Phase == state.Unmapping && m.ClientAddr == ""):
+	case m.Phase == state.Claiming || m.Phase == state.Claimed || (m.Phase == state.Unmapping && m.ClientAddr == ""):
 		devs, err := d.kernel.List()
 		if err != nil {
 			return fmt.Errorf("settle %s: list devices: %w", key, err)
@@ -149,7 +149,7 @@ func (d *Daemon) settle(ctx context.Context, m state.Mapping, devs map[int]krbd.
 	dev := d.settledDevice(m, devs)
 	switch m.Phase {
 	case state.Claiming:
-		return d.settleClaiming(ctx, cl, m)
+		return d.settleClaiming(ctx, cl, m, dev)
 	case state.Claimed:
 		if dev != nil {
 			return d.settleClaimedMapped(ctx, cl, m, *dev)
@@ -182,9 +182,10 @@ func (d *Daemon) settledDevice(m state.Mapping, devs map[int]krbd.Device) *krbd.
 	if dv, ok := devs[m.DeviceID]; ok && dv.Spec() == m.Ref && m.ClientAddr != "" && dv.ClientAddr == m.ClientAddr {
 		return &dv
 	}
-	if m.Phase == state.Claimed || (m.Phase == state.Unmapping && m.ClientAddr == "") {
-		// the device of a map interrupted after the kernel write, or of such a map's unmap that
-		// recorded none (a state written before the device was recorded): by names
+	if m.Phase == state.Claiming || m.Phase == state.Claimed || (m.Phase == state.Unmapping && m.ClientAddr == "") {
+		// the device of a map interrupted after the kernel write (its state says "claiming";
+		// "claimed" in states older agents wrote), or of such a map's unmap that recorded none
+		// (a state written before the device was recorded): by names
 		for _, dv := range devs {
 			if dv.Spec() == m.Ref && (m.FSID == "" || dv.ClusterFSID == m.FSID) && !d.ownedByOther(m.Key, dv) {
 				return &dv
@@ -194,15 +195,33 @@ func (d *Daemon) settledDevice(m state.Mapping, devs map[int]krbd.Device) *krbd.
 	return nil
 }
 
-// settleClaiming undoes a map that crashed while writing the claim: whether it was written is
-// only known to the cluster.
-func (d *Daemon) settleClaiming(ctx context.Context, cl *cluster, m state.Mapping) error {
-	epoch, err := d.sagas.ClaimingEpoch(ctx, cl, m)
+// settleClaiming finishes or undoes a map interrupted after its intent: whether the claim
+// was written is only known to the cluster, and whether the kernel made the device only to
+// the kernel (the map writes no state between the claim and the recorded device). A device
+// of the image (dev, found by names) whose claim is this node's is adopted; with no device
+// the claim is released; a device whose claim is not this node's is left to the judgement
+// of mappings made outside rbd-owner.
+func (d *Daemon) settleClaiming(ctx context.Context, cl *cluster, m state.Mapping, dev *krbd.Device) error {
+	var devs []krbd.Device
+	if dev != nil {
+		devs = []krbd.Device{*dev}
+	}
+	epoch, err := d.sagas.ClaimingEpoch(ctx, cl, m, devs)
 	if err != nil {
 		d.setProblem(m.Key, "half-done map waits for the cluster: "+err.Error())
 		return err
 	}
-	if epoch != 0 {
+	switch {
+	case dev != nil && epoch != 0:
+		// the kernel mapped it after the claim was written: record it and keep it
+		m.Epoch = epoch
+		return d.settleClaimedMapped(ctx, cl, m, *dev)
+	case dev != nil:
+		// the map reaches the kernel only once its claim is written: this device is not its
+		// own, or its claim was taken since (fencing it); judged like any other mapping
+		d.settleLog(m).WithField("device", dev.DevNode).Warn("a map interrupted while claiming left no claim of this node, " +
+			"but a device of the image is mapped: judged as a mapping made outside rbd-owner")
+	case epoch != 0:
 		m.Epoch = epoch
 		if err := d.sagas.Release(ctx, cl, m); err != nil {
 			d.setProblem(m.Key, "half-done map: claim release failed, will retry: "+err.Error())

@@ -130,7 +130,7 @@ func TestBadNamesRefusedBeforeAnyWrite(t *testing.T) {
 // A failure at any step of the map saga undoes the steps before it.
 func TestMapFailureAtEveryStepRollsBack(t *testing.T) {
 	a := newNode(t, "node-a")
-	for _, step := range []string{"persist-intent", "claim", "persist-claim", "map", "record", "persist"} {
+	for _, step := range []string{"persist-intent", "claim", "map", "record", "persist"} {
 		t.Run(step, func(t *testing.T) {
 			img := a.image("")
 			boom := fmt.Errorf("injected failure at %s", step)
@@ -167,7 +167,7 @@ func TestMapFailureAtEveryStepRollsBack(t *testing.T) {
 func TestCrashAtEveryStepThenRestartIsConsistent(t *testing.T) {
 	a := newNode(t, "node-a")
 	cases := []struct{ saga, step string }{
-		{"map", "persist-intent"}, {"map", "claim"}, {"map", "persist-claim"}, {"map", "map"}, {"map", "record"}, {"map", "persist"},
+		{"map", "persist-intent"}, {"map", "claim"}, {"map", "map"}, {"map", "record"}, {"map", "persist"},
 		{"unmap", "persist-intent"}, {"unmap", "unmap"}, {"unmap", "release"}, {"unmap", "persist"},
 	}
 	for _, c := range cases {

@@ -34,8 +34,10 @@ type mapRun struct {
 	steps    stepTimer
 }
 
-// Map is the map saga: validate → resolve → intent → claim → claimed → kernel → record →
-// persist, then the reply. A failing step undoes the ones before it: no claim is left without
+// Map is the map saga: validate → resolve → intent → claim → kernel → record → persist, then
+// the reply. Two state writes: intent (phase claiming) before the claim, mapped after the
+// record; recovery of "claiming" finds a device the kernel made meanwhile by names and adopts
+// it when the claim is this node's (docs/safety.md, phases). A failing step undoes the ones before it: no claim is left without
 // a device and no device without a claim. Asking again for an image this node has mapped
 // answers the same device with AlreadyMapped. The outcome is recorded once, at the end; the
 // claim and a takeover's fences are audited when they are made (mapRun.claim).
@@ -65,13 +67,12 @@ func (r *mapRun) runSteps(ctx context.Context) (*api.MapResponse, error) {
 		return resp, err
 	}
 	if r.m.Claimed { // snapshots are immutable: mapping one needs no claim
-		for _, step := range []func(context.Context) error{r.intent, r.claim, r.claimed} {
+		for _, step := range []func(context.Context) error{r.intent, r.claim} {
 			if err := step(ctx); err != nil {
 				return nil, err
 			}
 		}
 	}
-	r.steps.mark("claimed")
 	for _, step := range []func(context.Context) error{r.kernel, r.record, r.persist} {
 		if err := step(ctx); err != nil {
 			return nil, err
@@ -160,12 +161,21 @@ func (r *mapRun) resolve(ctx context.Context) (*api.MapResponse, bool, error) {
 }
 
 // intent writes the mapping, phase claiming, before the claim: a crash from here on leaves a
-// state the reconciler finishes or undoes. Undo: forget it.
+// state the reconciler finishes or undoes. Undo: forget it; but a state an interrupted saga
+// left ("claiming", "unmapping": not "mapped", which alreadyMapped answered) is written back
+// when this map made no claim, since the hold it names is still to be settled (forgetting it
+// would keep that claim for ever: docs/safety.md, variant ag).
 func (r *mapRun) intent(context.Context) error {
+	prev, had := r.s.State.Get(r.t.key)
 	if err := r.s.persist(r.run, "persist-intent", r.m); err != nil {
 		return refuse(err)
 	}
-	r.run.onFail(func(context.Context) error { return r.s.State.Delete(r.t.key) })
+	r.run.onFail(func(context.Context) error {
+		if had && r.res == nil {
+			return r.s.State.Put(prev)
+		}
+		return r.s.State.Delete(r.t.key)
+	})
 	r.steps.mark("intent")
 	return nil
 }
@@ -197,16 +207,11 @@ func (r *mapRun) claim(ctx context.Context) error {
 	r.recordClaim()
 	epoch := res.Holder.Epoch
 	r.run.onFail(func(ctx context.Context) error { _, err := r.store.Release(ctx, t.img, epoch); return err })
-	r.m.Epoch, r.m.Phase = epoch, state.Claimed
+	// not written: the state stays "claiming" until the device is recorded ("mapped"). A
+	// crash in between leaves "claiming", whose recovery looks for the device by names and
+	// adopts it when this node's claim is there (settleClaiming): one fsync fewer per map
+	r.m.Epoch = epoch
 	r.steps.mark("claim")
-	return nil
-}
-
-// claimed writes the mapping, phase claimed, with the claim's epoch.
-func (r *mapRun) claimed(context.Context) error {
-	if err := r.s.persist(r.run, "persist-claim", r.m); err != nil {
-		return refuse(err)
-	}
 	return nil
 }
 
@@ -222,7 +227,8 @@ func (r *mapRun) kernel(ctx context.Context) error {
 	if err != nil {
 		if errors.Is(err, krbd.ErrLeftMapped) {
 			// the kernel made the device but it could not be removed again: keep the claim and
-			// the "claimed" state; the reconciler adopts the device (no device without a claim)
+			// the "claiming" state; the reconciler finds the device by names and adopts it (no
+			// device without a claim)
 			return kept(err)
 		}
 		return failure(err)

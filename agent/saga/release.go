@@ -6,12 +6,16 @@ import (
 
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
 // ClaimingEpoch finds the epoch of a claim this node was writing when its map was
-// interrupted (0 when the claim was not written, or holds a mapping already).
-func (s *Sagas) ClaimingEpoch(ctx context.Context, cl Cluster, m state.Mapping) (uint64, error) {
+// interrupted, given devs, the image's devices on this node (found by names): with a device,
+// this node's hold with no mapping recorded or with that device's (a map interrupted after its
+// record step); with none, this node's hold whatever mapping it records, since that mapping is
+// gone (docs/safety.md, variant af). 0 when this node holds no such claim.
+func (s *Sagas) ClaimingEpoch(ctx context.Context, cl Cluster, m state.Mapping, devs []krbd.Device) (uint64, error) {
 	store, err := cl.Claims(ctx)
 	if err != nil {
 		return 0, err
@@ -23,8 +27,17 @@ func (s *Sagas) ClaimingEpoch(ctx context.Context, cl Cluster, m state.Mapping) 
 	if err != nil {
 		return 0, err
 	}
-	if h := rec.Holder(s.Config.NodeID); h != nil && h.ClientAddr == "" {
+	h := rec.Holder(s.Config.NodeID)
+	if h == nil {
+		return 0, nil
+	}
+	if h.ClientAddr == "" || len(devs) == 0 {
 		return h.Epoch, nil
+	}
+	for _, dv := range devs {
+		if dv.ClientAddr == h.ClientAddr {
+			return h.Epoch, nil
+		}
 	}
 	return 0, nil
 }

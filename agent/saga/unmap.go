@@ -118,7 +118,7 @@ func (r *unmapRun) resolve(ctx context.Context) error {
 	}
 	if r.managed && m.Phase == state.Claiming {
 		// a map interrupted while claiming: the epoch is only known to the cluster
-		epoch, err := r.s.ClaimingEpoch(ctx, t.cl, m)
+		epoch, err := r.s.ClaimingEpoch(ctx, t.cl, m, r.devs)
 		if err != nil {
 			return failure(err)
 		}
