@@ -31,16 +31,8 @@ func TestHeartbeatGoesOnWhileAClaimMayHaveBeenWritten(t *testing.T) {
 		}
 		return nil
 	})
-	never := make(chan time.Time) // no reconcile round: it would settle the claiming state
-	n := startMemDaemonWith(t, func(o *Options) {
-		o.Ticker = func(loop string, every time.Duration) (<-chan time.Time, func()) {
-			if loop == "reconcile" {
-				return never, func() {}
-			}
-			tk := time.NewTicker(every)
-			return tk.C, tk.Stop
-		}
-	}, c)
+	// no reconcile round: it would settle the claiming state
+	n := startMemDaemonWith(t, noReconcile, c)
 	defer n.stop(t)
 	c.m.AddImage(claim.Image{Pool: "rbd", Image: "x"}, "id-x")
 	n.k.AddImage("rbd", "", "x", 16<<20)
