@@ -39,7 +39,14 @@
  *                     a live mapping. CLAIMING_STRICT (variant af): with no device, only a
  *                     hold with no mapping recorded is released
  *   LEAK_CHECK        invariant 6: the state forgets a mapping only once this node's hold is
- *                     gone or fenced
+ *                     gone or fenced; and a crash never leaves this node's live hold with no
+ *                     state that names the image
+ *   INTENT_BESIDE_READS  the map's intent ("claiming") is written beside Acquire's reads and
+ *                     made durable only before its first write (a fence or the claim): here,
+ *                     after the read and the decision, as late as it may be. Variant (ah),
+ *                     CLAIM_BEFORE_INTENT: the intent is written after the claim (the
+ *                     ordering that remains, dropped): a crash in between leaves the hold with
+ *                     no state (invariant 6)
  *   FIX_MAP_KEEPS_PREV  a refused map writes back the state it replaced (one an interrupted
  *                     saga left, "claiming" or "unmapping"), not nothing: variant (ag) without
  *                     it forgets the interrupted map's hold (invariant 6)
@@ -315,10 +322,17 @@ inline blocklist(m, i, tg) {
 #endif
 #define RESET \
   op = 0; acc = 0; plan = 0; ev = 0; wat = 0; ep = 0; res = 0; g = 0; t = 0; pend = 0; \
-  out = 0; prevph = 0; pmep = 0; pmaddr = 0; evicting = 0; bad = 0; RESET_SNAP RESET_ROLE UNREAD
+  out = 0; prevph = 0; pmep = 0; pmaddr = 0; evicting = 0; bad = 0; intent = 0; RESET_SNAP RESET_ROLE UNREAD
 #define DONE        RESET; goto idle
+#ifdef LEAK_CHECK
+/* invariant 6 at a crash: this node's live hold of the image is named by its state */
+#define I6_CRASH \
+  i6_hold_outlives_state = (ph == 0 && h_held[H(i,n)] && !h_fen[H(i,n)]); assert(!i6_hold_outlives_state);
+#else
+#define I6_CRASH
+#endif
 #define CRASH_NOW \
-  crashes++; printf("node %d image %d: CRASH (the agent restarts)\n", n, i); RESET; goto idle
+  crashes++; printf("node %d image %d: CRASH (the agent restarts)\n", n, i); I6_CRASH RESET; goto idle
 /* a crash before the next step */
 #define CRASH       :: atomic { crashes < CRASHES -> CRASH_NOW }
 /* a crash right after a state-file write, inside a step */
@@ -367,6 +381,7 @@ proctype Worker(byte n; byte i) {
   byte op, plan, ev, wat, ep, res, g, t, pend, out;
   byte pmep, pmaddr;            /* the state a map replaced (with prevph), for its undo */
   bool evicting, bad;
+  bool intent;                  /* the map's intent is written (INTENT_BESIDE_READS) */
 #ifdef READ_THEN_WRITE
   byte snap;
 #endif
@@ -408,7 +423,9 @@ end_idle:
 #ifdef FIX_MAP_KEEPS_PREV
          prevph = ph; pmep = mep; pmaddr = maddr;   /* a state left by an interrupted saga */
 #endif
+#if !defined(INTENT_BESIDE_READS) && !defined(CLAIM_BEFORE_INTENT)
          PUT(CLAIMING, 0, 0);
+#endif
          wat = 0;                       /* inspectImage: the live watchers of the header */
          for (t : 0 .. NODES-1) {
            if
@@ -595,6 +612,18 @@ acq_read:
             bad = (out > pend); g = 0; t = 0; pend = 0; out = 0
        :: else
        fi;
+#if defined(INTENT_BESIDE_READS) || defined(CLAIM_BEFORE_INTENT)
+       /* Acquire's Durable: the intent, written beside the reads, is durable before Acquire
+          goes on (a refusal, a fence or the claim); written once, not again after a lost race */
+       if
+#ifdef CLAIM_BEFORE_INTENT
+       :: !intent && bad -> intent = 1; PUT(CLAIMING, 0, 0)
+#else
+       :: !intent -> intent = 1; PUT(CLAIMING, 0, 0)
+#endif
+       :: else
+       fi;
+#endif
        if
        :: bad ->                        /* held, lost, busy, invalid: undo the intent */
             printf("node %d image %d: acquire: refused\n", n, i);
@@ -683,6 +712,14 @@ acq_cas:
        fi;
 #endif
 acquired:
+#ifdef CLAIM_BEFORE_INTENT
+       /* broken: the intent is made durable only after the claim was written (a step of its
+          own: the agent may crash before it) */
+       if
+       :: !intent -> MAY_CRASH; intent = 1; PUT(CLAIMING, 0, 0)
+       :: else
+       fi;
+#endif
 #ifndef ONE_FSYNC
        PUT(CLAIMED, ep, 0);             /* persist-claim */
 #endif

@@ -44,8 +44,10 @@ type Backend interface {
 	// Pools lists the cluster's pools.
 	Pools(ctx context.Context) ([]string, error)
 	// ImageInfo returns the image's id and the client addresses watching its header;
-	// ErrNotFound when the image does not exist.
-	ImageInfo(ctx context.Context, img Image) (imageInfo, error)
+	// ErrNotFound when the image does not exist. knownID, when not "", is the id the image had
+	// when last seen: its header's watchers may be listed in the same round as the id is read,
+	// and are kept only when the id read is that one.
+	ImageInfo(ctx context.Context, img Image, knownID string) (imageInfo, error)
 	// ImageID returns the id of the image named img now ("", false when there is none).
 	ImageID(ctx context.Context, img Image) (string, bool, error)
 	// Blocklist adds a client address to the cluster's blocklist for expire, and returns when

@@ -618,3 +618,53 @@ func TestTakeoverCompletesWhenTheFencedHolderRenewsInBetween(t *testing.T) {
 		t.Fatalf("nodeA after the takeover: %v", err)
 	}
 }
+
+// The image's look with the id last seen lists that header's watchers beside the id's read;
+// when the image was recreated under its name meanwhile (another id), the watchers come from
+// the new header, not the old one's, and a known id of an image gone is no error.
+func TestImageInfoWithTheIDLastSeen(t *testing.T) {
+	img := testImage(t, "")
+	admin := cephtest.AdminConn(t)
+	io, err := admin.OpenIOContext(img.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer io.Destroy()
+	b, err := NewRados(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := b.ImageInfo(ctx(t), img, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := rbd.OpenImage(io, img.Image, rbd.NoSnapshot) // a watcher of the first header
+	if err != nil {
+		t.Fatal(err)
+	}
+	known, err := b.ImageInfo(ctx(t), img, first.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if known.ID != first.ID || len(known.Watchers) != 1 {
+		t.Fatalf("with the id known: %+v, want id %s and one watcher", known, first.ID)
+	}
+	if err := im.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rbd.RemoveImage(io, img.Image); err != nil {
+		t.Fatal(err)
+	}
+	opts := rbd.NewRbdImageOptions()
+	defer opts.Destroy()
+	if err := rbd.CreateImage(io, img.Image, 1<<20, opts); err != nil {
+		t.Fatal(err)
+	}
+	again, err := b.ImageInfo(ctx(t), img, first.ID)
+	if err != nil {
+		t.Fatalf("the id known is of an image removed since: %v", err)
+	}
+	if again.ID == first.ID || len(again.Watchers) != 0 {
+		t.Fatalf("recreated image: %+v (the first id was %s)", again, first.ID)
+	}
+}

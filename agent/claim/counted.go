@@ -64,9 +64,9 @@ func (c *counted) Pools(ctx context.Context) ([]string, error) {
 	return c.Backend.Pools(ctx)
 }
 
-func (c *counted) ImageInfo(ctx context.Context, img Image) (imageInfo, error) {
+func (c *counted) ImageInfo(ctx context.Context, img Image, knownID string) (imageInfo, error) {
 	c.count("image", "image")
-	return c.Backend.ImageInfo(ctx, img)
+	return c.Backend.ImageInfo(ctx, img, knownID)
 }
 
 func (c *counted) ImageID(ctx context.Context, img Image) (string, bool, error) {

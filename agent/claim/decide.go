@@ -41,6 +41,9 @@ type acquireInput struct {
 	// lost a race to such a holder's own renewal, its mapping is fenced all the same, so the
 	// takeover goes on rather than leave a live-looking claim whose device cannot write.
 	Fenced map[string]bool
+	// listed: the image was among this node's holds before Acquire listed it (Acquire drops
+	// only a listing of its own when it sends no claim)
+	listed bool
 	// Adopt, when set, is a mapping already made on this node outside rbd-owner that this hold
 	// takes charge of: its client (a watcher of the image) is explained, and its address and
 	// device are recorded in the new hold at once.

@@ -279,7 +279,53 @@ func (s *Store) Watch(ctx context.Context, img Image) (map[string]LeaseView, err
 // Heartbeat renews this node's liveness in a pool and namespace: one write, whatever the
 // number of claims held there. The write compares against the version this store wrote last
 // (no read first); a read comes only when that fails (the first write, another writer).
+// Callers at once share writes: one runs at a time in a place, and a caller that a write
+// started after its call has covered (its holds' edits included, its time as fresh) returns
+// when that write succeeded (else it writes again itself), so that many maps at once do not
+// race each other's compare.
 func (s *Store) Heartbeat(ctx context.Context, pool, namespace string) error {
+	key := poolNS(Image{Pool: pool, Namespace: namespace})
+	s.hbMu.Lock()
+	g := s.hbGates[key]
+	if g == nil {
+		g = &hbGate{turn: make(chan struct{}, 1)}
+		s.hbGates[key] = g
+	}
+	g.asked++
+	mine := g.asked
+	s.hbMu.Unlock()
+	select {
+	case g.turn <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("heartbeat in %s: waiting for the write before it: %w", key, ctx.Err())
+	}
+	defer func() { <-g.turn }()
+	s.hbMu.Lock()
+	if g.covered >= mine && g.err == nil {
+		s.hbMu.Unlock()
+		return nil
+	}
+	cover := g.asked // every caller counted so far noted its edits already
+	s.hbMu.Unlock()
+	err := s.writeHeartbeat(ctx, pool, namespace)
+	s.hbMu.Lock()
+	g.covered, g.err = cover, err
+	s.hbMu.Unlock()
+	return err
+}
+
+// hbGate is one place's heartbeat writer: turn is held by the write under way; asked counts
+// the calls, covered the last call the last write's edits included, and err is that write's
+// outcome.
+type hbGate struct {
+	turn    chan struct{}
+	asked   uint64
+	covered uint64
+	err     error
+}
+
+// writeHeartbeat is one heartbeat write in a place (Heartbeat), with its compare's retries.
+func (s *Store) writeHeartbeat(ctx context.Context, pool, namespace string) error {
 	loc := Image{Pool: pool, Namespace: namespace}
 	oid := heartbeatObject(s.cfg.Node.ID)
 	key := poolNS(loc)
@@ -356,6 +402,28 @@ func (s *Store) Holds(pool, namespace string) []string {
 	s.hbMu.Lock()
 	defer s.hbMu.Unlock()
 	return editHolds(slices.Clone(s.hbLast[key].hb.Holds), s.hbEdits[key])
+}
+
+// listedNow says whether img may be listed among this node's holds in its place now: written,
+// an edit to add it not written yet, or this store has not read or written its heartbeat
+// there yet (what an agent before it wrote may list it).
+func (s *Store) listedNow(img Image) bool {
+	key := poolNS(img)
+	s.hbMu.Lock()
+	defer s.hbMu.Unlock()
+	if add, edited := s.hbEdits[key][img.Image]; edited {
+		return add
+	}
+	last, ok := s.hbLast[key]
+	return !ok || slices.Contains(last.hb.Holds, img.Image)
+}
+
+// unlistUnsent drops img from this node's holds again after an Acquire that sent no claim,
+// unless it was listed before that Acquire (wasListed): the next heartbeat drops it.
+func (s *Store) unlistUnsent(img Image, wasListed bool) {
+	if !wasListed {
+		s.NoteHold(img, false)
+	}
 }
 
 // mayList says whether this node's heartbeat in img's place may list img: it does, or it has

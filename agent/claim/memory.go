@@ -438,8 +438,9 @@ func (m *Memory) Pools(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// ImageInfo returns the image's id and watchers; ErrNotFound when it does not exist.
-func (m *Memory) ImageInfo(ctx context.Context, img Image) (imageInfo, error) { //nolint:revive // the unexported result seals Backend to this package's backends
+// ImageInfo returns the image's id and watchers; ErrNotFound when it does not exist. The id
+// last seen changes nothing here: one call reads both at once.
+func (m *Memory) ImageInfo(ctx context.Context, img Image, _ string) (imageInfo, error) { //nolint:revive // the unexported result seals Backend to this package's backends
 	if err := m.hook(ctx, "image", img); err != nil {
 		return imageInfo{}, err
 	}

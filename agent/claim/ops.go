@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -28,6 +29,12 @@ type Request struct {
 	// may not take the image over (no Takeover) and it is held: the caller knows who reads
 	// (an admin, or ceph-csi) and under which policy. Given the holders.
 	NextStep func(holders []Holder) string
+	// Durable, when set, runs beside Acquire's reads and must return before Acquire writes
+	// anything but this node's heartbeat: no fence, no index key, no claim is sent until it
+	// has returned nil, and its error ends Acquire with no claim made. The map saga writes its
+	// intent here ("claiming", fsynced): a crash after the claim always finds the state that
+	// names it (docs/safety.md, invariant 6). Acquire returns only after Durable has.
+	Durable func(context.Context) error
 }
 
 // Result is the outcome of Acquire.
@@ -42,16 +49,29 @@ type Result struct {
 
 // Acquire gives this node a hold on the image, or says who has it. It is idempotent: asking
 // again for an image this node holds renews the lease and keeps the epoch.
+//
+// Its first round sends at once what does not depend on each other: the image's id and its
+// header's watchers (Backend.ImageInfo), the claim record, this node's heartbeat in the pool
+// (with the image listed among its holds) and the caller's Durable. Only when all of them are
+// done does it decide, fence and compare-and-set: the heartbeat and Durable come before any
+// claim is written, as a sequence would have them (docs/safety.md, "Map, step by step").
 func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
-	in, err := s.acquireInput(ctx, req)
+	in, first, err := s.acquireInput(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("acquire %s: %w", req.Image, err)
 	}
 	c := &acquireCall{s: s, img: req.Image, in: in, fences: map[string]Fence{}, renewed: map[string]time.Time{}}
-	rec, err := s.update(ctx, req.Image, func(cur *Record, ver uint64) (*Record, error) {
-		return c.attempt(ctx, cur, ver)
+	rec, err := s.updateFrom(ctx, req.Image, &first, func(cur *Record, ver uint64) (*Record, error) {
+		next, err := c.attempt(ctx, cur, ver)
+		c.sent = c.sent || next != nil
+		return next, err
 	})
 	if err != nil {
+		if !c.sent {
+			// no claim was sent: the image goes from this node's list of holds again, unless
+			// it was there before (the next heartbeat drops it)
+			s.unlistUnsent(req.Image, in.listed)
+		}
 		return nil, fmt.Errorf("acquire %s: %w", req.Image, err)
 	}
 	res := c.res
@@ -66,25 +86,59 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 	return &res, nil
 }
 
-// acquireInput checks the request and reads the image once (its id and watchers): what every
-// attempt of Acquire decides on, but for the record, the leases and the clock.
-func (s *Store) acquireInput(ctx context.Context, req Request) (acquireInput, error) {
+// acquireInput checks the request, then runs Acquire's first round (see Acquire): it returns
+// what every attempt decides on, but for the record, the leases and the clock, and the first
+// read of the record. It returns only once everything it started is done.
+func (s *Store) acquireInput(ctx context.Context, req Request) (acquireInput, readResult, error) {
 	access, err := ParseAccess(string(req.Access))
 	if err != nil {
-		return acquireInput{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+		return acquireInput{}, readResult{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	if access == ROX {
 		req.ReadOnly = true
 	}
 	if err := validateImage(req.Image); err != nil {
-		return acquireInput{}, err
+		return acquireInput{}, readResult{}, err
 	}
-	info, err := s.inspectImage(ctx, req.Image)
+	img := req.Image
+	listed := s.listedNow(img)
+	var (
+		round                   sync.WaitGroup
+		info                    imageInfo
+		first                   readResult
+		infoErr, hbErr, durable error
+	)
+	round.Go(func() { info, infoErr = s.inspectImage(ctx, img) })
+	round.Go(func() { first = s.readAt(ctx, img) })
+	round.Go(func() {
+		// this node's liveness in the pool, before the claim becomes visible: an observer
+		// that sees the new hold sees a heartbeat written for it, never one left from a time
+		// this node held nothing there (and nobody watched). No heartbeat, no claim.
+		s.NoteHold(img, true) // listed before the claim is written: a superset
+		hbErr = s.Heartbeat(ctx, img.Pool, img.Namespace)
+	})
+	if req.Durable != nil {
+		round.Go(func() { durable = req.Durable(ctx) })
+	}
+	round.Wait()
+	err = nil
+	switch {
+	case durable != nil:
+		err = fmt.Errorf("no claim made: %w", durable)
+	case infoErr != nil:
+		err = infoErr
+	case first.err != nil:
+		err = first.err
+	case hbErr != nil:
+		err = fmt.Errorf("no claim made, since this node's liveness could not be recorded first: %w", hbErr)
+	}
 	if err != nil {
-		return acquireInput{}, err
+		s.unlistUnsent(img, listed)
+		return acquireInput{}, readResult{}, err
 	}
-	return acquireInput{Self: s.cfg.Node.ID, FSID: s.fsid, Image: req.Image, Access: access, ReadOnly: req.ReadOnly,
-		Takeover: req.Takeover, TakeFenced: req.TakeFenced, TakeCovered: req.TakeCovered, NextStep: req.NextStep, Info: info, Me: s.me(), Fenced: map[string]bool{}}, nil
+	return acquireInput{Self: s.cfg.Node.ID, FSID: s.fsid, Image: img, Access: access, ReadOnly: req.ReadOnly,
+		Takeover: req.Takeover, TakeFenced: req.TakeFenced, TakeCovered: req.TakeCovered, NextStep: req.NextStep, Info: info,
+		Me: s.me(), Fenced: map[string]bool{}, listed: listed}, first, nil
 }
 
 // acquireCall is one Acquire call, across the attempts of its compare-and-set.
@@ -95,13 +149,13 @@ type acquireCall struct {
 	res     Result
 	fences  map[string]Fence     // holders this call has blocklisted (see acquireInput.Fenced)
 	renewed map[string]time.Time // the record's live fences this call blocklisted again
-	beat    bool                 // this call has written this node's heartbeat in the pool
+	sent    bool                 // a claim was sent (it may have landed, even if it failed)
 }
 
 // attempt is one read-decide-write of Acquire on the record as read (cur, at version ver):
 // the other holders' leases judged, the decision, then, before the record to write is
-// returned, the evicted holders fenced, the record's due fences renewed and this node's
-// heartbeat written.
+// returned, the evicted holders fenced and the record's due fences renewed. This node's
+// heartbeat was written before the first attempt (acquireInput); a lost race keeps it.
 func (c *acquireCall) attempt(ctx context.Context, cur *Record, ver uint64) (*Record, error) {
 	s := c.s
 	c.in.Now = s.cfg.Now().UTC()
@@ -127,17 +181,6 @@ func (c *acquireCall) attempt(ctx context.Context, cur *Record, ver uint64) (*Re
 		return nil, fmt.Errorf("no claim made: %w", err)
 	}
 	c.res.Holder, c.res.Again = plan.Holder, plan.Again
-	// this node's liveness in the pool, just before the claim becomes visible: an observer
-	// that sees the new hold sees a heartbeat written for it, never one left from a time this
-	// node held nothing there (and nobody watched). No heartbeat, no claim. A refusal writes
-	// nothing; a lost race keeps the heartbeat just written.
-	if !c.beat {
-		s.NoteHold(c.img, true) // listed before the claim is written: a superset
-		if err := s.Heartbeat(ctx, c.img.Pool, c.img.Namespace); err != nil {
-			return nil, fmt.Errorf("no claim made, since this node's liveness could not be recorded first: %w", err)
-		}
-		c.beat = true
-	}
 	return plan.Next, nil
 }
 
@@ -269,9 +312,10 @@ func (s *Store) Renew(ctx context.Context, img Image, epoch uint64) (*Record, er
 }
 
 // SetMapping records the mapping's client address and device in this node's holder entry
-// (after the map), only if it still holds the image at epoch.
+// (after the map), only if it still holds the image at epoch. Right after the claim it is one
+// compare-and-set against the record the claim wrote (updateKnown).
 func (s *Store) SetMapping(ctx context.Context, img Image, epoch uint64, clientAddr, device string) (*Record, error) {
-	rec, err := s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
+	rec, err := s.updateKnown(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
 		h, err := s.mine(img, cur, epoch)
 		if err != nil {
 			return nil, err
@@ -306,11 +350,13 @@ type ReleaseResult struct {
 }
 
 // ReleaseHold is Release, saying why there was nothing to release when this node no longer
-// held the image at epoch: taken over by another node, or force-released by an admin.
+// held the image at epoch: taken over by another node, or force-released by an admin. It
+// compares against the record this store last saw first (updateKnown): one round trip when
+// nothing changed it since.
 func (s *Store) ReleaseHold(ctx context.Context, img Image, epoch uint64) (ReleaseResult, error) {
 	var res ReleaseResult
 	holdsNone := false
-	_, err := s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
+	_, err := s.updateKnown(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
 		res = ReleaseResult{}
 		h := cur.Holder(s.cfg.Node.ID)
 		holdsNone = h == nil

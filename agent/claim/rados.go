@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -282,9 +283,11 @@ func (r *Rados) Pools(ctx context.Context) ([]string, error) {
 }
 
 // ImageInfo is the image's id and watchers (what `rbd status` shows): rbd_id.<name> read
-// and the header object's watchers listed, 2 round trips; an image without rbd_id.<name> (the
-// old format 1) is opened read-only instead, which costs ~10.
-func (r *Rados) ImageInfo(ctx context.Context, img Image) (imageInfo, error) { //nolint:revive // the unexported result seals Backend to this package's backends
+// and the header object's watchers listed. With the id last seen (knownID), both are sent at
+// once: one round trip when the id read is that one, a second listing when it is not (the
+// image was recreated under its name). Without it, two round trips one after the other. An
+// image without rbd_id.<name> (the old format 1) is opened read-only instead, which costs ~10.
+func (r *Rados) ImageInfo(ctx context.Context, img Image, knownID string) (imageInfo, error) { //nolint:revive // the unexported result seals Backend to this package's backends
 	if err := ctx.Err(); err != nil {
 		return imageInfo{}, err
 	}
@@ -293,19 +296,44 @@ func (r *Rados) ImageInfo(ctx context.Context, img Image) (imageInfo, error) { /
 		return imageInfo{}, err
 	}
 	defer io.Destroy()
+	var early []string
+	var earlyErr error
+	var listed sync.WaitGroup
+	if knownID != "" {
+		listed.Go(func() { early, earlyErr = r.headerWatchers(img, knownID) }) // joined below, on every path
+	}
 	id, ok, err := readImageID(io, img)
+	listed.Wait()
 	if err != nil {
 		return imageInfo{}, err
 	}
 	if !ok {
 		return openImageInfo(io, img)
 	}
+	if id == knownID && earlyErr == nil {
+		return imageInfo{ID: id, Watchers: early}, nil
+	}
+	ws, err := r.headerWatchers(img, id)
+	if err != nil {
+		return imageInfo{}, err
+	}
+	return imageInfo{ID: id, Watchers: ws}, nil
+}
+
+// headerWatchers lists the watchers of image id's header, in an I/O context of its own (it
+// may run beside another read of the image).
+func (r *Rados) headerWatchers(img Image, id string) ([]string, error) {
+	io, err := r.ioctx(img)
+	if err != nil {
+		return nil, err
+	}
+	defer io.Destroy()
 	ws, err := watchers.List(io, "rbd_header."+id)
 	if err != nil {
 		// no header: the image is being removed (or never finished being made)
-		return imageInfo{}, cephconn.Classify(fmt.Errorf("image %s: watchers of rbd_header.%s: %w", img, id, err), "list watchers of "+img.String(), osdCap)
+		return nil, cephconn.Classify(fmt.Errorf("image %s: watchers of rbd_header.%s: %w", img, id, err), "list watchers of "+img.String(), osdCap)
 	}
-	return imageInfo{ID: id, Watchers: ws}, nil
+	return ws, nil
 }
 
 // openImageInfo opens the image read-only for its id and watchers.

@@ -90,10 +90,25 @@ type Store struct {
 	// hbEdits are the changes to the holds a heartbeat lists, by place, not written yet
 	// (image: added, or dropped)
 	hbEdits map[string]map[string]bool
+	// hbGates let one heartbeat write at a time run in each place, and answer the callers
+	// that a write started after them has covered (Heartbeat)
+	hbGates map[string]*hbGate
 	// pendingNotices are the notices not written yet (RetryNotices)
 	noticeMu       sync.Mutex
 	pendingNotices []pendingNotice
+	// ids are the image ids this store last saw, by image (inspectImage): the watchers of the
+	// header they name are listed in the same round as the id is read
+	idMu sync.Mutex
+	ids  map[Image]string
+	// recs are the claim records this store last read to change them or wrote, with their
+	// object versions: updateKnown's first guess, which its compare-and-set checks
+	recMu sync.Mutex
+	recs  map[Image]readResult
 }
+
+// maxKnownIDs bounds Store.ids and Store.recs: when full one is emptied, and the next look at
+// or change of each image takes one round trip more.
+const maxKnownIDs = 4096
 
 // NewStore returns a Store on a RADOS connection (owned by the caller).
 func NewStore(conn *rados.Conn, cfg Config) (*Store, error) {
@@ -126,7 +141,7 @@ func NewStoreOn(b Backend, cfg Config) (*Store, error) {
 		cfg.Mono = func() time.Duration { return time.Since(start) } // monotonic reading
 	}
 	return &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver(), kept: map[string]keptAt{}, hbLast: map[string]hbWritten{},
-		hbEdits: map[string]map[string]bool{}}, nil
+		hbEdits: map[string]map[string]bool{}, hbGates: map[string]*hbGate{}, ids: map[Image]string{}, recs: map[Image]readResult{}}, nil
 }
 
 // FSID is the cluster's fsid.
@@ -140,15 +155,53 @@ func (s *Store) Backend() Backend { return s.b }
 
 // read returns the record and its object version; (nil, 0, nil) when there is none.
 func (s *Store) read(ctx context.Context, img Image) (*Record, uint64, error) {
+	r := s.readAt(ctx, img)
+	return r.rec, r.ver, r.err
+}
+
+// readResult is one read of a claim record: the record (nil when none), its object version.
+type readResult struct {
+	rec *Record
+	ver uint64
+	err error
+}
+
+func (s *Store) readAt(ctx context.Context, img Image) readResult {
 	data, ver, err := s.b.Read(ctx, img, objectOf(img))
 	if err != nil || data == nil {
-		return nil, 0, err
+		return readResult{err: err}
 	}
 	rec, err := decode(data)
 	if err != nil {
-		return nil, 0, fmt.Errorf("read claim of %s (object %s): %w", img, objectOf(img), err)
+		return readResult{err: fmt.Errorf("read claim of %s (object %s): %w", img, objectOf(img), err)}
 	}
-	return rec, ver, nil
+	return readResult{rec: rec, ver: ver}
+}
+
+// remember keeps rec, at object version ver, as the record last seen of img (nil: forget it).
+func (s *Store) remember(img Image, rec *Record, ver uint64) {
+	s.recMu.Lock()
+	defer s.recMu.Unlock()
+	if rec == nil {
+		delete(s.recs, img)
+		return
+	}
+	if len(s.recs) >= maxKnownIDs {
+		clear(s.recs)
+	}
+	s.recs[img] = readResult{rec: rec.clone(), ver: ver}
+}
+
+// lastSeen is the record last seen of img and its version (nil when none is remembered).
+func (s *Store) lastSeen(img Image) *readResult {
+	s.recMu.Lock()
+	defer s.recMu.Unlock()
+	r, ok := s.recs[img]
+	if !ok {
+		return nil
+	}
+	r.rec = r.rec.clone()
+	return &r
 }
 
 // cas writes rec if and only if the object is still at version ver (0: does not exist yet),
@@ -160,8 +213,13 @@ func (s *Store) cas(ctx context.Context, img Image, ver uint64, rec *Record) err
 	if err != nil {
 		return fmt.Errorf("write claim of %s: %w", img, err)
 	}
-	_, err = s.b.CompareAndWrite(ctx, img, objectOf(img), ver, data)
-	return err
+	nv, err := s.b.CompareAndWrite(ctx, img, objectOf(img), ver, data)
+	if err != nil {
+		s.remember(img, nil, 0) // lost, or its fate unknown: read it again next time
+		return err
+	}
+	s.remember(img, rec, nv)
+	return nil
 }
 
 // maxAttempts bounds the compare-and-set retries of one operation.
@@ -176,6 +234,25 @@ const maxAttempts = 64
 // record of an earlier image of the name (whose key a removal may have taken), is keyed again
 // (model/index.pml, variants r and t).
 func (s *Store) update(ctx context.Context, img Image, decide func(cur *Record, ver uint64) (*Record, error)) (*Record, error) {
+	return s.updateFrom(ctx, img, nil, decide)
+}
+
+// updateFrom is update whose first attempt decides on a read made already (first, when not
+// nil: Acquire reads the record beside the image); the attempts after a lost race read again.
+func (s *Store) updateFrom(ctx context.Context, img Image, first *readResult, decide func(cur *Record, ver uint64) (*Record, error)) (*Record, error) {
+	return s.updateOn(ctx, img, first, false, decide)
+}
+
+// updateKnown is update whose first attempt decides on the record this store last read or
+// wrote, with no read, and lets the compare-and-set say whether it is still the record: one
+// round trip where update takes two. Only a write is trusted on that guess: a decision to
+// write nothing, or an error, is made again on a fresh read. decide must have no side effect
+// (no fence): it may run on a record that is no longer there.
+func (s *Store) updateKnown(ctx context.Context, img Image, decide func(cur *Record, ver uint64) (*Record, error)) (*Record, error) {
+	return s.updateOn(ctx, img, s.lastSeen(img), true, decide)
+}
+
+func (s *Store) updateOn(ctx context.Context, img Image, first *readResult, guess bool, decide func(cur *Record, ver uint64) (*Record, error)) (*Record, error) {
 	if err := validateImage(img); err != nil {
 		return nil, err
 	}
@@ -183,15 +260,28 @@ func (s *Store) update(ctx context.Context, img Image, decide func(cur *Record, 
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("claim %s: %w", img, err)
 		}
-		cur, ver, err := s.read(ctx, img)
+		var r readResult
+		guessing := attempt == 0 && first != nil && guess
+		if attempt == 0 && first != nil {
+			r = *first
+		} else {
+			r = s.readAt(ctx, img)
+		}
+		cur, ver, err := r.rec, r.ver, r.err
 		if err != nil {
 			return nil, err
+		}
+		if !guessing {
+			s.remember(img, cur, ver) // the records this store changes, not every one it lists
 		}
 		var in *Record
 		if cur != nil {
 			in = cur.clone()
 		}
 		next, err := decide(in, ver)
+		if guessing && (err != nil || next == nil) {
+			continue // decided on a guess: decide again on what the cluster has
+		}
 		if err != nil || next == nil {
 			return cur, err
 		}
@@ -207,6 +297,9 @@ func (s *Store) update(ctx context.Context, img Image, decide func(cur *Record, 
 		if !errors.Is(err, ErrConflict) {
 			return nil, err
 		}
+		if guessing {
+			continue // the record changed since this store last saw it: read it
+		}
 		// lost a race: back off a little, at random, so that a crowd spreads out
 		time.Sleep(time.Duration(rand.IntN(1+attempt)) * time.Millisecond) //nolint:gosec // jitter, not a secret
 	}
@@ -219,11 +312,23 @@ type imageInfo struct {
 	Watchers []string // client addresses watching the image header
 }
 
-// inspectImage checks that the image exists and lists its watchers, other than this client.
+// inspectImage checks that the image exists and lists its watchers, other than this client:
+// one round trip when the image still has the id this store last saw (Backend.ImageInfo).
 func (s *Store) inspectImage(ctx context.Context, img Image) (imageInfo, error) {
-	info, err := s.b.ImageInfo(ctx, img)
+	s.idMu.Lock()
+	known := s.ids[img]
+	s.idMu.Unlock()
+	info, err := s.b.ImageInfo(ctx, img, known)
 	if err != nil {
 		return imageInfo{}, err
+	}
+	if info.ID != known {
+		s.idMu.Lock()
+		if len(s.ids) >= maxKnownIDs {
+			clear(s.ids)
+		}
+		s.ids[img] = info.ID
+		s.idMu.Unlock()
 	}
 	own := s.b.OwnAddr() // without it every watcher counts, ours too: stricter, never looser
 	kept := info.Watchers[:0:0]

@@ -34,11 +34,12 @@ type mapRun struct {
 	steps    stepTimer
 }
 
-// Map is the map saga: validate → resolve → intent → claim → kernel → record → persist, then
-// the reply. Two state writes: intent (phase claiming) before the claim, mapped after the
-// record; recovery of "claiming" finds a device the kernel made meanwhile by names and adopts
-// it when the claim is this node's (docs/safety.md, phases). A failing step undoes the ones before it: no claim is left without
-// a device and no device without a claim. Asking again for an image this node has mapped
+// Map is the map saga: validate → resolve → claim (its intent written beside its reads) →
+// kernel → record → persist, then the reply. Two state writes: intent (phase claiming),
+// durable before the claim is sent, and mapped after the record; recovery of "claiming" finds
+// a device the kernel made meanwhile by names and adopts it when the claim is this node's
+// (docs/safety.md, phases). A failing step undoes the ones before it: no claim is left
+// without a device and no device without a claim. Asking again for an image this node has mapped
 // answers the same device with AlreadyMapped. The outcome is recorded once, at the end; the
 // claim and a takeover's fences are audited when they are made (mapRun.claim).
 func (s *Sagas) Map(ctx context.Context, req api.MapRequest, c Caller) (resp *api.MapResponse, err error) {
@@ -67,10 +68,8 @@ func (r *mapRun) runSteps(ctx context.Context) (*api.MapResponse, error) {
 		return resp, err
 	}
 	if r.m.Claimed { // snapshots are immutable: mapping one needs no claim
-		for _, step := range []func(context.Context) error{r.intent, r.claim} {
-			if err := step(ctx); err != nil {
-				return nil, err
-			}
+		if err := r.claim(ctx); err != nil {
+			return nil, err
 		}
 	}
 	for _, step := range []func(context.Context) error{r.kernel, r.record, r.persist} {
@@ -160,12 +159,15 @@ func (r *mapRun) resolve(ctx context.Context) (*api.MapResponse, bool, error) {
 	return nil, false, nil
 }
 
-// intent writes the mapping, phase claiming, before the claim: a crash from here on leaves a
-// state the reconciler finishes or undoes. Undo: forget it; but a state an interrupted saga
-// left ("claiming", "unmapping": not "mapped", which alreadyMapped answered) is written back
-// when this map made no claim, since the hold it names is still to be settled (forgetting it
-// would keep that claim for ever: docs/safety.md, variant ag).
+// intent writes the mapping, phase claiming, before the claim is sent (Acquire runs it beside
+// its reads and sends nothing before it returns): a crash from then on leaves a state the
+// reconciler finishes or undoes. Undo: forget it; but a state an interrupted saga left
+// ("claiming", "unmapping": not "mapped", which alreadyMapped answered) is written back when
+// this map made no claim, since the hold it names is still to be settled (forgetting it would
+// keep that claim for ever: docs/safety.md, variant ag). Its time is noted beside the claim's,
+// which it overlaps.
 func (r *mapRun) intent(context.Context) error {
+	start := time.Now()
 	prev, had := r.s.State.Get(r.t.key)
 	if err := r.s.persist(r.run, "persist-intent", r.m); err != nil {
 		return refuse(err)
@@ -176,21 +178,27 @@ func (r *mapRun) intent(context.Context) error {
 		}
 		return r.s.State.Delete(r.t.key)
 	})
-	r.steps.mark("intent")
+	r.steps.note("intent", time.Since(start))
 	return nil
 }
 
-// claim takes the image's claim (one compare-and-set; a takeover where the policy or an admin
-// allows it). Undo: release it.
+// claim writes the intent and takes the image's claim (one compare-and-set; a takeover where
+// the policy or an admin allows it): Acquire's reads, its heartbeat and the intent at once,
+// then the compare-and-set. Undo: release it.
 func (r *mapRun) claim(ctx context.Context) error {
 	if err := r.run.step("claim"); err != nil {
 		return err
 	}
 	t, policy := r.t, r.s.Config.TakeoverPolicy
+	var intentErr error
 	res, err := r.store.Acquire(ctx, claim.Request{Image: t.img, Access: r.access, ReadOnly: r.readOnly,
 		Takeover: r.req.Takeover || policy == config.TakeoverAfterLeaseExpiry, TakeFenced: true,
 		TakeCovered: policy != config.TakeoverManual,
-		NextStep:    func(hs []claim.Holder) string { return r.s.nextStepWhenHeld(r.c, t, hs) }})
+		NextStep:    func(hs []claim.Holder) string { return r.s.nextStepWhenHeld(r.c, t, hs) },
+		Durable:     func(ctx context.Context) error { intentErr = r.intent(ctx); return intentErr }})
+	if intentErr != nil {
+		return intentErr // no claim was sent: refused as the intent's write failed
+	}
 	var held *claim.HeldError
 	r.s.Agent.WatchHeld(t.key, errors.As(err, &held))
 	if err != nil {

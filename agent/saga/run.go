@@ -84,6 +84,11 @@ func (t *stepTimer) mark(name string) {
 	t.last = now
 }
 
+// note records a step that ran beside others (its own time), without ending the current one.
+func (t *stepTimer) note(name string, took time.Duration) {
+	t.names, t.took = append(t.names, name), append(t.took, took)
+}
+
 func (t *stepTimer) fields() logrus.Fields {
 	f := logrus.Fields{"total_ms": float64(time.Since(t.start).Microseconds()) / 1000}
 	for i, n := range t.names {
