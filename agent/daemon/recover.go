@@ -342,19 +342,20 @@ func (d *Daemon) deviceEvent(ctx context.Context, ev devwatch.Event) {
 			if m.Phase != state.Mapped || m.DeviceID != ev.Device.ID || (ev.Device.ClientAddr != "" && m.ClientAddr != ev.Device.ClientAddr) {
 				continue
 			}
-			// off the main loop, one operation per image, after any saga on it has ended (it
-			// re-reads the state the saga left); retried by the reconciler after a failure
-			key, id := m.Key, ev.Device.ID
-			d.ops.start(ctx, key, func(ctx context.Context) error {
+			// off the main loop, one operation per image, after any saga or operation on it
+			// has ended (it re-reads the state they left), never dropped for one that runs (no
+			// round repeats the event); retried by the reconciler after a failure
+			key, id, addr := m.Key, ev.Device.ID, ev.Device.ClientAddr
+			d.ops.queue(ctx, key, func(ctx context.Context) error {
 				cur, ok := d.state.Get(key)
-				if !ok || cur.Phase != state.Mapped || cur.DeviceID != id {
+				if !ok || cur.Phase != state.Mapped || cur.DeviceID != id || (addr != "" && cur.ClientAddr != addr) {
 					return nil
 				}
-				_, err := d.kernel.ReadDevice(id)
+				now, err := d.kernel.ReadDevice(id)
 				switch {
-				case err == nil:
-					return nil // back already (an id reused): the reconciler checks it
-				case !errors.Is(err, krbd.ErrNotFound):
+				case err == nil && (cur.ClientAddr == "" || now.ClientAddr == cur.ClientAddr):
+					return nil // still there, or cannot tell: the reconciler checks it
+				case err != nil && !errors.Is(err, krbd.ErrNotFound):
 					return fmt.Errorf("device %s: %w", cur.Device, err)
 				}
 				return d.deviceGone(ctx, cur, "remove event")
