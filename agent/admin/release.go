@@ -72,7 +72,14 @@ func (a *Admin) releaseOwn(ctx context.Context, t target, store *claim.Store) (b
 		}
 		return false, fmt.Errorf("%w: %s is mapped on this node as %s though the agent has no record of it; unmap that device first (rbd-owner unmap %s)", fault.ErrInvalid, t.spec, dev, dev)
 	}
-	return store.Release(ctx, t.img, h.Epoch)
+	res, err := store.ReleaseHold(ctx, t.img, h.Epoch)
+	if err != nil {
+		return false, err
+	}
+	if err := res.Unlist(ctx); err != nil {
+		a.Log.WithError(err).Warn("released, still listed among this node's holds until the next heartbeat")
+	}
+	return res.Released, nil
 }
 
 // mappedHere names a device of this node that maps the image, or whose client is the claim's

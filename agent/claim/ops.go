@@ -330,11 +330,15 @@ func (s *Store) SetMapping(ctx context.Context, img Image, epoch uint64, clientA
 	return rec, nil
 }
 
-// Release drops this node's hold, only if it holds the image at epoch. It returns false
-// (and no error) when there was nothing of ours to release.
+// Release drops this node's hold, only if it holds the image at epoch, then drops the image
+// from this node's list of holds. It returns false (and no error) when there was nothing of
+// ours to release.
 func (s *Store) Release(ctx context.Context, img Image, epoch uint64) (bool, error) {
 	r, err := s.ReleaseHold(ctx, img, epoch)
-	return r.Released, err
+	if err != nil {
+		return false, err
+	}
+	return r.Released, r.Unlist(ctx)
 }
 
 // ReleaseResult says what ReleaseHold did.
@@ -343,16 +347,28 @@ type ReleaseResult struct {
 	// NotHeld, when nothing was released, says why in words a person reads: who holds the image
 	// now, or who released this node's hold before ("" when Released).
 	NotHeld string
-	// Unlisted is why the image could not be dropped from the holds this node's heartbeat
-	// lists (nil when it was, or still is held): the hold is released all the same, and the next
-	// heartbeat in the place drops it.
-	Unlisted error
+	// unlist is the heartbeat write that drops the image from this node's list of holds (nil
+	// when it is still held, or none is owed)
+	unlist func(ctx context.Context) error
 }
 
-// ReleaseHold is Release, saying why there was nothing to release when this node no longer
-// held the image at epoch: taken over by another node, or force-released by an admin. It
-// compares against the record this store last saw first (updateKnown): one round trip when
-// nothing changed it since.
+// Unlist writes the heartbeat that drops the released image from the holds this node lists:
+// after the release, so the list stays a superset of its holds, and at any time after it, so
+// a caller may run it beside what it does next (the unmap saga's last state write). Without
+// it the next heartbeat in the place drops the image. An error says the image is still listed
+// (the hold is released all the same).
+func (r ReleaseResult) Unlist(ctx context.Context) error {
+	if r.unlist == nil {
+		return nil
+	}
+	return r.unlist(ctx)
+}
+
+// ReleaseHold is the compare-and-set of Release, saying why there was nothing to release when
+// this node no longer held the image at epoch: taken over by another node, or force-released
+// by an admin. It compares against the record this store last saw first (updateKnown): one
+// round trip when nothing changed it since. The heartbeat that unlists the image is left to
+// the caller (ReleaseResult.Unlist).
 func (s *Store) ReleaseHold(ctx context.Context, img Image, epoch uint64) (ReleaseResult, error) {
 	var res ReleaseResult
 	holdsNone := false
@@ -379,11 +395,14 @@ func (s *Store) ReleaseHold(ctx context.Context, img Image, epoch uint64) (Relea
 		return ReleaseResult{}, fmt.Errorf("release %s: %w", img, err)
 	}
 	if holdsNone && s.mayList(img) {
-		// no longer listed among this node's holds: after the release, so the list stays a
-		// superset of its holds
+		// no longer listed among this node's holds: noted after the release, so the list stays
+		// a superset of its holds; written by Unlist or the next heartbeat
 		s.NoteHold(img, false)
-		if err := s.Heartbeat(ctx, img.Pool, img.Namespace); err != nil {
-			res.Unlisted = fmt.Errorf("release %s: released, but not yet dropped from this node's list of holds (the next heartbeat drops it): %w", img, err)
+		res.unlist = func(ctx context.Context) error {
+			if err := s.Heartbeat(ctx, img.Pool, img.Namespace); err != nil {
+				return fmt.Errorf("release %s: released, but not yet dropped from this node's list of holds (the next heartbeat drops it): %w", img, err)
+			}
+			return nil
 		}
 	}
 	return res, nil

@@ -214,7 +214,7 @@ func (r *mapRun) claim(ctx context.Context) error {
 	// cluster, and a kill later in the saga must not lose the record of it
 	r.recordClaim()
 	epoch := res.Holder.Epoch
-	r.run.onFail(func(ctx context.Context) error { _, err := r.store.Release(ctx, t.img, epoch); return err })
+	r.run.onFail(func(ctx context.Context) error { return r.s.releaseAndUnlist(ctx, r.store, t.img, epoch) })
 	// not written: the state stays "claiming" until the device is recorded ("mapped"). A
 	// crash in between leaves "claiming", whose recovery looks for the device by names and
 	// adopts it when this node's claim is there (settleClaiming): one fsync fewer per map

@@ -44,28 +44,52 @@ func (s *Sagas) ClaimingEpoch(ctx context.Context, cl Cluster, m state.Mapping, 
 
 // Release drops the claim of a mapping and audits it.
 func (s *Sagas) Release(ctx context.Context, cl Cluster, m state.Mapping) error {
-	_, err := s.releaseClaim(ctx, cl, m)
-	return err
+	_, unlist, err := s.releaseClaim(ctx, cl, m)
+	if err != nil {
+		return err
+	}
+	s.unlisted(unlist(ctx))
+	return nil
+}
+
+// releaseAndUnlist drops this node's hold at epoch, then the image from this node's list of
+// holds; a failure of the latter is logged (the next heartbeat drops it).
+func (s *Sagas) releaseAndUnlist(ctx context.Context, store *claim.Store, img claim.Image, epoch uint64) error {
+	res, err := store.ReleaseHold(ctx, img, epoch)
+	if err != nil {
+		return err
+	}
+	s.unlisted(res.Unlist(ctx))
+	return nil
+}
+
+// unlisted logs a failed Unlist: the hold is released, the heartbeat still lists it.
+func (s *Sagas) unlisted(err error) {
+	if err != nil {
+		s.Log.WithError(err).Warn("released, still listed among this node's holds until the next heartbeat")
+	}
 }
 
 // releaseClaim is Release, saying why nothing was released when the claim was no longer this
-// node's ("" when it was released): who took it, or that an admin force-released it.
-func (s *Sagas) releaseClaim(ctx context.Context, cl Cluster, m state.Mapping) (notHeld string, err error) {
+// node's ("" when it was released): who took it, or that an admin force-released it. The
+// heartbeat that unlists the image is left to the caller (unlist, never nil).
+func (s *Sagas) releaseClaim(ctx context.Context, cl Cluster, m state.Mapping) (notHeld string, unlist func(context.Context) error, err error) {
+	none := func(context.Context) error { return nil }
 	store, err := cl.Claims(ctx)
 	if err != nil {
-		return "", err
+		return "", none, err
 	}
 	img := m.Ref.Head()
 	res, err := store.ReleaseHold(ctx, img, m.Epoch)
 	if err != nil {
-		return "", err
+		return "", none, err
 	}
 	if !res.Released {
 		// not ours any more: another node took it, fencing this mapping, which is gone now
 		s.Agent.FencedMappingGone(ctx, store, m)
-		return res.NotHeld, nil
+		return res.NotHeld, res.Unlist, nil
 	}
 	s.Audit.Record(audit.Entry{Event: audit.Release, Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace, Image: m.Image,
 		Device: m.Device, Epoch: m.Epoch, OwnerNode: s.Config.NodeID})
-	return "", nil
+	return "", res.Unlist, nil
 }

@@ -25,6 +25,9 @@ type unmapRun struct {
 	managed   bool          // the devices are the recorded mapping's
 	devs      []krbd.Device // the devices to remove
 	claimNote string        // what became of the claim, for the audit entry
+	// unlist drops the released image from this node's list of holds (the heartbeat), beside
+	// the last state write; nil when nothing was released
+	unlist func(context.Context) error
 }
 
 // Unmap is the unmap saga: resolve (the device) → intent → kernel → release (the claim) →
@@ -176,10 +179,11 @@ func (r *unmapRun) release(ctx context.Context) error {
 	if err := r.run.step("release"); err != nil {
 		return err
 	}
-	notHeld, err := r.s.releaseClaim(ctx, r.t.cl, r.m)
+	notHeld, unlist, err := r.s.releaseClaim(ctx, r.t.cl, r.m)
 	if err != nil {
 		return failure(fmt.Errorf("unmapped, but releasing the claim failed (will retry): %w", err))
 	}
+	r.unlist = unlist
 	r.claimNote = ", claim released"
 	if notHeld != "" {
 		r.claimNote = "; its claim was already lost: " + notHeld + "; nothing to release"
@@ -187,10 +191,17 @@ func (r *unmapRun) release(ctx context.Context) error {
 	return nil
 }
 
-// persist forgets the mapping.
-func (r *unmapRun) persist(context.Context) error {
+// persist forgets the mapping. The heartbeat that drops the released image from this node's
+// list of holds is written meanwhile: it may come at any time after the release, and the two
+// writes (a RADOS round trip, an fsync) need not wait for each other.
+func (r *unmapRun) persist(ctx context.Context) error {
 	if err := r.run.step("persist"); err != nil {
 		return err
+	}
+	if r.unlist != nil {
+		done := make(chan error, 1)
+		go func() { done <- r.unlist(ctx) }()
+		defer func() { r.s.unlisted(<-done) }()
 	}
 	if r.managed {
 		if err := r.s.State.Forget(r.t.key); err != nil {
