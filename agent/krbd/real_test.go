@@ -213,6 +213,11 @@ func TestRealKernel(t *testing.T) {
 	}
 	f.Close()
 
+	// the write and the open above end in a close that udevd's inotify watch turns into a
+	// change event, and its probe holds the device open a while: EBUSY for an unmap. Ceph's rbd
+	// settles udevd after a second EBUSY; the unmaps below measure the unmap, not that race
+	// (which, on a loaded guest, may outlast the 3 s EBUSY retry)
+	udevSettle(t)
 	for _, d := range mapped {
 		t0 := time.Now()
 		ok, err := c.Unmap(ctx, d.ID, krbd.UnmapOptions{})
