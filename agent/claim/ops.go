@@ -330,6 +330,15 @@ func (s *Store) SetMapping(ctx context.Context, img Image, epoch uint64, clientA
 	return rec, nil
 }
 
+// Records says whether rec's holder entry of this node names the mapping clientAddr. A
+// "mapped" state whose claim does not (a crash between the map's persist and its record) is
+// recorded with SetMapping before its device is answered again: else a takeover would fence
+// the whole node (docs/safety.md, invariant 7).
+func (s *Store) Records(rec *Record, clientAddr string) bool {
+	h := rec.Holder(s.cfg.Node.ID)
+	return h != nil && h.ClientAddr == clientAddr
+}
+
 // Release drops this node's hold, only if it holds the image at epoch, then drops the image
 // from this node's list of holds. It returns false (and no error) when there was nothing of
 // ours to release.

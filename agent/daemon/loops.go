@@ -327,6 +327,26 @@ func (d *Daemon) heartbeat(ctx context.Context, cl *cluster, store *claim.Store,
 	}
 }
 
+// recordMapping records a mapped device's client address that its claim lacks: a map
+// interrupted after its persist, before its record (docs/safety.md, invariant 7). Until it is
+// recorded a takeover would fence the whole node. A failure is a problem of the mapping (so
+// its claim is checked again every round); it returns whether the client is recorded.
+func (d *Daemon) recordMapping(ctx context.Context, store *claim.Store, m state.Mapping) bool {
+	log := d.log.WithField("image", m.Key.String()).WithField("device", m.Device).WithField("client_addr", m.ClientAddr)
+	rctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
+	defer cancel()
+	if _, err := store.SetMapping(rctx, m.Ref.Head(), m.Epoch, m.ClientAddr, m.Device); err != nil {
+		msg := "the claim does not name this mapping's client, so a takeover would fence the whole node; recording it failed, tried again next round: " + err.Error()
+		if d.problem(m.Key) != msg {
+			log.WithError(err).Warn("the claim does not name this mapping's client; recording it failed, tried again next round")
+		}
+		d.setProblem(m.Key, msg)
+		return false
+	}
+	log.Info("recorded in the claim the client of a mapping whose map was interrupted")
+	return true
+}
+
 // checkClaim reads one claim: a claim that is no longer this node's is reported (status,
 // journal at error priority) and its device left alone: unmapping a file system in use is
 // never the agent's call. It returns whether the claim could be read.
@@ -340,6 +360,9 @@ func (d *Daemon) checkClaim(ctx context.Context, cl *cluster, store *claim.Store
 	}
 	switch {
 	case err == nil:
+		if m.Phase == state.Mapped && !store.Records(rec, m.ClientAddr) && !d.recordMapping(ctx, store, m) {
+			return read // a problem now: checked again every round until it is recorded
+		}
 		if slow {
 			d.checkWatchers(ctx, cl, store, m, rec)
 		}

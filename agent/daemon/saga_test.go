@@ -167,7 +167,7 @@ func TestMapFailureAtEveryStepRollsBack(t *testing.T) {
 func TestCrashAtEveryStepThenRestartIsConsistent(t *testing.T) {
 	a := newNode(t, "node-a")
 	cases := []struct{ saga, step string }{
-		{"map", "persist-intent"}, {"map", "claim"}, {"map", "map"}, {"map", "record"}, {"map", "persist"},
+		{"map", "persist-intent"}, {"map", "claim"}, {"map", "map"}, {"map", "record"}, {"map", "record-send"}, {"map", "persist"},
 		{"unmap", "persist-intent"}, {"unmap", "unmap"}, {"unmap", "release"}, {"unmap", "persist"},
 	}
 	for _, c := range cases {

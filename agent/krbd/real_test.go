@@ -23,9 +23,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rbd-owner/rbd-owner/agent/devwatch"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
-	"golang.org/x/sys/unix"
 )
 
 func TestRealKernel(t *testing.T) {

@@ -44,6 +44,11 @@ func (s *Sagas) alreadyMapped(ctx context.Context, t target, store *claim.Store,
 		// a read, not a write: the lease is the node's heartbeat; this only proves the claim
 		// is still this node's at its epoch
 		rec, err := store.Check(ctx, t.img, m.Epoch)
+		if err == nil && !store.Records(rec, m.ClientAddr) {
+			// a map interrupted after its persist, before its record: the device is handed
+			// over only once the claim names it (else a takeover fences the whole node)
+			rec, err = store.SetMapping(ctx, t.img, m.Epoch, m.ClientAddr, m.Device)
+		}
 		if err != nil {
 			if errors.Is(err, claim.ErrFenced) {
 				s.setLost(t.key, err.Error())

@@ -35,10 +35,11 @@ type mapRun struct {
 }
 
 // Map is the map saga: validate → resolve → claim (its intent written beside its reads) →
-// kernel → record → persist, then the reply. Two state writes: intent (phase claiming),
-// durable before the claim is sent, and mapped after the record; recovery of "claiming" finds
-// a device the kernel made meanwhile by names and adopts it when the claim is this node's
-// (docs/safety.md, phases). A failing step undoes the ones before it: no claim is left
+// kernel → record and persist together, then the reply. Two state writes: intent (phase
+// claiming), durable before the claim is sent, and mapped beside the record; recovery of
+// "claiming" finds a device the kernel made meanwhile by names and adopts it when the claim is
+// this node's, and a "mapped" state whose address the claim lacks is recorded before the device
+// is answered again (docs/safety.md, phases). A failing step undoes the ones before it: no claim is left
 // without a device and no device without a claim. Asking again for an image this node has mapped
 // answers the same device with AlreadyMapped. The outcome is recorded once, at the end; the
 // claim and a takeover's fences are audited when they are made (mapRun.claim).
@@ -72,10 +73,11 @@ func (r *mapRun) runSteps(ctx context.Context) (*api.MapResponse, error) {
 			return nil, err
 		}
 	}
-	for _, step := range []func(context.Context) error{r.kernel, r.record, r.persist} {
-		if err := step(ctx); err != nil {
-			return nil, err
-		}
+	if err := r.kernel(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.recordAndPersist(ctx); err != nil {
+		return nil, err
 	}
 	return r.reply(), nil
 }
@@ -254,26 +256,60 @@ func (r *mapRun) kernel(ctx context.Context) error {
 	return nil
 }
 
+// recordAndPersist runs record and persist together; the reply waits for both. Neither needs
+// the other: a crash after persist and before the record leaves "mapped" with no address in
+// the claim, which alreadyMapped records before it answers the device again and the renewals'
+// claim check records meanwhile (docs/safety.md, invariant 7). A failure of either undoes the
+// map; record's is the one returned when both fail. Each notes its own time, and "finish"
+// is the two together.
+func (r *mapRun) recordAndPersist(ctx context.Context) error {
+	if err := r.run.step("record"); err != nil { // a crash before either
+		return err
+	}
+	var perr error
+	var persistTook time.Duration
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		start := time.Now()
+		perr = r.persist(ctx)
+		persistTook = time.Since(start)
+	}()
+	start := time.Now()
+	rerr := r.record(ctx)
+	recordTook := time.Since(start)
+	<-done // a local write, waited for as the serial map did
+	r.steps.note("record", recordTook)
+	r.steps.note("persist", persistTook)
+	r.steps.mark("finish")
+	if rerr != nil {
+		return rerr
+	}
+	return perr
+}
+
 // record writes the mapping's own client address into the claim: what a takeover fences.
 func (r *mapRun) record(ctx context.Context) error {
-	if r.m.Claimed {
-		if err := r.run.step("record"); err != nil {
-			return err
-		}
-		rec, err := r.store.SetMapping(ctx, r.t.img, r.m.Epoch, r.dev.ClientAddr, r.dev.DevNode)
-		if err != nil {
-			return failure(err)
-		}
-		r.recorded = rec
+	if !r.m.Claimed {
+		return nil
 	}
-	r.steps.mark("record")
+	if err := r.run.step("record-send"); err != nil { // a crash beside persist
+		return err
+	}
+	rec, err := r.store.SetMapping(ctx, r.t.img, r.m.Epoch, r.dev.ClientAddr, r.dev.DevNode)
+	if err != nil {
+		return failure(err)
+	}
+	r.recorded = rec
 	return nil
 }
 
-// persist writes the mapping, phase mapped, with its device.
+// persist writes the mapping, phase mapped, with its device (on a copy of the intent: record
+// reads r.m meanwhile).
 func (r *mapRun) persist(context.Context) error {
-	r.m.Phase, r.m.DeviceID, r.m.Device, r.m.ClientAddr = state.Mapped, r.dev.ID, r.dev.DevNode, r.dev.ClientAddr
-	if err := r.s.persist(r.run, "persist", r.m); err != nil {
+	m := r.m
+	m.Phase, m.DeviceID, m.Device, m.ClientAddr = state.Mapped, r.dev.ID, r.dev.DevNode, r.dev.ClientAddr
+	if err := r.s.persist(r.run, "persist", m); err != nil {
 		return failure(err)
 	}
 	r.s.Node.SetProblem(r.t.key, "")

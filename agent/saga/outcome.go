@@ -72,7 +72,6 @@ func (r *mapRun) recordMapped() {
 		Image: t.spec.Image, Device: r.dev.DevNode, Epoch: m.Epoch, OwnerNode: r.s.Config.NodeID, HasPeer: peer != nil,
 		UID: peercred.UID(peer), PID: peercred.PID(peer),
 		Message: fmt.Sprintf("mapped %s as %s (epoch %d, client %s, requester %q, volume %q)", t.spec, r.dev.DevNode, m.Epoch, r.dev.ClientAddr, r.req.Requester, r.req.VolumeID)})
-	r.steps.mark("persist")
 	r.s.Log.WithField("image", t.key.String()).WithField("requester", r.req.Requester).WithFields(r.steps.fields()).Info("map steps")
 }
 
