@@ -19,7 +19,9 @@
  *
  * Checked: invariants 1 and 4 where a mapping appears (an assertion) and in every state (the
  * never claim), 2 and 3 by assertions where the claim changes; with ROLES, 5 where a takeover
- * blocklists and where it drops a holder; with LIVENESS, the liveness property at the end.
+ * blocklists and where it drops a holder; with LEAK_CHECK, 6 where a state is forgotten and at
+ * every crash; 7 where alreadyMapped answers a device; with LIVENESS, the liveness property at
+ * the end.
  * Variants (-D), each of which must fail:
  *   READ_THEN_WRITE   a claim of a record read "free" is a plain write, compared with nothing
  *   WRITE_THEN_FENCE  a takeover writes the claim first and blocklists the old holder after
@@ -47,6 +49,13 @@
  *                     CLAIM_BEFORE_INTENT: the intent is written after the claim (the
  *                     ordering that remains, dropped): a crash in between leaves the hold with
  *                     no state (invariant 6)
+ *   PARALLEL_RECORD   the map's record (SetMapping) and its persist ("mapped") run together:
+ *                     the state's write may land first, and a crash may come in between
+ *   FIX_MAPPED_RECORD alreadyMapped records a "mapped" mapping's address the claim lacks
+ *                     before it answers the device, and the renewals' claim check records it
+ *                     meanwhile. PARALLEL_RECORD without it is variant (ai): after a crash
+ *                     between persist and record the device is answered while its claim
+ *                     names no client (invariant 7)
  *   FIX_MAP_KEEPS_PREV  a refused map writes back the state it replaced (one an interrupted
  *                     saga left, "claiming" or "unmapping"), not nothing: variant (ag) without
  *                     it forgets the interrupted map's hold (invariant 6)
@@ -112,6 +121,7 @@ mtype = { RWO, ROX, RWX, CLAIMING, CLAIMED, MAPPED, UNMAPPING };
 #define OP_MAP    1
 #define OP_UNMAP  2
 #define OP_SETTLE 3
+#define OP_REPAIR 4     /* the claim check records a mapped device's missing address */
 /* results */
 #define R_OK   1
 #define R_AMB  3        /* timed out: may or may not have been applied */
@@ -147,6 +157,9 @@ byte maxgrant[IMAGES];          /* the highest epoch granted so far, per image *
 bool i2_epoch_reused;
 bool i3_claim_dropped_under_live_mapping;
 bool i6_hold_outlives_state;
+/* invariant 7: a mapped device is handed to its caller (the map's reply, or alreadyMapped's
+   answer) only while its claim names its client: else a takeover fences the whole node */
+bool i7_answered_unrecorded;
 bool i1_i4_violated;
 #ifdef ROLES
 /* takeover_policy per node: after-lease-expiry (1) or manual (0), set in init */
@@ -322,7 +335,7 @@ inline blocklist(m, i, tg) {
 #endif
 #define RESET \
   op = 0; acc = 0; plan = 0; ev = 0; wat = 0; ep = 0; res = 0; g = 0; t = 0; pend = 0; \
-  out = 0; prevph = 0; pmep = 0; pmaddr = 0; evicting = 0; bad = 0; intent = 0; RESET_SNAP RESET_ROLE UNREAD
+  out = 0; prevph = 0; pmep = 0; pmaddr = 0; evicting = 0; bad = 0; intent = 0; pdone = 0; RESET_SNAP RESET_ROLE UNREAD
 #define DONE        RESET; goto idle
 #ifdef LEAK_CHECK
 /* invariant 6 at a crash: this node's live hold of the image is named by its state */
@@ -356,6 +369,13 @@ inline blocklist(m, i, tg) {
   ph = 0; mep = 0; maddr = 0; printf("node %d image %d: state file: mapping forgotten\n", n, i); \
   MAY_CRASH
 #define DEVOK        (maddr != 0 && kdev[w] == maddr)
+/* alreadyMapped answers only once the claim names the device (FIX_MAPPED_RECORD records it
+   first); without it, whatever the claim names */
+#ifdef FIX_MAPPED_RECORD
+#define ANSWER_RECORDED (h_addr[H(i,n)] == maddr)
+#else
+#define ANSWER_RECORDED 1
+#endif
 /* claimingEpoch with no device of the image on this node: this node's hold whatever mapping
    it records (that mapping is gone); CLAIMING_STRICT (variant af): only one with none */
 #ifdef CLAIMING_STRICT
@@ -382,6 +402,7 @@ proctype Worker(byte n; byte i) {
   byte pmep, pmaddr;            /* the state a map replaced (with prevph), for its undo */
   bool evicting, bad;
   bool intent;                  /* the map's intent is written (INTENT_BESIDE_READS) */
+  bool pdone;                   /* the map's "mapped" is written already (PARALLEL_RECORD) */
 #ifdef READ_THEN_WRITE
   byte snap;
 #endif
@@ -443,6 +464,24 @@ end_idle:
        ph == MAPPED && !DEVOK -> op = OP_SETTLE; ep = mep;
        printf("node %d image %d: DEVICE GONE, release\n", n, i); goto rel_read_now
      }
+  /* ---- alreadyMapped: a map of an image mapped here answers its device (handed to the
+     caller) when the claim is this node's at the mapping's epoch. Invariant 7: only while the
+     claim names the device's client. FIX_MAPPED_RECORD records it first (below). ---- */
+  :: atomic {
+       ph == MAPPED && DEVOK && h_held[H(i,n)] && h_ep[H(i,n)] == mep && !h_fen[H(i,n)] && ANSWER_RECORDED ->
+       printf("node %d image %d: ANSWER device #%d (already mapped)\n", n, i, maddr);
+       i7_answered_unrecorded = (h_addr[H(i,n)] != maddr);
+       assert(!i7_answered_unrecorded)
+     }
+#ifdef FIX_MAPPED_RECORD
+  /* alreadyMapped, and daemon.checkClaim (the renewals): the claim is this node's but names
+     another client than the mapped device's (a crash between persist and record): record it */
+  :: atomic {
+       ph == MAPPED && DEVOK && h_held[H(i,n)] && h_ep[H(i,n)] == mep && !h_fen[H(i,n)] &&
+       h_addr[H(i,n)] != maddr -> op = OP_REPAIR; ep = mep; g = maddr;
+       printf("node %d image %d: REPAIR: record device #%d in the claim\n", n, i, g); goto sm_now
+     }
+#endif
   /* ---- daemon.Unmap: the unmap saga ---- */
   /* not the agent's mapping (found by name): unmap it, nothing to release */
   :: atomic {
@@ -754,6 +793,13 @@ kmap:
              claim below checks them in every state as well) */
           i1_i4_violated = UNSAFE;
           assert(!i1_i4_violated);
+#ifdef PARALLEL_RECORD
+          /* record and persist together: the state's write may land before the record */
+          if
+          :: pdone = 1; PUT(MAPPED, ep, g)
+          :: true
+          fi;
+#endif
           goto sm
        :: kgen == GENS -> goto rel_read     /* the model's bound on mappings: map fails */
        :: faults < FAULTS -> faults++;                  /* the kernel refused: undo, release */
@@ -775,6 +821,8 @@ sm_now:
        :: h_held[H(i,n)] && h_ep[H(i,n)] == ep && !h_fen[H(i,n)] ->
             printf("node %d image %d: SetMapping epoch %d -> mapping #%d\n", n, i, ep, g);
             CAS(h_addr[H(i,n)] = g)
+       :: op == OP_REPAIR ->            /* lost: checkClaim reports it, the device stays */
+            UNREAD; printf("node %d image %d: SetMapping: lost (left in place)\n", n, i); DONE
        :: else ->                       /* decideMine: LostError. The map saga undoes (unmap,
                                            release, forget); the settle removes the device. */
             UNREAD; printf("node %d image %d: SetMapping: lost\n", n, i); goto kunmap
@@ -782,8 +830,9 @@ sm_now:
        if
        :: res == 0 -> goto sm              /* answered as a conflict: read again */
        :: res == R_AMB && op == OP_MAP -> goto kunmap   /* undo */
-       :: res == R_AMB && op == OP_SETTLE -> DONE       /* retried by the reconciler */
-       :: res == R_OK -> PUT(MAPPED, ep, g); DONE       /* persist */
+       :: res == R_AMB && op != OP_MAP -> DONE          /* retried by the reconciler */
+       :: res == R_OK && (op == OP_REPAIR || pdone) -> DONE
+       :: res == R_OK && !(op == OP_REPAIR || pdone) -> PUT(MAPPED, ep, g); DONE   /* persist */
        fi
      }
   fi;
