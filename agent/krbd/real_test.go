@@ -4,7 +4,8 @@ package krbd_test
 // guest with a real Ceph cluster (tests/vm/krbd-test does the whole run), as root:
 //
 //	RBD_OWNER_KRBD_REAL=1            enable
-//	RBD_OWNER_KRBD_MON=ip:port       a monitor's msgr1 address
+//	RBD_OWNER_KRBD_MON=ip:port       a monitor's address (msgr1; msgr2 with ms_mode in the options)
+//	RBD_OWNER_KRBD_OPTIONS=a=b,c     further krbd options (ms_mode=secure), comma-separated; optional
 //	RBD_OWNER_KRBD_USER=rbdowner     cephx id
 //	RBD_OWNER_KRBD_KEYRING=path      its keyring
 //	RBD_OWNER_KRBD_FSID=uuid         the cluster fsid (checked against cluster_fsid and the link)
@@ -54,6 +55,9 @@ func TestRealKernel(t *testing.T) {
 	}
 	o := krbd.MapOptions{Monitors: []string{env("RBD_OWNER_KRBD_MON")}, User: user, Secret: secret,
 		MountTimeout: 20 * time.Second, Timeout: 60 * time.Second}
+	if x := os.Getenv("RBD_OWNER_KRBD_OPTIONS"); x != "" {
+		o.Extra = strings.Split(x, ",")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	// RBD_OWNER_KRBD_UDEV=wait (default) or no: whether maps wait for udevd to have run its

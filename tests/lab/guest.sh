@@ -12,7 +12,7 @@ H=/mnt/host; O=$H/out; mkdir -p "$O"
 exec >> "$O/setup.log" 2>&1
 ts() { echo "[up $(cut -d' ' -f1 /proc/uptime)s] $*"; }
 # shellcheck source=/dev/null  # written by the host into the guest's share at run time
-. $H/node.env    # NODE_ID GUEST_IP MON
+. $H/node.env    # NODE_ID GUEST_IP MON_HOST MAP_OPTS
 ts "run.sh: $NODE_ID boot $(cat /proc/sys/kernel/random/boot_id) kernel $(uname -r)"
 rm -f "$O/ready"
 if [ ! -e /etc/systemd/network/10-lab.network ]; then
@@ -31,7 +31,9 @@ if [ ! -e /etc/systemd/network/10-lab.network ]; then
   for _ in $(seq 1200); do [ -s $H/keyring ] && break; sleep 0.1; done
   mkdir -p /etc/ceph
   install -m 0600 $H/keyring /etc/ceph/ceph.client.rbdowner.keyring
-  printf '[global]\nmon_host = v1:%s\n' "$MON" > /etc/ceph/ceph.conf
+  # the rbd CLI's maps (the e2e's maps behind the agent's back) get the lab's krbd options too
+  printf '[global]\nmon_host = %s\n' "$MON_HOST" > /etc/ceph/ceph.conf
+  [ -z "$MAP_OPTS" ] || printf 'rbd_default_map_options = %s\n' "$MAP_OPTS" >> /etc/ceph/ceph.conf
   mkdir -p /etc/rbd-owner
   install -m 0644 $H/config.yaml /etc/rbd-owner/config.yaml
   # the lab's short fence_expiry (tests/lab/lib.sh) is allowed only under this switch

@@ -32,6 +32,15 @@
 #                               directory are mounted into the root while the lab runs (at the same
 #                               paths, so tests/ceph/up and tests/ceph/down work unchanged) and
 #                               unmounted by lab_down.
+#   LAB_TOPOLOGY=small|prod     the cluster's shape. small (the default): one monitor (msgr1 on
+#                               6789 for the kernel, msgr2 on 3300), one memstore OSD, size-1
+#                               pools. prod, as Rook and cephadm make them: three monitors, each
+#                               on an address of its own (203.0.113.1-3, port 3300), msgr2 only
+#                               (ms_bind_msgr1 = false) and every connection ms_mode secure; pool
+#                               rbd on two OSDs (size 2, min_size 1, each OSD a CRUSH host of its
+#                               own); the slow pool (LAB_SLOW_POOL) on two other OSDs; Ceph's own
+#                               paxos_propose_interval and PG read lease. The agents list the three
+#                               v2 monitors and map with ms_mode=secure; the guests' rbd CLI too.
 
 LAB_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CACHE=${RBD_OWNER_LAB_CACHE:-$HOME/.cache/rbd-owner/lab}
@@ -40,7 +49,8 @@ declare -A NODE_IP=([node-a]=203.0.113.11 [node-b]=203.0.113.12)
 declare -A NODE_MAC=([node-a]=52:54:00:c0:71:11 [node-b]=52:54:00:c0:71:12)
 # the agents' lease and renew interval: the config refuses a lease that does not exceed
 # renew_interval + min(renew_interval, 10s) + 20s (README, Configure: 30s for 5s)
-LEASE=${LEASE:-35s}
+# (the prod topology: 50s, above 5s + the OSDs' failover (30s by default) + 10s, README's bound)
+LEASE=${LEASE:-$([ "${LAB_TOPOLOGY:-small}" = prod ] && echo 50s || echo 35s)}
 RENEW=${RENEW:-5s}
 # the agents' fence_expiry: a minute, below the packages' floor of an hour, allowed by the
 # agent only under RBD_OWNER_TEST_SHORT_FENCES=1, which the guests set in a drop-in of
@@ -56,8 +66,30 @@ LAB_CLUSTER=${LAB_CLUSTER:-pacific}
 # placed only there, for the chaos campaign's slow-pool fault (SIGSTOP of osd.1 stalls that pool
 # alone); pool rbd stays on osd.0 only. Off by default (tests/chaos/run and tests/lab/e2e set it).
 LAB_SLOW_POOL=${LAB_SLOW_POOL:-0}
+LAB_TOPOLOGY=${LAB_TOPOLOGY:-small}
 # SLOW_POOL: the slow pool's name once lab_up made it ("" without one); saved in lab.env
 SLOW_POOL=
+case $LAB_TOPOLOGY in small|prod) ;; *) echo "lab: LAB_TOPOLOGY=$LAB_TOPOLOGY: use small or prod" >&2; exit 2 ;; esac
+# the topology's monitors and OSDs: MON_IPS (named a, b, c in order), the monitor addresses as
+# the agents' config lists them and ceph-csi passes them to rbd -m (MONS), the guests' mon_host,
+# the kernel's map options beyond the agent's own (MAP_OPTS), the OSDs of pool rbd (RBD_OSDS) and
+# of the slow pool (SLOW_OSDS); set again by lab_load from the lab's own lab.env
+lab_topology() {
+if [ "$LAB_TOPOLOGY" = prod ]; then
+  MON_IPS=(203.0.113.1 203.0.113.2 203.0.113.3)
+  MONS=(203.0.113.1:3300 203.0.113.2:3300 203.0.113.3:3300)
+  MON_HOST="[v2:203.0.113.1:3300],[v2:203.0.113.2:3300],[v2:203.0.113.3:3300]"
+  MAP_OPTS=ms_mode=secure
+  RBD_OSDS=(0 1); SLOW_OSDS=(2 3)
+else
+  MON_IPS=(203.0.113.1)
+  MONS=(203.0.113.1:6789)
+  MON_HOST="v1:203.0.113.1:6789"
+  MAP_OPTS=
+  RBD_OSDS=(0); SLOW_OSDS=(1)
+fi
+}
+lab_topology
 case $LAB_GUEST in bookworm|trixie) ;; *) echo "lab: LAB_GUEST=$LAB_GUEST: use bookworm or trixie" >&2; exit 2 ;; esac
 case $LAB_CLUSTER in pacific|reef) ;; *) echo "lab: LAB_CLUSTER=$LAB_CLUSTER: use pacific or reef" >&2; exit 2 ;; esac
 # CEPH_ROOT: the chroot the cluster runs in ("" for the host's own Ceph: LAB_CLUSTER=pacific)
@@ -212,7 +244,7 @@ lab_deb() { local d newest=""; for d in "$LAB_REPO"/dist/rbd-owner_*_amd64.deb; 
 lab_save_env() {
   { echo "NS=$NS"; echo "CEPHDIR=$CEPHDIR"; echo "LAB_DIR=$LAB_DIR"; echo "FSID=${FSID:-}"
     echo "LAB_GUEST=$LAB_GUEST"; echo "LAB_CLUSTER=$LAB_CLUSTER"; echo "CEPH_ROOT=$CEPH_ROOT"; echo "CEPH_ROOT_MADE=$CEPH_ROOT_MADE"
-    echo "SLOW_POOL=$SLOW_POOL"
+    echo "SLOW_POOL=$SLOW_POOL"; echo "LAB_TOPOLOGY=$LAB_TOPOLOGY"
     for n in "${NODES[@]}"; do echo "QPID_${n#node-}=${QPID[$n]:-}"; done; } > "$LAB_DIR/lab.env"
 }
 # lab_load DIR: adopt a running lab (for `lab sh`, `lab down`)
@@ -222,6 +254,9 @@ lab_load() {
   . "$LAB_DIR/lab.env"
   [ -z "$CEPH_ROOT" ] || [[ $CEPH_ROOT == /*/root ]] || { echo "lab: $LAB_DIR/lab.env: CEPH_ROOT='$CEPH_ROOT' is not a root directory" >&2; return 1; }
   [[ ${SLOW_POOL:-} =~ ^[a-z]*$ ]] || { echo "lab: $LAB_DIR/lab.env: SLOW_POOL='$SLOW_POOL' is not a pool name" >&2; return 1; }
+  LAB_TOPOLOGY=${LAB_TOPOLOGY:-small}
+  [ "$LAB_TOPOLOGY" = small ] || [ "$LAB_TOPOLOGY" = prod ] || { echo "lab: $LAB_DIR/lab.env: LAB_TOPOLOGY='$LAB_TOPOLOGY' is neither small nor prod" >&2; return 1; }
+  lab_topology
   declare -gA QPID=()
   local n v; for n in "${NODES[@]}"; do
     v=QPID_${n#node-}
@@ -265,45 +300,55 @@ ceph_root_umount() {
 }
 
 # ---- the slow pool (LAB_SLOW_POOL=1) -----------------------------------------------------------
-# lab_slow_pool: osd.1 (memstore, like osd.0) in CRUSH root "slow" (host "slow-host"), placed there
-# before it starts and never moved by itself (osd_crush_update_on_start false, crush_location
-# set), a rule choosing only that root and pool "slow" (8 PGs) using it. Pool rbd keeps
-# replicated_rule (root default: osd.0 alone), so nothing of it moves. Checked before use: every
-# PG of rbd on osd.0 alone, every PG of slow on osd.1 alone.
-# osd.1's PG read lease is 5 x osd_heartbeat_grace (100 s; Ceph's default 0.8 x is 16 s) so that a
-# stall of up to 35 s never outlives it: a PG whose lease ran out while its OSD was stopped turns
-# "laggy" and may never serve its parked ops again until the next interval change (seen once in
-# six stalls of 22-33 s here: ops "waiting for readable" for minutes). Pool slow has no second OSD
-# that could take over, which is what the shorter lease is for. $CEPHDIR/slow-probes lists one
-# object per PG of pool slow (written here) for tests/chaos/run to check that every PG answers.
-osd1_up() { [ "$(ceph osd stat -f json 2>/dev/null | jq -r .num_up_osds)" = 2 ]; }
-lab_slow_pool() {
-  local d=$CEPHDIR/osd.1 uuid secret id t0; t0=$(now)
+# lab_slow_pool: the OSDs of SLOW_OSDS (memstore, like pool rbd's: osd.1 in the small topology,
+# osd.2 and osd.3 in prod) in CRUSH root "slow", each under a host of its own (slow-h1, …), placed
+# there before they start and never moved by themselves (osd_crush_update_on_start false), a rule
+# choosing only that root and pool "slow" (8 PGs, the topology's size) using it. Pool rbd keeps
+# replicated_rule (root default: RBD_OSDS alone), so nothing of it moves. Checked before use:
+# every PG of rbd on all of RBD_OSDS and nothing else, every PG of slow on all of SLOW_OSDS.
+# Small topology: osd.1's PG read lease is 5 x osd_heartbeat_grace (100 s; Ceph's default 0.8 x is
+# 16 s) so that a stall of up to 35 s never outlives it: a PG whose lease ran out while its OSD
+# was stopped turns "laggy" and may never serve its parked ops again until the next interval
+# change (seen once in six stalls of 22-33 s here: ops "waiting for readable" for minutes). Pool
+# slow has no second OSD that could take over, which is what the shorter lease is for. The prod
+# topology keeps Ceph's own lease: a replica takes over there, and a longer lease would hold the
+# new primary back that long. $CEPHDIR/slow-probes lists one object per PG of pool slow (written
+# here) for tests/chaos/run to check that every PG answers.
+osds_up() { [ "$(ceph osd stat -f json 2>/dev/null | jq -r .num_up_osds)" = "$1" ]; }
+# lab_osd ID ROOT HOST: a memstore OSD ID in CRUSH ROOT under HOST, started
+lab_osd() {
+  local i=$1 root=$2 host=$3 d=$CEPHDIR/osd.$1 uuid secret id
   mkdir -p "$d" || return 1
   uuid=$(uuidgen) && secret=$(CX ceph-authtool --gen-print-key) || return 1
   printf '{"cephx_secret": "%s"}\n' "$secret" > "$d/new.json"
-  { ceph config set osd.1 osd_crush_update_on_start false && ceph config set osd.1 crush_location "root=slow host=slow-host" &&
-    ceph config set osd.1 osd_pool_default_read_lease_ratio 5; } || return 1
-  { id=$(ceph osd new "$uuid" 1 -i "$d/new.json") && [ "$id" = 1 ]; } || { echo "lab: osd new gave '$id', not 1" >&2; return 1; }
+  { ceph config set "osd.$i" osd_crush_update_on_start false && ceph config set "osd.$i" crush_location "root=$root host=$host"; } || return 1
+  if [ "$LAB_TOPOLOGY" = small ]; then ceph config set "osd.$i" osd_pool_default_read_lease_ratio 5 || return 1; fi
+  { id=$(ceph osd new "$uuid" "$i" -i "$d/new.json") && [ "$id" = "$i" ]; } || { echo "lab: osd new gave '$id', not $i" >&2; return 1; }
   rm -f "$d/new.json"
-  CX ceph-authtool --create-keyring "$d/keyring" -n osd.1 --add-key "$secret" >/dev/null || return 1
-  { ceph osd crush add-bucket slow root && ceph osd crush add-bucket slow-host host && ceph osd crush move slow-host root=slow &&
-    ceph osd crush add osd.1 1.0 root=slow host=slow-host; } >/dev/null 2>&1 || { echo "lab: CRUSH root slow for osd.1 failed" >&2; return 1; }
-  CX ceph-osd -c "$CEPHDIR/ceph.conf" -i 1 --mkfs --osd-uuid "$uuid" >/dev/null 2>&1 || { echo "lab: osd.1 mkfs failed (log $CEPHDIR/log/osd.1.log)" >&2; return 1; }
-  CX nice -n 5 ceph-osd -c "$CEPHDIR/ceph.conf" -i 1 || return 1
-  within 60 osd1_up || { echo "lab: osd.1 not up in 60 s" >&2; return 1; }
-  { ceph osd crush rule create-replicated slow slow osd && ceph osd pool create slow 8 8 replicated slow; } >/dev/null 2>&1 \
+  CX ceph-authtool --create-keyring "$d/keyring" -n "osd.$i" --add-key "$secret" >/dev/null || return 1
+  { ceph osd crush add-bucket "$host" host && ceph osd crush move "$host" "root=$root" &&
+    ceph osd crush add "osd.$i" 1.0 "root=$root" "host=$host"; } >/dev/null 2>&1 || { echo "lab: CRUSH host $host for osd.$i failed" >&2; return 1; }
+  CX ceph-osd -c "$CEPHDIR/ceph.conf" -i "$i" --mkfs --osd-uuid "$uuid" >/dev/null 2>&1 || { echo "lab: osd.$i mkfs failed (log $CEPHDIR/log/osd.$i.log)" >&2; return 1; }
+  CX nice -n 5 ceph-osd -c "$CEPHDIR/ceph.conf" -i "$i" || return 1
+}
+lab_slow_pool() {
+  local t0 i; t0=$(now)
+  ceph osd crush add-bucket slow root >/dev/null 2>&1 || { echo "lab: CRUSH root slow failed" >&2; return 1; }
+  for i in "${SLOW_OSDS[@]}"; do lab_osd "$i" slow "slow-h$i" || return 1; done
+  within 60 osds_up $(( ${#RBD_OSDS[@]} + ${#SLOW_OSDS[@]} )) || { echo "lab: osd.${SLOW_OSDS[*]} not up in 60 s" >&2; return 1; }
+  { ceph osd crush rule create-replicated slow slow host && ceph osd pool create slow 8 8 replicated slow; } >/dev/null 2>&1 \
     || { echo "lab: rule or pool slow failed" >&2; return 1; }
   CX timeout 60 rbd -c "$CEPHDIR/ceph.conf" pool init slow || { echo "lab: rbd pool init slow failed" >&2; return 1; }
   # placement as intended, or no slow pool at all (from the osdmap: `ceph pg` needs a mgr, which
-  # the lab does not run)
+  # the lab does not run); each PG's OSDs sorted, as a set
   local pool want ids got
   ceph osd getmap -o "$CEPHDIR/osdmap.check" >/dev/null 2>&1 || { echo "lab: ceph osd getmap failed" >&2; return 1; }
-  for pool in rbd:0 slow:1; do
-    want=${pool#*:}; pool=${pool%:*}
+  for pool in "rbd:$(IFS=,; echo "${RBD_OSDS[*]}")" "slow:$(IFS=,; echo "${SLOW_OSDS[*]}")"; do
+    want=${pool#*:}; pool=${pool%%:*}
     ids=$(ceph osd pool ls detail -f json 2>/dev/null | jq -r --arg p "$pool" '.[] | select(.pool_name == $p) | .pool_id')
     [[ $ids =~ ^[0-9]+$ ]] || { echo "lab: no id for pool $pool ('$ids')" >&2; return 1; }
-    got=$(CX osdmaptool "$CEPHDIR/osdmap.check" --test-map-pgs-dump --pool "$ids" 2>/dev/null | awk -v p="$ids" 'index($1, p ".") == 1 {print $2}' | sort | uniq -c | awk '{print $2 "x" $1}')
+    got=$(CX osdmaptool "$CEPHDIR/osdmap.check" --test-map-pgs-dump --pool "$ids" 2>/dev/null | awk -v p="$ids" 'index($1, p ".") == 1 {print $2}' \
+      | tr -d '[]' | while IFS=, read -ra o; do printf '%s\n' "${o[@]}" | sort -n | paste -sd,; done | sort | uniq -c | awk '{print "[" $2 "]x" $1}')
     [ "$got" = "[$want]x8" ] || { echo "lab: pool $pool's 8 PGs are not on osd.$want alone: ${got//$'\n'/ }" >&2; return 1; }
   done
   # one probe object in each of pool slow's PGs ($ids: pool slow's id, the loop's last)
@@ -318,7 +363,7 @@ lab_slow_pool() {
   for i in "${probe[@]}"; do rados -p slow put "$i" "$CEPHDIR/slow-probes" || return 1; done
   rm -f "$CEPHDIR/osdmap.check"
   SLOW_POOL=slow; lab_save_env
-  log "pool slow on osd.1 alone (CRUSH root slow, memstore; pid $(cat "$CEPHDIR/run/osd.1.pid")) in $(elapsed "$t0")s; pool rbd on osd.0 alone"
+  log "pool slow on osd.${SLOW_OSDS[*]} alone (CRUSH root slow, memstore) in $(elapsed "$t0")s; pool rbd on osd.${RBD_OSDS[*]} alone"
 }
 
 declare -A QPID=()
@@ -353,6 +398,8 @@ lab_up() {
   local n taps=()
   for n in "${NODES[@]}"; do taps+=("tl${n#node-}$$"); done
   "$LAB_REPO/tests/vm/netns-up" "$NS" "${taps[@]}" || die "netns-up failed"
+  # the other monitors' addresses (prod), on the same bridge
+  local ip; for ip in "${MON_IPS[@]:1}"; do NSX ip addr add "$ip/24" dev br0 || die "ip addr add $ip (monitor address)"; done
   step_done
 
   step "boot ${NODES[*]} (qemu TCG, $GUEST_MEM MiB) while the Ceph cluster starts"
@@ -361,15 +408,16 @@ lab_up() {
     local s; s=$(share "$n"); mkdir -p "$s"/{cmd,run,out}
     cp "$LAB_REPO/tests/lab/guest.sh" "$s/run.sh"; cp "$LAB_REPO/tests/lab/cmdloop.sh" "$s/cmdloop.sh"
     cp "$deb" "$s/rbd-owner.deb"
-    printf 'NODE_ID=%s\nGUEST_IP=%s/24\nMON=203.0.113.1:6789\n' "$n" "${NODE_IP[$n]}" > "$s/node.env"
+    printf 'NODE_ID=%s\nGUEST_IP=%s/24\nMON_HOST=%s\nMAP_OPTS=%s\n' "$n" "${NODE_IP[$n]}" "$MON_HOST" "$MAP_OPTS" > "$s/node.env"
     cat > "$s/config.yaml" <<EOF
-# written by tests/lab for $n
+# written by tests/lab for $n ($LAB_TOPOLOGY topology)
 node_id: $n
 clusters:
   - id: lab
-    monitors: [203.0.113.1:6789]
+    monitors: [$(m=${MONS[*]}; echo "${m// /, }")]
     user: rbdowner
     keyring: /etc/ceph/ceph.client.rbdowner.keyring
+$([ -z "$MAP_OPTS" ] || echo "    map_options: [$MAP_OPTS]")
 lease_duration: $LEASE
 renew_interval: $RENEW
 fence_expiry: $FENCE_EXPIRY
@@ -389,7 +437,9 @@ EOF
   local t up; t=$(now); up=$LAB_REPO/tests/ceph/up
   # in the chroot: tests/ceph/up from the lab's directory (mounted there at the same path)
   [ -z "$CEPH_ROOT" ] || { install -m 0755 "$up" "$LAB_DIR/ceph-up" && up=$LAB_DIR/ceph-up; } || die "copy tests/ceph/up"
-  CX env BIND_IP=203.0.113.1 MON_V1_PORT=6789 IMAGE=img1 OSD_STORE=memstore \
+  local shape=()
+  [ "$LAB_TOPOLOGY" = small ] || shape=(MON_IPS="${MON_IPS[*]}" MSGR2_ONLY=1 OSDS=${#RBD_OSDS[@]} POOL_SIZE=2 POOL_MIN_SIZE=1 FAST=0)
+  CX env BIND_IP=203.0.113.1 MON_V1_PORT=6789 IMAGE=img1 OSD_STORE=memstore "${shape[@]}" \
     nice -n 5 "$up" "$CEPHDIR" 3300 6800 > "$LAB_DIR/logs/ceph-up.log" 2>&1 \
     || { cat "$LAB_DIR/logs/ceph-up.log" >&2; die "ceph up failed"; }
   FSID=$(awk '$1=="fsid"{print $3}' "$CEPHDIR/ceph.conf")
@@ -401,11 +451,14 @@ EOF
   # stopped may stay laggy, its ops "waiting for readable", until the next interval change (the
   # rehearsal's trixie cell: after a 10 s SIGSTOP of osd.0, rbd create in pool rbd hung for
   # minutes, as the CI run's closing chaos round had)
-  ceph config set osd osd_pool_default_read_lease_ratio 5 || die "ceph config set osd osd_pool_default_read_lease_ratio"
+  # (the small topology only: in prod a replica takes over, and Ceph's own lease is what users get)
+  if [ "$LAB_TOPOLOGY" = small ]; then
+    ceph config set osd osd_pool_default_read_lease_ratio 5 || die "ceph config set osd osd_pool_default_read_lease_ratio"
+  fi
   if [ "$LAB_SLOW_POOL" = 1 ]; then lab_slow_pool || die "the slow pool (LAB_SLOW_POOL=1): osd.1 or pool slow failed"; fi
   lab_save_env
   for n in "${NODES[@]}"; do install -m 0600 "$CEPHDIR/client.rbdowner.keyring" "$(share "$n")/keyring"; done
-  log "Ceph cluster ($LAB_CLUSTER: $(ceph --version | awk '{print $3}')) up in $(elapsed "$t")s: fsid $FSID, mon 203.0.113.1 (v2 3300, v1 6789), images rbd/img1 img2 img3 ns1/img4"
+  log "Ceph cluster ($LAB_CLUSTER, $LAB_TOPOLOGY: $(ceph --version | awk '{print $3}')) up in $(elapsed "$t")s: fsid $FSID, mon_host $MON_HOST, OSDs of pool rbd ${RBD_OSDS[*]}, images rbd/img1 img2 img3 ns1/img4"
 
   for n in "${NODES[@]}"; do
     s=$(share "$n")
