@@ -47,14 +47,18 @@ const (
 
 // Config is the agent's configuration.
 type Config struct {
-	NodeID         string    `yaml:"node_id"`
-	Socket         string    `yaml:"socket"`
-	CSISocket      string    `yaml:"csi_socket"`
-	StateDir       string    `yaml:"state_dir"`
-	Clusters       []Cluster `yaml:"clusters"`
-	LeaseDuration  Duration  `yaml:"lease_duration"`
-	RenewInterval  Duration  `yaml:"renew_interval"`
-	TakeoverPolicy string    `yaml:"takeover_policy"`
+	NodeID        string    `yaml:"node_id"`
+	Socket        string    `yaml:"socket"`
+	CSISocket     string    `yaml:"csi_socket"`
+	StateDir      string    `yaml:"state_dir"`
+	Clusters      []Cluster `yaml:"clusters"`
+	LeaseDuration Duration  `yaml:"lease_duration"`
+	RenewInterval Duration  `yaml:"renew_interval"`
+	// OSDFailover is how long the clusters may take to serve a placement group again once the
+	// OSD serving it stops answering (OSD failure detection, the new map, peering): a heartbeat
+	// stored there waits that long. The lease bound covers it.
+	OSDFailover    Duration `yaml:"osd_failover"`
+	TakeoverPolicy string   `yaml:"takeover_policy"`
 	// Unmanaged is what the agent does with a mapping it did not make (see the Unmanaged* policies).
 	Unmanaged    string   `yaml:"unmanaged"`
 	FenceExpiry  Duration `yaml:"fence_expiry"`
@@ -95,8 +99,28 @@ const DefaultClaimCheckInterval = Duration(time.Hour)
 const DefaultOrphanSweepInterval = Duration(time.Hour)
 
 // RenewsPerLease is how many renew intervals a lease lasts when renew_interval is not set: its
-// default is lease_duration / RenewsPerLease.
+// default is lease_duration / RenewsPerLease, at most MaxDefaultRenew.
 const RenewsPerLease = 3
+
+// MaxDefaultRenew caps renew_interval's default: a renewal that waited out a stalled placement
+// group is followed by the next one at once only while renew_interval is at most a write's
+// ClusterCallTimeout (LeaseBound), so a longer one costs the lease more than its length.
+const MaxDefaultRenew = 10 * time.Second
+
+// DefaultRenew is renew_interval's default for a lease.
+func DefaultRenew(lease time.Duration) time.Duration {
+	return min(lease/RenewsPerLease, MaxDefaultRenew)
+}
+
+// DefaultOSDFailover is osd_failover's default: Ceph's osd_heartbeat_grace (20 s) before the
+// monitors mark a silent OSD down, then the new map and peering.
+const DefaultOSDFailover = Duration(30 * time.Second)
+
+// minOSDFailover and maxOSDFailover bound osd_failover.
+const (
+	minOSDFailover = time.Second
+	maxOSDFailover = 10 * time.Minute
+)
 
 // DefaultMachineID is the file node_id's default is read from.
 const DefaultMachineID = "/etc/machine-id"
@@ -203,11 +227,29 @@ func (c *Config) HeartbeatTimeout() time.Duration {
 	return min(c.RenewInterval.D(), MaxHeartbeatTimeout)
 }
 
-// LeaseBound is what lease_duration must exceed with this renew_interval: R + D, where a
-// heartbeat lands at most renew_interval after the one before started plus its call's deadline
-// plus its write's answer, and is judged at most a read's answer after it was read.
+// LeaseBound is what lease_duration must exceed: R + D, where R is the longest gap between two
+// heartbeats landing and D a read's answer (ClusterCallTimeout).
+//
+// R is the longer of two gaps. While the heartbeat's placement group answers, a heartbeat lands
+// at most renew_interval after the one before started, plus its call's deadline, plus its
+// write's answer. When the OSD serving it stops, the write sent next (at most renew_interval
+// after the last landed) waits up to osd_failover until another OSD serves the group; librados
+// then resends the writes sent within the last ClusterCallTimeout, and the others have timed
+// out: the next renewal lands at once, or up to renew_interval - ClusterCallTimeout later.
 func (c *Config) LeaseBound() time.Duration {
-	return c.RenewInterval.D() + c.HeartbeatTimeout() + ClusterCallTimeout + ClusterCallTimeout
+	return c.RenewInterval.D() + max(c.HeartbeatTimeout()+ClusterCallTimeout, c.stallGap()) + ClusterCallTimeout
+}
+
+// stallGap is the part of a stalled placement group's gap after the renew interval.
+func (c *Config) stallGap() time.Duration {
+	return c.osdFailover() + max(0, c.RenewInterval.D()-ClusterCallTimeout)
+}
+
+func (c *Config) osdFailover() time.Duration {
+	if c.OSDFailover == 0 {
+		return DefaultOSDFailover.D()
+	}
+	return c.OSDFailover.D()
 }
 
 // checkLease refuses a lease_duration that does not exceed LeaseBound, in one line that spells
@@ -217,21 +259,45 @@ func (c *Config) checkLease() error {
 	if c.LeaseDuration.D() > bound {
 		return nil
 	}
-	// the renew_interval r that would do: r + min(r, MaxHeartbeatTimeout) + 2 calls < lease
 	next := fmt.Sprintf("raise lease_duration above %s", bound)
-	floor := 2 * ClusterCallTimeout
-	switch rest := c.LeaseDuration.D() - floor; {
-	case rest <= 0:
+	if r := c.longestRenew(); r > 0 {
+		next += fmt.Sprintf(" or lower renew_interval to %s", r)
+	} else {
+		floor := (&Config{RenewInterval: 1, OSDFailover: Duration(c.osdFailover())}).LeaseBound().Truncate(time.Second)
 		next += fmt.Sprintf(" (no renew_interval makes a lease of %s or less safe)", floor)
-	case rest <= 2*MaxHeartbeatTimeout:
-		next += fmt.Sprintf(" or lower renew_interval below %s", rest/2)
-	default:
-		next += fmt.Sprintf(" or lower renew_interval below %s", rest-MaxHeartbeatTimeout)
+	}
+	// the longer of the two gaps is the one spelled out
+	if c.stallGap() > c.HeartbeatTimeout()+ClusterCallTimeout {
+		return fieldErr("lease_duration", "%s is too short for renew_interval %s: a lease must exceed renew_interval (%s) + "+
+			"the OSDs' failover (osd_failover, %s)%s + a read's answer (%s) = %s, or a heartbeat stalled by a stopped OSD "+
+			"makes this live node look dead; %s",
+			c.LeaseDuration.D(), c.RenewInterval.D(), c.RenewInterval.D(), c.osdFailover(), c.renewPastWrite(),
+			ClusterCallTimeout, bound, next)
 	}
 	return fieldErr("lease_duration", "%s is too short for renew_interval %s: a lease must exceed renew_interval (%s) + "+
 		"the heartbeat's deadline (%s) + its write's answer (%s) + a read's answer (%s) = %s; %s",
 		c.LeaseDuration.D(), c.RenewInterval.D(), c.RenewInterval.D(), c.HeartbeatTimeout(), ClusterCallTimeout,
 		ClusterCallTimeout, bound, next)
+}
+
+// renewPastWrite spells out the stalled gap's last term when it is not zero.
+func (c *Config) renewPastWrite() string {
+	if d := c.RenewInterval.D() - ClusterCallTimeout; d > 0 {
+		return fmt.Sprintf(" + renew_interval past a write's answer (%s)", d)
+	}
+	return ""
+}
+
+// longestRenew is the longest whole-second renew_interval (at most half the lease) whose bound
+// the lease exceeds, or 0 when there is none.
+func (c *Config) longestRenew() time.Duration {
+	for r := (c.LeaseDuration.D() / 2).Truncate(time.Second); r >= time.Second; r -= time.Second {
+		try := Config{LeaseDuration: c.LeaseDuration, RenewInterval: Duration(r), OSDFailover: Duration(c.osdFailover())}
+		if try.LeaseBound() < c.LeaseDuration.D() {
+			return r
+		}
+	}
+	return 0
 }
 
 // Load reads and validates the file at path. machineID is the path of the machine-id file
@@ -286,7 +352,10 @@ func (c *Config) fill(machineID string) error {
 		c.LeaseDuration = DefaultLeaseDuration
 	}
 	if c.RenewInterval == 0 {
-		c.RenewInterval = Duration(c.LeaseDuration.D() / RenewsPerLease)
+		c.RenewInterval = Duration(DefaultRenew(c.LeaseDuration.D()))
+	}
+	if c.OSDFailover == 0 {
+		c.OSDFailover = DefaultOSDFailover
 	}
 	if c.TakeoverPolicy == "" {
 		c.TakeoverPolicy = TakeoverAfterFence
@@ -352,6 +421,10 @@ func (c *Config) validate() error {
 	}
 	if c.RenewInterval.D() <= 0 || c.RenewInterval.D()*2 > c.LeaseDuration.D() {
 		return fieldErr("renew_interval", "%s must be positive and at most half of lease_duration (%s)", c.RenewInterval.D(), c.LeaseDuration.D())
+	}
+	if d := c.OSDFailover.D(); d < minOSDFailover || d > maxOSDFailover {
+		return fieldErr("osd_failover", "%s: want %s to %s (how long your clusters take to mark a stopped OSD down and peer its placement groups elsewhere: osd_heartbeat_grace, 20s by default, plus about 10s)",
+			d, FormatDuration(minOSDFailover), FormatDuration(maxOSDFailover))
 	}
 	if err := c.checkLease(); err != nil {
 		return err

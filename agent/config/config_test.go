@@ -34,7 +34,7 @@ func TestParseGoodAndDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.NodeID != "node-a" || c.LeaseDuration.D() != 90*time.Second || c.RenewInterval.D() != 30*time.Second ||
+	if c.NodeID != "node-a" || c.LeaseDuration.D() != 90*time.Second || c.RenewInterval.D() != 10*time.Second ||
 		c.TakeoverPolicy != TakeoverAfterLeaseExpiry || c.FenceExpiry != DefaultFenceExpiry || DefaultFenceExpiry.D() != 87600*time.Hour || c.Unmanaged != UnmanagedFenceIfClaimed ||
 		c.Socket != DefaultSocket || c.CSISocket != DefaultCSISocket || c.StateDir != DefaultStateDir || c.Clusters[0].MapOptions[0] != "ms_mode=prefer-crc" {
 		t.Fatalf("parsed: %+v", c)

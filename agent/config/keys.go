@@ -132,20 +132,31 @@ func clusterKeys() []Key {
 func leaseKeys() []Key {
 	var c Config
 	c.LeaseDuration = DefaultLeaseDuration
-	c.RenewInterval = Duration(DefaultLeaseDuration.D() / RenewsPerLease)
+	c.RenewInterval = Duration(DefaultRenew(DefaultLeaseDuration.D()))
+	c.OSDFailover = DefaultOSDFailover
 	return []Key{
 		{Name: "lease_duration", Type: "duration", Default: FormatDuration(DefaultLeaseDuration.D()),
 			Summary: "how long another node watches this node's liveness record unchanged before it may take an image over",
 			Doc: "How long another node watches this node's liveness record unchanged, on its own clock, " +
 				"before it may take one of this node's images over.",
-			Rule: fmt.Sprintf("more than `renew_interval` + the heartbeat's deadline (`renew_interval`, at most `%s`) + `%s` "+
-				"(`%s` with the defaults)", FormatDuration(MaxHeartbeatTimeout), FormatDuration(2*ClusterCallTimeout),
-				FormatDuration(c.LeaseBound()))},
+			Rule: fmt.Sprintf("more than `renew_interval` + the longer of `%s` + the heartbeat's deadline (`renew_interval`, "+
+				"at most `%s`) and `osd_failover` (+ `renew_interval` past `%s`), + `%s` (`%s` with the defaults)",
+				FormatDuration(ClusterCallTimeout), FormatDuration(MaxHeartbeatTimeout), FormatDuration(ClusterCallTimeout),
+				FormatDuration(ClusterCallTimeout), FormatDuration(c.LeaseBound()))},
 		{Name: "renew_interval", Type: "duration", Default: FormatDuration(c.RenewInterval.D()),
-			DefaultNote: fmt.Sprintf("`lease_duration` / %d", RenewsPerLease),
+			DefaultNote: fmt.Sprintf("`lease_duration` / %d, at most `%s`", RenewsPerLease, FormatDuration(MaxDefaultRenew)),
 			Summary:     "how often held claims are renewed; at most half of `lease_duration`",
 			Doc:         "How often the agent renews the claims it holds: one heartbeat per pool and namespace it holds claims in.",
 			Rule:        "positive, and at most half of `lease_duration`"},
+		{Name: "osd_failover", Type: "duration", Default: FormatDuration(DefaultOSDFailover.D()),
+			Summary: "how long your clusters take to serve a placement group again after its OSD stops; the lease covers it",
+			Doc: "How long your clusters take, at most, to serve a placement group again once the OSD serving it stops " +
+				"answering: Ceph's `osd_heartbeat_grace` (20 s by default) before the monitors mark the OSD down, then the " +
+				"new map and peering. A heartbeat stored on a stopped OSD waits that long, so the lease must cover it, or " +
+				"another node judges this live node dead and fences it. Raise it when your clusters have a longer " +
+				"`osd_heartbeat_grace` (or `mon_osd_adjust_heartbeat_grace` stretches it for laggy OSDs); give the longest of " +
+				"your clusters.",
+			Rule: fmt.Sprintf("from `%s` to `%s`", FormatDuration(minOSDFailover), FormatDuration(maxOSDFailover))},
 	}
 }
 

@@ -179,7 +179,9 @@ func TestKeyValuesAndRules(t *testing.T) {
 		"orphan_sweep_interval: 59s": false, "orphan_sweep_interval: 1m": true,
 		"fence_expiry: 59m": false, "fence_expiry: 1h": true,
 		"node_id: " + strings.Repeat("n", 128): true, "node_id: " + strings.Repeat("n", 129): false,
-		"lease_duration: 50s\nrenew_interval: 20s": false, "lease_duration: 51s\nrenew_interval: 20s": true,
+		"lease_duration: 70s\nrenew_interval: 20s": false, "lease_duration: 71s\nrenew_interval: 20s": true,
+		"lease_duration: 50s\nrenew_interval: 20s\nosd_failover: 10s": false, "lease_duration: 51s\nrenew_interval: 20s\nosd_failover: 10s": true,
+		"osd_failover: 999ms": false, "osd_failover: 1s": true, "lease_duration: 1h\nosd_failover: 10m": true, "lease_duration: 1h\nosd_failover: 601s": false,
 	} {
 		_, err := Parse([]byte("clusters: []\n"+doc+"\n"), mid)
 		if (err == nil) != ok {

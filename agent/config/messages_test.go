@@ -20,7 +20,7 @@ func TestErrorsInTheFilesTerms(t *testing.T) {
 			"line 7: Lease-Duration: unknown key; did you mean lease_duration?"},
 		{"unknown key, nothing close", head + "colour: blue\n",
 			"line 7: colour: unknown key; the keys here are node_id, socket, csi_socket, state_dir, clusters, lease_duration, " +
-				"renew_interval, takeover_policy, unmanaged, fence_expiry, map_timeout, mount_timeout, map_options, orphan_sweep, " +
+				"renew_interval, osd_failover, takeover_policy, unmanaged, fence_expiry, map_timeout, mount_timeout, map_options, orphan_sweep, " +
 				"orphan_sweep_interval, claim_check_interval, metrics_listen, per_image_metrics"},
 		{"a key set twice", head + "lease_duration: 60s\nlease_duration: 90s\n",
 			"line 8: lease_duration: set twice (first on line 7); keep one"},
@@ -69,8 +69,9 @@ func TestErrorsInTheFilesTerms(t *testing.T) {
 		{"nested bad value", head + "  - id: ceph-b\n    monitors: [203.0.113.2:6789]\n    user: client.rbd-owner\n    keyring: /etc/ceph/k\n",
 			`line 9: clusters[1].user: "client.rbd-owner": give the id without the "client." prefix`},
 		{"a check across keys: the line of the key named", head + "lease_duration: 5s\nrenew_interval: 2s\n",
-			"line 7: lease_duration: 5s is too short for renew_interval 2s: a lease must exceed renew_interval (2s) + the heartbeat's deadline (2s) + " +
-				"its write's answer (10s) + a read's answer (10s) = 24s; raise lease_duration above 24s (no renew_interval makes a lease of 20s or less safe)"},
+			"line 7: lease_duration: 5s is too short for renew_interval 2s: a lease must exceed renew_interval (2s) + the OSDs' failover " +
+				"(osd_failover, 30s) + a read's answer (10s) = 42s, or a heartbeat stalled by a stopped OSD makes this live node look dead; " +
+				"raise lease_duration above 42s (no renew_interval makes a lease of 40s or less safe)"},
 		{"a default refused: no line", head + "socket: /run/rbd-owner/csi/agent.sock\n",
 			`csi_socket: "/run/rbd-owner/csi/csi.sock" must be in a directory of its own, not beside socket "/run/rbd-owner/csi/agent.sock" (a pod mounts that directory)`},
 		{"not YAML", head + "lease_duration: 60s\n  renew_interval: 5s\n",

@@ -461,3 +461,44 @@ func TestUnmanagedWithANameTheAgentRefusesIsReported(t *testing.T) {
 		t.Fatal("adopted an image whose name the agent refuses")
 	}
 }
+
+// TestMapOptionsTheClusterAlsoSets: a StorageClass's mapOptions often repeat what the cluster
+// needs (ms_mode=secure on a msgr2-only cluster), which the agent's map_options set too. The
+// same option with the same value reaches the kernel once; with another value the map is
+// refused before anything is claimed, naming the option.
+func TestMapOptionsTheClusterAlsoSets(t *testing.T) {
+	c1, c2 := newMemCluster("c1", "rbd", "fsid-msgr2"), newMemCluster("c2", "rbd2", "fsid-msgr2")
+	n := startMemDaemonWith(t, func(o *Options) {
+		o.Config.Clusters[0].Monitors = []string{"203.0.113.1:3300", "203.0.113.2:3300", "203.0.113.3:3300"}
+		o.Config.Clusters[0].MapOptions = []string{"ms_mode=secure"}
+	}, c1, c2)
+	t.Cleanup(func() { n.stop(t) })
+	addImage(n, c1, "same")
+	addImage(n, c1, "other")
+	mons := []string{"203.0.113.1:3300,203.0.113.2:3300,203.0.113.3:3300"}
+	if _, err := n.d.Map(context.Background(), api.MapRequest{Monitors: mons, Pool: "rbd", Image: "same",
+		Options: []string{"noudev", "ms_mode=secure"}}, nil); err != nil {
+		t.Fatalf("a map whose options repeat the cluster's ms_mode: %v", err)
+	}
+	writes := strings.Join(n.k.Writes(), "\n")
+	if strings.Count(writes, "ms_mode=secure") != 1 {
+		t.Fatalf("ms_mode=secure reached the kernel %d times, want once: %s", strings.Count(writes, "ms_mode=secure"), writes)
+	}
+	before := len(n.k.Writes())
+	_, err := n.d.Map(context.Background(), api.MapRequest{Monitors: mons, Pool: "rbd", Image: "other",
+		Options: []string{"noudev", "ms_mode=crc"}}, nil)
+	if e := server.APIError(err); e.Code != api.CodeInvalidArgument || !strings.Contains(e.Message, `option "ms_mode"`) ||
+		!strings.Contains(e.Message, "map_options") || strings.Contains(e.Message, "crc") {
+		t.Fatalf("a map whose ms_mode differs from the cluster's: %+v", e)
+	}
+	if len(n.k.Writes()) != before {
+		t.Fatalf("the refused map wrote to the kernel: %v", n.k.Writes()[before:])
+	}
+	s, err := claim.NewStoreOn(c1.m, claim.Config{Node: claim.Node{ID: "observer"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Inspect(context.Background(), claim.Image{Pool: "rbd", Image: "other"}); !errors.Is(err, claim.ErrNoClaim) {
+		t.Fatalf("the refused map left a claim: %+v (%v)", rec, err)
+	}
+}

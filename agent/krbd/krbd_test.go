@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -850,6 +851,33 @@ func TestUnmapOfAMountedDeviceNamesItsMountPoints(t *testing.T) {
 		_, err = c.UnmapDevice(ctx, other, krbd.UnmapOptions{})
 		if err == nil || !strings.Contains(err.Error(), other.DevNode+" is open (") || !strings.Contains(err.Error(), "not mounted in the agent's mount namespace") {
 			t.Errorf("unmap of a device open but not mounted: %v", err)
+		}
+	}
+}
+
+// TestMergeExtra: the caller's options after the configured ones; one both give with the same
+// value kept once, with another value refused by name only.
+func TestMergeExtra(t *testing.T) {
+	for _, tc := range []struct {
+		configured, asked, want []string
+		err                     string
+	}{
+		{nil, nil, nil, ""},
+		{[]string{"ms_mode=secure"}, []string{"queue_depth=128"}, []string{"ms_mode=secure", "queue_depth=128"}, ""},
+		{[]string{"ms_mode=secure"}, []string{"ms_mode=secure", "queue_depth=128"}, []string{"ms_mode=secure", "queue_depth=128"}, ""},
+		{[]string{"ms_mode=secure", "queue_depth=64"}, []string{"queue_depth=128"}, nil, `option "queue_depth"`},
+		{[]string{"ms_mode=secure"}, []string{"ms_mode=crc"}, nil, `option "ms_mode"`},
+		{[]string{"notrim"}, []string{"notrim"}, []string{"notrim"}, ""},
+	} {
+		got, err := krbd.MergeExtra(tc.configured, tc.asked)
+		if tc.err != "" {
+			if !errors.Is(err, krbd.ErrInvalid) || !strings.Contains(err.Error(), tc.err) || strings.Contains(err.Error(), "crc") || strings.Contains(err.Error(), "=") {
+				t.Errorf("%v + %v: error %v, want one naming %s and no value", tc.configured, tc.asked, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("%v + %v: %v, %v; want %v", tc.configured, tc.asked, got, err, tc.want)
 		}
 	}
 }

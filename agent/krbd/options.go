@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -229,6 +230,26 @@ func buildAddString(spec Spec, o MapOptions, nonce string) (string, error) {
 		return "", fmt.Errorf("%w: the add string would be %d bytes; the kernel reads at most one page (fewer monitors or options)", ErrInvalid, len(add))
 	}
 	return add, nil
+}
+
+// MergeExtra adds a caller's kernel options (Requested.Extra) to the configured ones (the
+// config's and the cluster's map_options). An option both give with the same value is kept
+// once: a StorageClass's mapOptions often repeat what the cluster needs (ms_mode=secure). One
+// given with another value is refused, naming the option only (never a value): which one is
+// meant is not the agent's to guess.
+func MergeExtra(configured, asked []string) ([]string, error) {
+	out := append([]string(nil), configured...)
+	for _, a := range asked {
+		name, _, _ := strings.Cut(a, "=")
+		i := slices.IndexFunc(out, func(c string) bool { n, _, _ := strings.Cut(c, "="); return n == name })
+		switch {
+		case i < 0:
+			out = append(out, a)
+		case out[i] != a:
+			return nil, fmt.Errorf("%w: option %q: the caller's map options give it another value than the agent's map_options for this cluster; make them agree, or leave it to one of them", ErrInvalid, name)
+		}
+	}
+	return out, nil
 }
 
 // Requested is what a caller's map options ask for (RequestOptions).

@@ -23,6 +23,7 @@ type mapRun struct {
 	c        Caller
 	access   claim.Access
 	asked    krbd.Requested // what the caller's options ask of the kernel
+	extra    []string       // the kernel options: the configured ones, then the caller's (krbd.MergeExtra)
 	t        target
 	readOnly bool
 	store    *claim.Store
@@ -133,6 +134,9 @@ func (r *mapRun) validate() error {
 		return refuse(err)
 	}
 	r.readOnly = req.ReadOnly || r.asked.ReadOnly || r.access == claim.ROX || r.t.spec.Snap != ""
+	if r.extra, err = krbd.MergeExtra(r.s.mapOptions(r.t.cl, r.readOnly).Extra, r.asked.Extra); err != nil {
+		return refuse(fmt.Errorf("map %s: %w", req.Ref(), err))
+	}
 	return nil
 }
 
@@ -231,7 +235,7 @@ func (r *mapRun) kernel(ctx context.Context) error {
 		return err
 	}
 	opts := r.s.mapOptions(r.t.cl, r.readOnly)
-	opts.Extra = append(opts.Extra, r.asked.Extra...)
+	opts.Extra = r.extra
 	opts.NoUdev = r.asked.NoUdev
 	dev, err := r.s.Kernel.Map(ctx, r.t.spec, opts)
 	if err != nil {

@@ -420,6 +420,8 @@ clusters:
 $([ -z "$MAP_OPTS" ] || echo "    map_options: [$MAP_OPTS]")
 lease_duration: $LEASE
 renew_interval: $RENEW
+$([ "$LAB_TOPOLOGY" = prod ] || printf '%s\n' "# the small topology's pool rbd has one OSD: nothing fails over; the longest stall the lab" \
+  "# causes in pool rbd is the chaos campaign's pause-osd, 3-12 s" "osd_failover: 15s")
 fence_expiry: $FENCE_EXPIRY
 takeover_policy: manual
 map_timeout: 30s

@@ -31,11 +31,12 @@ func TestCheckConfig(t *testing.T) {
 		code         int
 		stdout, errs string
 	}{
-		{[]string{"check-config", "--config", good}, exitOK, good + ": the agent accepts it (node node-a, clusters lab; lease_duration 1m0s exceeds the lease bound 50s for renew_interval 20s)", ""},
+		{[]string{"check-config", "--config", good}, exitOK, good + ": the agent accepts it (node node-a, clusters lab; lease_duration 1m0s exceeds the lease bound 50s for renew_interval 10s)", ""},
 		{[]string{"check-config", "--config=" + good}, exitOK, "the agent accepts it", ""},
 		{[]string{"check-config", "--config", short}, exitFailed, "",
 			"rbd-owner check-config: config " + short + ": line 7: lease_duration: 5s is too short for renew_interval 2s: a lease must exceed renew_interval (2s) + " +
-				"the heartbeat's deadline (2s) + its write's answer (10s) + a read's answer (10s) = 24s; raise lease_duration above 24s (no renew_interval makes a lease of 20s or less safe)\n"},
+				"the OSDs' failover (osd_failover, 30s) + a read's answer (10s) = 42s, or a heartbeat stalled by a stopped OSD makes this live node look dead; " +
+				"raise lease_duration above 42s (no renew_interval makes a lease of 40s or less safe)\n"},
 		{[]string{"check-config", "--config", typo}, exitFailed, "", "rbd-owner check-config: config " + typo + ": line 7: lease_duraton: unknown key; did you mean lease_duration?\n"},
 		{[]string{"check-config", "--config", nested}, exitFailed, "", "rbd-owner check-config: config " + nested + ": line 6: clusters[0].keyrng: unknown key; did you mean keyring?\n"},
 		{[]string{"check-config", "--config", noClusters}, exitFailed, "", "rbd-owner check-config: config " + noClusters + ": clusters: missing; add the Ceph clusters this node maps images from, " +

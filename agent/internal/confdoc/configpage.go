@@ -108,20 +108,20 @@ func keyEntry(b *strings.Builder, k config.Key) {
 // leaseBound is the lease rule in words, with the numbers of the code and of the defaults.
 func leaseBound() []string {
 	c := config.Config{LeaseDuration: config.DefaultLeaseDuration,
-		RenewInterval: config.Duration(config.DefaultLeaseDuration.D() / config.RenewsPerLease)}
+		RenewInterval: config.Duration(config.DefaultRenew(config.DefaultLeaseDuration.D())), OSDFailover: config.DefaultOSDFailover}
 	d := config.FormatDuration
 	return []string{
-		fmt.Sprintf("A node that keeps renewing is never judged expired by another node while "+
-			"`renew_interval` + the heartbeat's deadline + `%s` + `%s` < `lease_duration`. The heartbeat's "+
-			"deadline is `renew_interval`, at most `%s`; its write, sent before that deadline, is answered "+
-			"within a cluster call's `%s`; another node judges a liveness record at most a read's `%s` after "+
-			"the OSD read it.", d(config.ClusterCallTimeout), d(config.ClusterCallTimeout), d(config.MaxHeartbeatTimeout),
-			d(config.ClusterCallTimeout), d(config.ClusterCallTimeout)),
-		fmt.Sprintf("The defaults give `%s` + `%s` + `%s` + `%s` = `%s`, less than `%s`. No `renew_interval` makes "+
-			"a lease of `%s` or less safe. The agent refuses to start with a `lease_duration` outside the bound; its "+
-			"error spells out the sum and says which key to change.",
-			d(c.RenewInterval.D()), d(c.HeartbeatTimeout()), d(config.ClusterCallTimeout), d(config.ClusterCallTimeout),
-			d(c.LeaseBound()), d(c.LeaseDuration.D()), d(2*config.ClusterCallTimeout)),
+		fmt.Sprintf("A node that keeps renewing is never judged expired by another node while `renew_interval` + "+
+			"the longest wait of one heartbeat + a read's `%s` < `lease_duration`. While its placement group answers, a "+
+			"heartbeat waits at most its deadline (`renew_interval`, at most `%s`) + its write's answer (`%s`). When the OSD "+
+			"serving it stops, it waits until another OSD serves the group: `osd_failover`, plus `renew_interval` past "+
+			"`%s` (the renewals that timed out meanwhile are not sent again).",
+			d(config.ClusterCallTimeout), d(config.MaxHeartbeatTimeout), d(config.ClusterCallTimeout), d(config.ClusterCallTimeout)),
+		fmt.Sprintf("The defaults give `%s` + `%s` (`osd_failover`) + `%s` = `%s`, less than `%s`. No `renew_interval` "+
+			"makes a lease of `%s` + `%s` or less safe. The agent refuses to start with a `lease_duration` outside the "+
+			"bound; its error spells out the sum and says which key to change.",
+			d(c.RenewInterval.D()), d(c.OSDFailover.D()), d(config.ClusterCallTimeout), d(c.LeaseBound()),
+			d(c.LeaseDuration.D()), d(c.OSDFailover.D()), d(config.ClusterCallTimeout)),
 	}
 }
 
