@@ -20,13 +20,15 @@
 # Needs root, qemu-system-x86, debootstrap, Ceph on the host (tests/deps lab), python3.
 #
 # Which releases (defaults: today's one combination):
-#   LAB_GUEST=bookworm|trixie   the guests' Debian: bookworm = kernel 6.1 + Ceph 16.2 Pacific
-#                               client libraries, trixie = kernel 6.12 + Ceph 18.2 Reef; both
-#                               install the same .deb (built on the host). Images are cached per
-#                               release side by side ($CACHE/image-<release>, tests/vm/build-image).
-#   LAB_CLUSTER=pacific|reef    the cluster's Ceph: pacific = the host's own packages (Debian 12),
-#                               reef = Debian trixie's ceph-mon/ceph-osd/ceph-common in a cached
-#                               chroot ($CACHE/root-reef, tests/ceph/build-root). Its daemons and
+#   LAB_GUEST=bookworm|trixie|forky  the guests' Debian: bookworm = kernel 6.1 + Ceph 16.2 Pacific
+#                               client libraries, trixie = kernel 6.12 + Ceph 18.2 Reef, forky
+#                               (testing) = kernel 7.2 + Ceph 20.2 Tentacle; all install the same
+#                               .deb (built on the host). Images are cached per release side by
+#                               side ($CACHE/image-<release>, tests/vm/build-image).
+#   LAB_CLUSTER=pacific|reef|tentacle  the cluster's Ceph: pacific = the host's own packages
+#                               (Debian 12), reef = Debian trixie's, tentacle = Debian forky's
+#                               ceph-mon/ceph-osd/ceph-common in a cached chroot
+#                               ($CACHE/root-<release>, tests/ceph/build-root). Its daemons and
 #                               the lab's admin CLIs (ceph, rbd, rados below) then run as
 #                               `ip netns exec NS chroot ROOT …`; /proc and the lab's
 #                               directory are mounted into the root while the lab runs (at the same
@@ -90,8 +92,8 @@ else
 fi
 }
 lab_topology
-case $LAB_GUEST in bookworm|trixie) ;; *) echo "lab: LAB_GUEST=$LAB_GUEST: use bookworm or trixie" >&2; exit 2 ;; esac
-case $LAB_CLUSTER in pacific|reef) ;; *) echo "lab: LAB_CLUSTER=$LAB_CLUSTER: use pacific or reef" >&2; exit 2 ;; esac
+case $LAB_GUEST in bookworm|trixie|forky) ;; *) echo "lab: LAB_GUEST=$LAB_GUEST: use bookworm, trixie or forky" >&2; exit 2 ;; esac
+case $LAB_CLUSTER in pacific|reef|tentacle) ;; *) echo "lab: LAB_CLUSTER=$LAB_CLUSTER: use pacific, reef or tentacle" >&2; exit 2 ;; esac
 # CEPH_ROOT: the chroot the cluster runs in ("" for the host's own Ceph: LAB_CLUSTER=pacific)
 CEPH_ROOT=
 
