@@ -210,14 +210,15 @@ type Fault struct {
 
 // impairs says whether a fault may stop a node's agent from keeping its lease: a clock step or
 // an unmap does not; a freeze, a cut (long-cut too: a cut past a fence's life, then maybe a
-// reboot), a killed agent, a reboot or a paused cluster does. Neither
+// reboot), a killed agent, a reboot, a paused cluster or a killed monitor does (counted as
+// impairing in the prod topology too, where two monitors of three keep the quorum). Neither
 // idle-claim (a node idle in a namespace, then claiming) nor slow-pool (the OSD of another pool
 // stalled) impairs anyone: the node they are about must keep its leases through them.
 func (f Fault) impairs(node string) bool {
 	switch f.Kind {
 	case "freeze", "cut", "long-cut", "kill", "reboot":
 		return f.Node == node
-	case "pause-osd", "pause-mon":
+	case "pause-osd", "pause-mon", "kill-mon":
 		return true
 	}
 	return false
