@@ -18,8 +18,10 @@
  * It may stop at any moment (a crash, a partition) and is then dead for good. The claimer may
  * restart (forget what it saw) at any moment.
  *
- * Checked: a live holder is never judged expired. It holds when R + D < L (the defaults:
- * renew_interval 20 s + the 10 s bound on a cluster call < lease_duration 60 s; here 2 + 1 < 6).
+ * Checked: a live holder is never judged expired. It holds when R + D < L (here 2 + 1 < 6). The
+ * agent's config enforces it (config.LeaseBound): R is renew_interval plus the longer of the
+ * heartbeat's deadline and write (10 s + 10 s) and, when the OSD serving the heartbeat stops,
+ * osd_failover (30 s); D the 10 s bound on a read. The defaults: 10 + 30 + 10 = 50 s < 60 s.
  *
  * Variant CLOCK_RULE: the rule before clock-free leases (Holder.Expired), the holder's
  * wall-clock renewal time compared with the claimer's wall clock (now > renewed_at + lease):

@@ -881,3 +881,43 @@ func TestMergeExtra(t *testing.T) {
 		}
 	}
 }
+
+// TestMonitorsAsCephWritesThem: monitors written as Ceph's mon_host and ceph-csi's config write
+// them (typed, in address vectors, with nonces) reach the kernel as host:port, the addresses of
+// the protocol the kernel speaks: v2 with an ms_mode other than legacy, v1 without. A list
+// with none for that protocol is refused, naming what to change.
+func TestMonitorsAsCephWritesThem(t *testing.T) {
+	vec := "[v2:10.0.0.1:3300/0,v1:10.0.0.1:6789/0]"
+	for _, tc := range []struct {
+		mons  []string
+		extra []string
+		want  string // the add string's monitors, or the error's text
+		err   bool
+	}{
+		{[]string{vec}, nil, "10.0.0.1:6789", false},
+		{[]string{vec}, []string{"ms_mode=secure"}, "10.0.0.1:3300", false},
+		{[]string{vec}, []string{"ms_mode=legacy"}, "10.0.0.1:6789", false},
+		{[]string{vec, "[v2:10.0.0.2:3300,v1:10.0.0.2:6789]"}, []string{"ms_mode=prefer-crc"}, "10.0.0.1:3300,10.0.0.2:3300", false},
+		{[]string{"v2:10.0.0.1:3300", "v2:10.0.0.2:3300"}, []string{"ms_mode=crc"}, "10.0.0.1:3300,10.0.0.2:3300", false},
+		{[]string{"v1:10.0.0.1:6789"}, nil, "10.0.0.1:6789", false},
+		{[]string{"10.0.0.1:3300"}, []string{"ms_mode=secure"}, "10.0.0.1:3300", false},
+		{[]string{"[v2:[2001:db8::1]:3300/0,v1:[2001:db8::1]:6789/0]"}, []string{"ms_mode=secure"}, "[2001:db8::1]:3300", false},
+		{[]string{"[2001:db8::1]:6789"}, nil, "[2001:db8::1]:6789", false},
+		{[]string{"v2:10.0.0.1:3300"}, nil, "no monitor address for the kernel's msgr1", true},
+		{[]string{"v1:10.0.0.1:6789"}, []string{"ms_mode=secure"}, "no monitor address for the kernel's msgr2", true},
+		{[]string{"[v2:10.0.0.1:bad/0]"}, []string{"ms_mode=secure"}, "bad port", true},
+	} {
+		o := opts()
+		o.Monitors, o.Extra = tc.mons, tc.extra
+		s, err := krbd.BuildAddString(mustSpec(t, "rbd/img1"), o)
+		if tc.err {
+			if !errors.Is(err, krbd.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%v %v: %q, %v; want an error saying %q", tc.mons, tc.extra, s, err, tc.want)
+			}
+			continue
+		}
+		if err != nil || !strings.HasPrefix(s, tc.want+" ") {
+			t.Errorf("%v %v: %q, %v; want monitors %q", tc.mons, tc.extra, s, err, tc.want)
+		}
+	}
+}

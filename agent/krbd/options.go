@@ -139,15 +139,67 @@ func normalizeMonitor(m string) (string, error) {
 	return host + ":" + port, nil
 }
 
+// msgr2 says whether the options make the kernel speak msgr2 to the cluster: an ms_mode other
+// than legacy (the kernel's default).
+func (o MapOptions) msgr2() bool {
+	for _, e := range o.Extra {
+		if v, ok := strings.CutPrefix(e, "ms_mode="); ok {
+			return v != "legacy"
+		}
+	}
+	return false
+}
+
+// kernelMonitors is the monitors' list for the kernel, each host:port. A monitor is written as
+// the kernel takes it ("10.0.0.1:6789", "10.0.0.1"), or as Ceph writes addresses elsewhere (its
+// mon_host, ceph-csi's config): typed ("v2:10.0.0.1:3300", "v1:10.0.0.1:6789"), in an address
+// vector ("[v2:10.0.0.1:3300/0,v1:10.0.0.1:6789/0]"), with or without a nonce. The kernel takes
+// the addresses of the protocol it speaks: the v2 ones with an ms_mode other than legacy, the
+// v1 ones without (as Ceph's own rbd map chooses); untyped ones always.
+func (o MapOptions) kernelMonitors() ([]string, error) {
+	if len(o.Monitors) == 0 {
+		return nil, fmt.Errorf("%w: no monitor address", ErrInvalid)
+	}
+	want, other := "v1:", "v2:"
+	if o.msgr2() {
+		want, other = "v2:", "v1:"
+	}
+	var out []string
+	for _, m := range o.Monitors {
+		parts := []string{m}
+		if strings.HasPrefix(m, "[v") { // an address vector, not an IPv6 address in brackets
+			parts = strings.Split(strings.TrimSuffix(strings.TrimPrefix(m, "["), "]"), ",")
+		}
+		for _, a := range parts {
+			if strings.HasPrefix(a, other) {
+				continue
+			}
+			a = strings.TrimPrefix(a, want)
+			if i := strings.LastIndexByte(a, '/'); i >= 0 && !strings.Contains(a[i:], "]") {
+				a = a[:i] // the nonce
+			}
+			n, err := normalizeMonitor(a)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, n)
+		}
+	}
+	if len(out) == 0 {
+		mode := "msgr1 (no ms_mode, or ms_mode=legacy)"
+		if o.msgr2() {
+			mode = "msgr2 (an ms_mode other than legacy)"
+		}
+		return nil, fmt.Errorf("%w: no monitor address for the kernel's %s among %s: list the cluster's %saddresses, or set ms_mode to match them",
+			ErrInvalid, mode, strings.Join(o.Monitors, ", "), want)
+	}
+	return out, nil
+}
+
 // Validate checks the options without the spec (see BuildAddString).
 func (o MapOptions) Validate() error {
-	if len(o.Monitors) == 0 {
-		return fmt.Errorf("%w: no monitor address", ErrInvalid)
-	}
-	for _, m := range o.Monitors {
-		if _, err := normalizeMonitor(m); err != nil {
-			return err
-		}
+	if _, err := o.kernelMonitors(); err != nil {
+		return err
 	}
 	if !userRE.MatchString(o.User) {
 		return fmt.Errorf("%w: user %q: want 1-64 of letters, digits, '_', '.', '-' (without \"client.\")", ErrInvalid, o.User)
@@ -201,12 +253,9 @@ func buildAddString(spec Spec, o MapOptions, nonce string) (string, error) {
 	if err := o.Validate(); err != nil {
 		return "", err
 	}
-	mons := make([]string, len(o.Monitors))
-	for i, m := range o.Monitors {
-		var err error
-		if mons[i], err = normalizeMonitor(m); err != nil { // Validate checked them: never expected
-			return "", err
-		}
+	mons, err := o.kernelMonitors()
+	if err != nil { // Validate checked them: never expected
+		return "", err
 	}
 	opts := []string{
 		"name=" + o.User,
