@@ -111,9 +111,12 @@ func clusterKeys() []Key {
 			Doc:  "A name of your choice for the cluster (the CSI plugin's clusterID fits well).",
 			Rule: "one word without a `/`, a comma or an `=`"},
 		{Name: ClustersPrefix + "monitors", Type: "list of strings", DefaultNote: "required",
-			Doc: "The cluster's monitor addresses, `host:port` (`[10.0.0.1:6789, 10.0.0.2:6789]`). A request " +
-				"that names monitors instead of a cluster (as the CSI plugin's `rbd -m` does) is matched to " +
-				"the cluster by them.",
+			Doc: "The cluster's monitor addresses, `host:port` (`[10.0.0.1:6789, 10.0.0.2:6789]`), or as Ceph " +
+				"writes them in `mon_host` (`v2:10.0.0.1:3300`, `[v2:10.0.0.1:3300/0,v1:10.0.0.1:6789/0]`). On a " +
+				"msgr2-only cluster list the v2 addresses (port 3300) and set `map_options: [ms_mode=secure]` (or " +
+				"`crc`, `prefer-crc`, `prefer-secure`): the kernel is given the v2 addresses under an `ms_mode`, " +
+				"the v1 ones without. A request that names monitors instead of a cluster (as the CSI plugin's " +
+				"`rbd -m` does) is matched to the cluster by them.",
 			Rule: "at least one address, each without spaces"},
 		{Name: ClustersPrefix + "user", Type: "string", DefaultNote: "required",
 			Doc: "The agent's cephx id on the cluster, without the `client.` prefix (`rbd-owner`). It needs " +
