@@ -73,19 +73,23 @@ LAB_TOPOLOGY=${LAB_TOPOLOGY:-small}
 SLOW_POOL=
 case $LAB_TOPOLOGY in small|prod) ;; *) echo "lab: LAB_TOPOLOGY=$LAB_TOPOLOGY: use small or prod" >&2; exit 2 ;; esac
 # the topology's monitors and OSDs: MON_IPS (named a, b, c in order), the monitor addresses as
-# the agents' config lists them and ceph-csi passes them to rbd -m (MONS), the guests' mon_host,
+# ceph-csi passes them to rbd -m (MONS) and the agents' config lists them (MON_CONF), the guests' mon_host,
 # the kernel's map options beyond the agent's own (MAP_OPTS), the OSDs of pool rbd (RBD_OSDS) and
 # of the slow pool (SLOW_OSDS); set again by lab_load from the lab's own lab.env
 lab_topology() {
 if [ "$LAB_TOPOLOGY" = prod ]; then
   MON_IPS=(203.0.113.1 203.0.113.2 203.0.113.3)
   MONS=(203.0.113.1:3300 203.0.113.2:3300 203.0.113.3:3300)
+  # the agents' config writes them as Ceph's mon_host does (address vectors): the kernel is
+  # given their v2 addresses (ms_mode), librados the vectors, and rbd -m's plain ones match them
+  MON_CONF=('"[v2:203.0.113.1:3300/0]"' '"[v2:203.0.113.2:3300/0]"' '"[v2:203.0.113.3:3300/0]"')
   MON_HOST="[v2:203.0.113.1:3300],[v2:203.0.113.2:3300],[v2:203.0.113.3:3300]"
   MAP_OPTS=ms_mode=secure
   RBD_OSDS=(0 1); SLOW_OSDS=(2 3)
 else
   MON_IPS=(203.0.113.1)
   MONS=(203.0.113.1:6789)
+  MON_CONF=("${MONS[@]}")
   MON_HOST="v1:203.0.113.1:6789"
   MAP_OPTS=
   RBD_OSDS=(0); SLOW_OSDS=(1)
@@ -416,7 +420,7 @@ lab_up() {
 node_id: $n
 clusters:
   - id: lab
-    monitors: [$(m=${MONS[*]}; echo "${m// /, }")]
+    monitors: [$(m=${MON_CONF[*]}; echo "${m// /, }")]
     user: rbdowner
     keyring: /etc/ceph/ceph.client.rbdowner.keyring
 $([ -z "$MAP_OPTS" ] || echo "    map_options: [$MAP_OPTS]")
