@@ -15,6 +15,7 @@ import (
 
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
+	"github.com/rbd-owner/rbd-owner/agent/monaddr"
 )
 
 // Options says how to reach one cluster as one cephx identity.
@@ -91,15 +92,18 @@ func Connect(o Options) (*rados.Conn, error) {
 	return conn, nil
 }
 
-// monHost joins monitor addresses for librados. A bare "ip:port" is the kernel's (msgr1)
+// monHost joins monitor addresses for librados. A plain "ip:port" is the kernel's (msgr1)
 // form; librados would first try msgr2 on it unless the port is 3300, so it is marked v1.
+// Typed addresses, address vectors and addresses without a port pass as written.
 func monHost(monitors []string) string {
-	out := make([]string, 0, len(monitors))
+	var out []string
 	for _, m := range monitors {
-		if !strings.HasPrefix(m, "[") && !strings.HasPrefix(m, "v1:") && !strings.HasPrefix(m, "v2:") && !strings.HasSuffix(m, ":3300") && strings.Contains(m, ":") {
-			m = "v1:" + m
+		for _, e := range monaddr.Split(m) {
+			if a, err := monaddr.Parse(e); err == nil && len(a) == 1 && a[0].Type == "" && a[0].Port != 0 && a[0].Port != monaddr.PortV2 {
+				e = monaddr.V1 + ":" + e
+			}
+			out = append(out, e)
 		}
-		out = append(out, m)
 	}
 	return strings.Join(out, ",")
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
+	"github.com/rbd-owner/rbd-owner/agent/monaddr"
 )
 
 // DefaultPath is where the packaged config lives.
@@ -478,8 +479,8 @@ func (c *Config) validateClusters() error {
 			return fieldErr(key+".keyring", "must be the absolute path of the keyring file (not the key), e.g. /etc/ceph/ceph.client.rbd-owner.keyring")
 		}
 		for j, m := range cl.Monitors {
-			if m == "" || strings.ContainsAny(m, " \t\n\x00") {
-				return fieldErr(fmt.Sprintf("%s.monitors[%d]", key, j), "%q is not a monitor address", m)
+			if _, err := monaddr.Parse(m); err != nil {
+				return fieldErr(fmt.Sprintf("%s.monitors[%d]", key, j), "%v (write ip:port, v2:ip:port, or the address vector ceph.conf's mon_host has)", err)
 			}
 		}
 		if err := checkOptions(key+".map_options", cl.MapOptions); err != nil {
@@ -533,14 +534,20 @@ func checkOptions(key string, opts []string) error {
 // address vector "[v2:host:3300,v1:host:6789]", with or without "/nonce"). A monitor without a
 // port matches any port of that host. None or several matching is an error that says so.
 func (c *Config) ClusterByMonitors(mons []string) (*Cluster, error) {
-	want := monitorAddrs(mons)
-	if len(want) == 0 {
+	if len(mons) == 0 {
 		return nil, errors.New("no monitor address given to find the cluster by")
+	}
+	want, err := monaddr.ParseAll(mons)
+	if err != nil {
+		return nil, fmt.Errorf("the monitors given: %w", err)
 	}
 	var found []int
 	for i, cl := range c.Clusters {
-		have := monitorAddrs(cl.Monitors)
-		if slices.ContainsFunc(want, func(w monAddr) bool { return slices.ContainsFunc(have, w.same) }) {
+		have, err := monaddr.ParseAll(cl.Monitors)
+		if err != nil {
+			return nil, fmt.Errorf("cluster %s: %w", cl.ID, err)
+		}
+		if slices.ContainsFunc(want, func(w monaddr.Addr) bool { return slices.ContainsFunc(have, w.Same) }) {
 			found = append(found, i)
 		}
 	}
@@ -555,36 +562,6 @@ func (c *Config) ClusterByMonitors(mons []string) (*Cluster, error) {
 		ids[i] = c.Clusters[f].ID
 	}
 	return nil, fmt.Errorf("monitors %s belong to several configured clusters (%s): name one", strings.Join(mons, ","), strings.Join(ids, ", "))
-}
-
-// monAddr is one monitor address: host and port ("" when not given).
-type monAddr struct{ host, port string }
-
-func (a monAddr) same(b monAddr) bool {
-	return strings.EqualFold(a.host, b.host) && (a.port == "" || b.port == "" || a.port == b.port)
-}
-
-// monitorAddrs splits and normalises monitor addresses.
-func monitorAddrs(mons []string) []monAddr {
-	var out []monAddr
-	for _, m := range mons {
-		for _, a := range strings.FieldsFunc(m, func(r rune) bool { return r == ',' || r == ' ' || r == ';' }) {
-			a = strings.Trim(a, "[]")
-			a = strings.TrimPrefix(strings.TrimPrefix(a, "v1:"), "v2:")
-			if i := strings.IndexByte(a, '/'); i >= 0 {
-				a = a[:i]
-			}
-			if a == "" {
-				continue
-			}
-			if host, port, err := net.SplitHostPort(a); err == nil {
-				out = append(out, monAddr{host, port})
-			} else {
-				out = append(out, monAddr{strings.Trim(a, "[]"), ""})
-			}
-		}
-	}
-	return out
 }
 
 // Cluster returns the cluster named id; "" picks the only one.

@@ -117,6 +117,10 @@ func TestBadConfigNamesTheKey(t *testing.T) {
 		{cl + cl[len("clusters:\n"):], "clusters[1].id"},
 		{"clusters:\n  - id: c\n    monitors: [m]\n    user: u\n    keyring: /k\n    map_options: [noshare]\n", "clusters[0].map_options[0]"},
 		{"clusters:\n  - id: c\n    mons: [m]\n", "mons"},
+		// a monitor the kernel or librados could not reach is refused at load, not at the first map
+		{"clusters:\n  - id: c\n    monitors: [\"10.0.0.1:6789\", \"10.0.0.2:67890\"]\n    user: u\n    keyring: /k\n", `clusters[0].monitors[1]: monitor "10.0.0.2:67890": port "67890"`},
+		{"clusters:\n  - id: c\n    monitors: [\"[v2:10.0.0.1:3300/0,v1:10.0.0.1:6789/0\"]\n    user: u\n    keyring: /k\n", "clusters[0].monitors[0]"},
+		{"clusters:\n  - id: c\n    monitors: [\"mon_a\"]\n    user: u\n    keyring: /k\n", "clusters[0].monitors[0]"},
 		{"metrics_listen: 9283\n", "metrics_listen"},
 		{"metrics_listen: \"127.0.0.1:http\"\n", "metrics_listen"},
 		{"metrics_listen: \"127.0.0.1:0\"\n", "metrics_listen"},
@@ -130,6 +134,42 @@ func TestBadConfigNamesTheKey(t *testing.T) {
 		_, err := Parse([]byte(doc), machineID(t))
 		if err == nil || !strings.Contains(err.Error(), tc.key) {
 			t.Errorf("%q: want an error naming %q, got %v", tc.doc, tc.key, err)
+		}
+	}
+}
+
+// ClusterByMonitors finds a cluster by one of its monitors in any form a caller writes them:
+// ceph-csi's plain "ip:port" list, typed addresses, or the pieces of an address vector.
+func TestClusterByMonitors(t *testing.T) {
+	doc := "node_id: n\nclusters:\n" +
+		"  - id: a\n    monitors: [\"[v2:10.0.0.1:3300/0,v1:10.0.0.1:6789/0]\", \"[v2:10.0.0.2:3300/0,v1:10.0.0.2:6789/0]\"]\n    user: u\n    keyring: /k\n" +
+		"  - id: b\n    monitors: [\"10.0.1.1:6789,10.0.1.2:6789\"]\n    user: u\n    keyring: /k\n" +
+		"  - id: c\n    monitors: [\"mon-c.example\"]\n    user: u\n    keyring: /k\n"
+	c, err := Parse([]byte(doc), machineID(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		mons []string
+		want string
+	}{
+		{[]string{"10.0.0.2:3300"}, "a"},
+		{[]string{"v1:10.0.0.1:6789/0"}, "a"},
+		{[]string{"10.0.0.9:6789", "10.0.0.1"}, "a"},
+		{[]string{"10.0.1.2:6789"}, "b"},
+		{[]string{"10.0.1.2"}, "b"},
+		{[]string{"MON-C.example:3300"}, "c"},
+		{[]string{"10.0.1.2:3300"}, "no configured cluster has monitor 10.0.1.2:3300"},
+		{[]string{"10.0.0.1:6789", "10.0.1.1:6789"}, "several configured clusters (a, b)"},
+		{[]string{"10.0.0.1:6789x"}, `the monitors given: monitor "10.0.0.1:6789x"`},
+		{nil, "no monitor address given"},
+	} {
+		cl, err := c.ClusterByMonitors(tc.mons)
+		switch {
+		case err != nil && !strings.Contains(err.Error(), tc.want):
+			t.Errorf("%v: %v, want %q", tc.mons, err, tc.want)
+		case err == nil && cl.ID != tc.want:
+			t.Errorf("%v: cluster %s, want %s", tc.mons, cl.ID, tc.want)
 		}
 	}
 }

@@ -117,7 +117,7 @@ func clusterKeys() []Key {
 				"`crc`, `prefer-crc`, `prefer-secure`): the kernel is given the v2 addresses under an `ms_mode`, " +
 				"the v1 ones without. A request that names monitors instead of a cluster (as the CSI plugin's " +
 				"`rbd -m` does) is matched to the cluster by them.",
-			Rule: "at least one address, each without spaces"},
+			Rule: "at least one; each an IP address or host name, with an optional port (IPv6 in brackets), typed (`v1:`, `v2:`) or not, or an address vector; a list in one string is split at commas, semicolons and spaces"},
 		{Name: ClustersPrefix + "user", Type: "string", DefaultNote: "required",
 			Doc: "The agent's cephx id on the cluster, without the `client.` prefix (`rbd-owner`). It needs " +
 				"`mon 'profile rbd, allow command \"osd blocklist\"' osd 'profile rbd' mgr 'profile rbd'`.",

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -500,5 +501,47 @@ func TestMapOptionsTheClusterAlsoSets(t *testing.T) {
 	}
 	if rec, err := s.Inspect(context.Background(), claim.Image{Pool: "rbd", Image: "other"}); !errors.Is(err, claim.ErrNoClaim) {
 		t.Fatalf("the refused map left a claim: %+v (%v)", rec, err)
+	}
+}
+
+// A map whose options the kernel would refuse is refused before its claim is written: here the
+// caller asks for msgr2 (ms_mode) of a cluster whose monitors are listed as v1 addresses only.
+func TestMapTheKernelWouldRefuseClaimsNothing(t *testing.T) {
+	c1 := newMemCluster("c1", "rbd", "fsid-v1")
+	n := startMemDaemonWith(t, func(o *Options) {
+		o.Config.Clusters[0].Monitors = []string{"v1:203.0.113.1:6789", "[v1:203.0.113.2:6789/0]"}
+	}, c1)
+	t.Cleanup(func() { n.stop(t) })
+	addImage(n, c1, "img")
+	var mu sync.Mutex
+	var calls []string
+	c1.m.SetHook(func(_ context.Context, call string, img claim.Image) error {
+		if img.Image == "img" && call != "read" && call != "image" && call != "imageid" {
+			mu.Lock()
+			calls = append(calls, call)
+			mu.Unlock()
+		}
+		return nil
+	})
+	_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "img",
+		Options: []string{"noudev", "ms_mode=secure"}}, nil)
+	if e := server.APIError(err); e.Code != api.CodeInvalidArgument || !strings.Contains(e.Message, "no monitor address for the kernel's msgr2") {
+		t.Fatalf("a map of v1-only monitors under ms_mode: %+v", e)
+	}
+	mu.Lock()
+	changed := slices.Clone(calls)
+	mu.Unlock()
+	if len(changed) != 0 {
+		t.Fatalf("the refused map changed the image's claim: %v", changed)
+	}
+	if w := n.k.Writes(); len(w) != 0 {
+		t.Fatalf("the refused map wrote to the kernel: %v", w)
+	}
+	// without the ms_mode, the same cluster maps
+	if _, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "img", Options: []string{"noudev"}}, nil); err != nil {
+		t.Fatalf("a map over msgr1: %v", err)
+	}
+	if w := strings.Join(n.k.Writes(), "\n"); !strings.Contains(w, "203.0.113.1:6789,203.0.113.2:6789 ") {
+		t.Fatalf("the kernel was not given the v1 monitors: %s", w)
 	}
 }

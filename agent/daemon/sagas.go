@@ -74,8 +74,10 @@ func (a sagaAgent) ClusterLabel(id string) string { return a.d.clusterLabel(id) 
 // ID is the cluster's id in the config.
 func (c *cluster) ID() string { return c.cfg.ID }
 
-// MapOptions is how the kernel reaches the cluster (saga.Cluster).
+// MapOptions is how the kernel reaches the cluster, but for the secret (saga.Cluster).
 func (c *cluster) MapOptions() krbd.MapOptions {
-	return krbd.MapOptions{Monitors: c.cfg.Monitors, User: c.cfg.User, Secret: c.secret(),
-		Extra: append([]string(nil), c.cfg.MapOptions...)}
+	return krbd.MapOptions{Monitors: c.cfg.Monitors, User: c.cfg.User, Extra: append([]string(nil), c.cfg.MapOptions...)}
 }
+
+// Secret is the agent's cephx key for the cluster, known once it has connected (saga.Cluster).
+func (c *cluster) Secret() string { return c.secret() }

@@ -152,9 +152,9 @@ func TestBuildAddString(t *testing.T) {
 		func(o *krbd.MapOptions) { o.Extra = []string{"bogus"} },
 		func(o *krbd.MapOptions) { o.Extra = []string{"ms_mode=crc", "ms_mode=secure"} },
 		func(o *krbd.MapOptions) { o.Monitors = nil },
-		func(o *krbd.MapOptions) { o.Monitors = []string{"203.0.113.1:6789 x"} },
+		func(o *krbd.MapOptions) { o.Monitors = []string{"203.0.113.1:6789 x!"} },
 		func(o *krbd.MapOptions) { o.Monitors = []string{"203.0.113.1:99999"} },
-		func(o *krbd.MapOptions) { o.Monitors = []string{"a,b:1"} },
+		func(o *krbd.MapOptions) { o.Monitors = []string{"a,b:1x"} },
 		func(o *krbd.MapOptions) { o.User = "client.admin,key=x" },
 		func(o *krbd.MapOptions) { o.User = "" },
 		func(o *krbd.MapOptions) { o.MountTimeout = time.Hour },
@@ -905,7 +905,9 @@ func TestMonitorsAsCephWritesThem(t *testing.T) {
 		{[]string{"[2001:db8::1]:6789"}, nil, "[2001:db8::1]:6789", false},
 		{[]string{"v2:10.0.0.1:3300"}, nil, "no monitor address for the kernel's msgr1", true},
 		{[]string{"v1:10.0.0.1:6789"}, []string{"ms_mode=secure"}, "no monitor address for the kernel's msgr2", true},
-		{[]string{"[v2:10.0.0.1:bad/0]"}, []string{"ms_mode=secure"}, "bad port", true},
+		{[]string{"[v2:10.0.0.1:bad/0]"}, []string{"ms_mode=secure"}, `port "bad"`, true},
+		{[]string{"10.0.0.1:6789 10.0.0.2,v2:10.0.0.3"}, nil, "10.0.0.1:6789,10.0.0.2:6789", false}, // a list in one entry, as mon_host has it
+		{[]string{"v2:10.0.0.1"}, []string{"ms_mode=crc"}, "10.0.0.1:3300", false},                  // msgr2's own port
 	} {
 		o := opts()
 		o.Monitors, o.Extra = tc.mons, tc.extra

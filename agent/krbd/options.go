@@ -2,12 +2,13 @@ package krbd
 
 import (
 	"fmt"
-	"net"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/monaddr"
 )
 
 // Bounds and default of the kernel's mount_timeout option (how long a map waits for the
@@ -25,8 +26,9 @@ const DefaultTimeout = 30 * time.Second
 
 // MapOptions says how to reach the cluster and how to map.
 type MapOptions struct {
-	// Monitors are the monitors' msgr1 addresses ("203.0.113.1:6789", "[2001:db8::1]:6789";
-	// the port defaults to 6789). The kernel needs at least one.
+	// Monitors are the monitors' addresses in any form package monaddr reads ("203.0.113.1:6789",
+	// "[2001:db8::1]:6789", mon_host's address vectors); the kernel is given those of the
+	// protocol it speaks (see kernelMonitors). It needs at least one.
 	Monitors []string
 	// User is the cephx id without "client." ("rbdowner").
 	User string
@@ -80,7 +82,6 @@ var refusedOptions = map[string]string{
 var (
 	optValueRE = regexp.MustCompile(`^[A-Za-z0-9_.:+-]{1,64}$`)
 	userRE     = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
-	hostRE     = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$`)
 	secretRE   = regexp.MustCompile(`^[A-Za-z0-9+/]+={0,2}$`)
 )
 
@@ -117,28 +118,6 @@ func ValidateExtraOption(o string) error {
 	return nil
 }
 
-// normalizeMonitor validates one monitor address and returns it as host:port.
-func normalizeMonitor(m string) (string, error) {
-	host, port, err := net.SplitHostPort(m)
-	if err != nil {
-		// no port: a bare IPv4/IPv6 address or host name
-		host, port = strings.TrimSuffix(strings.TrimPrefix(m, "["), "]"), "6789"
-	}
-	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 || strconv.Itoa(p) != port {
-		return "", fmt.Errorf("%w: monitor %q: bad port", ErrInvalid, m)
-	}
-	if ip := net.ParseIP(host); ip != nil {
-		if ip.To4() == nil {
-			return "[" + ip.String() + "]:" + port, nil
-		}
-		return ip.String() + ":" + port, nil
-	}
-	if !hostRE.MatchString(host) {
-		return "", fmt.Errorf("%w: monitor %q: not an IP address or host name", ErrInvalid, m)
-	}
-	return host + ":" + port, nil
-}
-
 // msgr2 says whether the options make the kernel speak msgr2 to the cluster: an ms_mode other
 // than legacy (the kernel's default).
 func (o MapOptions) msgr2() bool {
@@ -160,29 +139,18 @@ func (o MapOptions) kernelMonitors() ([]string, error) {
 	if len(o.Monitors) == 0 {
 		return nil, fmt.Errorf("%w: no monitor address", ErrInvalid)
 	}
-	want, other := "v1:", "v2:"
+	addrs, err := monaddr.ParseAll(o.Monitors)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	want, other := monaddr.V1, monaddr.V2
 	if o.msgr2() {
-		want, other = "v2:", "v1:"
+		want, other = monaddr.V2, monaddr.V1
 	}
 	var out []string
-	for _, m := range o.Monitors {
-		parts := []string{m}
-		if strings.HasPrefix(m, "[v") { // an address vector, not an IPv6 address in brackets
-			parts = strings.Split(strings.TrimSuffix(strings.TrimPrefix(m, "["), "]"), ",")
-		}
-		for _, a := range parts {
-			if strings.HasPrefix(a, other) {
-				continue
-			}
-			a = strings.TrimPrefix(a, want)
-			if i := strings.LastIndexByte(a, '/'); i >= 0 && !strings.Contains(a[i:], "]") {
-				a = a[:i] // the nonce
-			}
-			n, err := normalizeMonitor(a)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, n)
+	for _, a := range addrs {
+		if a.Type != other {
+			out = append(out, a.HostPort())
 		}
 	}
 	if len(out) == 0 {
@@ -190,7 +158,7 @@ func (o MapOptions) kernelMonitors() ([]string, error) {
 		if o.msgr2() {
 			mode = "msgr2 (an ms_mode other than legacy)"
 		}
-		return nil, fmt.Errorf("%w: no monitor address for the kernel's %s among %s: list the cluster's %saddresses, or set ms_mode to match them",
+		return nil, fmt.Errorf("%w: no monitor address for the kernel's %s among %s: list the cluster's %s: addresses, or set ms_mode to match them",
 			ErrInvalid, mode, strings.Join(o.Monitors, ", "), want)
 	}
 	return out, nil

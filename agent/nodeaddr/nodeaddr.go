@@ -12,6 +12,8 @@ import (
 	"sync"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/rbd-owner/rbd-owner/agent/monaddr"
 )
 
 // Resolver caches the source address toward each set of monitors.
@@ -27,31 +29,6 @@ func New() *Resolver {
 	return &Resolver{cache: map[string]string{}, routeGet: netlink.RouteGet}
 }
 
-// MonitorIPs extracts the IP addresses from monitor addresses such as "10.0.0.1:6789",
-// "[v2:10.0.0.1:3300,v1:10.0.0.1:6789]", "[2001:db8::1]:6789" or a bare IP.
-func MonitorIPs(monitors []string) []net.IP {
-	var out []net.IP
-	for _, m := range monitors {
-		if strings.HasPrefix(m, "[v") { // an address vector: [v2:ip:port/nonce,v1:ip:port/nonce]
-			m = strings.TrimSuffix(strings.TrimPrefix(m, "["), "]")
-		}
-		for _, part := range strings.FieldsFunc(m, func(r rune) bool { return r == ',' || r == ' ' }) {
-			part = strings.TrimPrefix(strings.TrimPrefix(part, "v2:"), "v1:")
-			if i := strings.LastIndex(part, "/"); i >= 0 {
-				part = part[:i] // ip:port/nonce
-			}
-			host := part
-			if h, _, err := net.SplitHostPort(part); err == nil {
-				host = h
-			}
-			if ip := net.ParseIP(strings.Trim(host, "[]")); ip != nil {
-				out = append(out, ip)
-			}
-		}
-	}
-	return out
-}
-
 // SourceFor returns the node's source address toward the first monitor that has a route.
 func (r *Resolver) SourceFor(monitors []string) (string, error) {
 	key := strings.Join(monitors, ",")
@@ -61,7 +38,16 @@ func (r *Resolver) SourceFor(monitors []string) (string, error) {
 		return a, nil
 	}
 	r.mu.Unlock()
-	ips := MonitorIPs(monitors)
+	addrs, err := monaddr.ParseAll(monitors)
+	if err != nil {
+		return "", fmt.Errorf("node address: %w", err)
+	}
+	var ips []net.IP
+	for _, a := range addrs {
+		if ip := a.IP(); ip != nil {
+			ips = append(ips, ip)
+		}
+	}
 	if len(ips) == 0 {
 		return "", fmt.Errorf("node address: no IP address among monitors %v", monitors)
 	}

@@ -2,23 +2,38 @@ package nodeaddr
 
 import (
 	"context"
+	"errors"
 	"net"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
 )
 
-func TestMonitorIPs(t *testing.T) {
-	got := MonitorIPs([]string{"10.0.0.1:6789", "[v2:10.0.0.2:3300/0,v1:10.0.0.2:6789/0]", "[2001:db8::1]:6789", "mon.example:6789", "10.0.0.3"})
-	want := []string{"10.0.0.1", "10.0.0.2", "10.0.0.2", "2001:db8::1", "10.0.0.3"}
-	if len(got) != len(want) {
-		t.Fatalf("got %v, want %v", got, want)
-	}
-	for i := range want {
-		if got[i].String() != want[i] {
-			t.Errorf("[%d] = %s, want %s", i, got[i], want[i])
+// SourceFor asks for a route toward each monitor IP in turn, in every form Ceph writes them,
+// skipping host names, until one has a source.
+func TestSourceForTriesEachMonitorIP(t *testing.T) {
+	var asked []string
+	r := New()
+	r.routeGet = func(ip net.IP) ([]netlink.Route, error) {
+		asked = append(asked, ip.String())
+		if ip.String() == "10.0.0.3" {
+			return []netlink.Route{{Src: net.ParseIP("10.0.0.99")}}, nil
 		}
+		return nil, errors.New("network is unreachable")
+	}
+	a, err := r.SourceFor([]string{"10.0.0.1:6789", "[v2:10.0.0.2:3300/0,v1:10.0.0.2:6789/0]", "mon.example:6789", "[2001:db8::1]:6789", "10.0.0.3"})
+	if err != nil || a != "10.0.0.99" {
+		t.Fatalf("SourceFor = %q, %v", a, err)
+	}
+	want := []string{"10.0.0.1", "10.0.0.2", "10.0.0.2", "2001:db8::1", "10.0.0.3"}
+	if !slices.Equal(asked, want) {
+		t.Fatalf("routes asked for %v, want %v", asked, want)
+	}
+	if _, err := New().SourceFor([]string{"10.0.0.1:99999"}); err == nil || !strings.Contains(err.Error(), `port "99999"`) {
+		t.Fatalf("a bad monitor: %v", err)
 	}
 }
 

@@ -22,8 +22,8 @@ type mapRun struct {
 	req      api.MapRequest
 	c        Caller
 	access   claim.Access
-	asked    krbd.Requested // what the caller's options ask of the kernel
-	extra    []string       // the kernel options: the configured ones, then the caller's (krbd.MergeExtra)
+	asked    krbd.Requested  // what the caller's options ask of the kernel
+	opts     krbd.MapOptions // how the kernel maps it, but for the secret: built and checked before the claim
 	t        target
 	readOnly bool
 	store    *claim.Store
@@ -134,7 +134,7 @@ func (r *mapRun) validate() error {
 		return refuse(err)
 	}
 	r.readOnly = req.ReadOnly || r.asked.ReadOnly || r.access == claim.ROX || r.t.spec.Snap != ""
-	if r.extra, err = krbd.MergeExtra(r.s.mapOptions(r.t.cl, r.readOnly).Extra, r.asked.Extra); err != nil {
+	if r.opts, err = r.s.mapOptions(r.t.cl, r.readOnly, r.asked); err != nil {
 		return refuse(fmt.Errorf("map %s: %w", req.Ref(), err))
 	}
 	return nil
@@ -234,9 +234,8 @@ func (r *mapRun) kernel(ctx context.Context) error {
 	if err := r.run.step("map"); err != nil {
 		return err
 	}
-	opts := r.s.mapOptions(r.t.cl, r.readOnly)
-	opts.Extra = r.extra
-	opts.NoUdev = r.asked.NoUdev
+	opts := r.opts
+	opts.Secret = r.t.cl.Secret() // known now: resolve connected
 	dev, err := r.s.Kernel.Map(ctx, r.t.spec, opts)
 	if err != nil {
 		if errors.Is(err, krbd.ErrLeftMapped) {
@@ -329,12 +328,18 @@ func (r *mapRun) reply() *api.MapResponse {
 	return resp
 }
 
-// mapOptions is how the kernel maps an image of cl: the cluster's monitors, user and secret,
-// the config's timeouts and global map options, then the cluster's own.
-func (s *Sagas) mapOptions(cl Cluster, readOnly bool) krbd.MapOptions {
+// mapOptions is how the kernel maps an image of cl (but for the secret): the cluster's
+// monitors and user, the config's timeouts and global map options, then the cluster's own, then what the caller
+// asked (krbd.MergeExtra). They are checked whole here, before any claim: a map the kernel
+// would be refused (an ms_mode the cluster's monitors do not speak, say) claims nothing.
+func (s *Sagas) mapOptions(cl Cluster, readOnly bool, asked krbd.Requested) (krbd.MapOptions, error) {
 	opts := cl.MapOptions()
-	opts.ReadOnly = readOnly
+	opts.ReadOnly, opts.NoUdev = readOnly, asked.NoUdev
 	opts.MountTimeout, opts.Timeout = s.Config.MountTimeout.D(), s.Config.MapTimeout.D()
-	opts.Extra = append(append([]string(nil), s.Config.MapOptions...), opts.Extra...)
-	return opts
+	extra, err := krbd.MergeExtra(append(append([]string(nil), s.Config.MapOptions...), opts.Extra...), asked.Extra)
+	if err != nil {
+		return krbd.MapOptions{}, err
+	}
+	opts.Extra = extra
+	return opts, opts.Validate()
 }

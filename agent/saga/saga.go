@@ -32,9 +32,11 @@ type Cluster interface {
 	ID() string
 	// Claims is its claim store, connecting when needed.
 	Claims(ctx context.Context) (*claim.Store, error)
-	// MapOptions is how the kernel reaches it: monitors, user, secret and the cluster's own
-	// map options (after the config's global ones).
+	// MapOptions is how the kernel reaches it: monitors, user and the cluster's own map
+	// options (after the config's global ones); not the secret.
 	MapOptions() krbd.MapOptions
+	// Secret is the agent's cephx key for it, known once Claims has connected.
+	Secret() string
 }
 
 // Agent is what the sagas use of the running agent beyond the parts in Sagas.

@@ -31,6 +31,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/client"
 	"github.com/rbd-owner/rbd-owner/agent/image"
+	"github.com/rbd-owner/rbd-owner/agent/monaddr"
 )
 
 // Defaults, overridden by the environment (RBD_OWNER_REAL_RBD, RBD_OWNER_REAL_RBD_NBD). The
@@ -301,7 +302,7 @@ func doMap(ctx context.Context, c *cmdline, env Env) int {
 	req := api.MapRequest{Pool: ref.Pool, Namespace: ref.Namespace, Image: ref.Image, Snapshot: ref.Snap,
 		Requester: "rbd (rbd-owner drop-in)", ReadOnly: c.flags["read-only"]}
 	for _, m := range c.values["mon_host"] {
-		req.Monitors = append(req.Monitors, strings.Split(m, ",")...)
+		req.Monitors = append(req.Monitors, monaddr.Split(m)...)
 	}
 	for _, o := range c.values["options"] {
 		for _, one := range strings.Split(o, ",") {

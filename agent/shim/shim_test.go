@@ -81,9 +81,14 @@ func TestCephCSIMap(t *testing.T) {
 		strings.Join(got.Monitors, " ") != "10.0.0.1:6789 10.0.0.2:6789" || strings.Join(got.Options, ",") != "noudev,queue_depth=128" {
 		t.Fatalf("map request: %+v", got)
 	}
+	// mon_host as Ceph writes it: an address vector stays whole
+	run(t, a, "--id", "x", "-m", "[v2:10.0.0.1:3300/0,v1:10.0.0.1:6789/0],[v2:10.0.0.2:3300/0,v1:10.0.0.2:6789/0]", "--keyfile=/k", "map", "rbd/img", "--device-type", "krbd")
+	if got := a.maps[1].Monitors; strings.Join(got, " ") != "[v2:10.0.0.1:3300/0,v1:10.0.0.1:6789/0] [v2:10.0.0.2:3300/0,v1:10.0.0.2:6789/0]" {
+		t.Fatalf("monitors of a map request: %q", got)
+	}
 	// --read-only maps rox
 	run(t, a, "--id", "x", "-m", "10.0.0.1", "--keyfile=/k", "map", "rbd/img", "--device-type", "krbd", "--options", "noudev", "--read-only")
-	if got := a.maps[1]; !got.ReadOnly || got.Access != "rox" || got.Pool != "rbd" || got.Image != "img" {
+	if got := a.maps[2]; !got.ReadOnly || got.Access != "rox" || got.Pool != "rbd" || got.Image != "img" {
 		t.Fatalf("read-only map request: %+v", got)
 	}
 }
