@@ -16,7 +16,8 @@
 #   step NAME / step_done / step_end RESULT   progress lines with wall times, and the summary table
 #
 # State of a running lab: $LAB_DIR/lab.env (NS, PIDs, …); $LAB_DIR/logs/ has consoles, ceph logs,
-# timeline.txt. The newest lab's directory is recorded in $CACHE/current (for `lab sh`, `lab down`).
+# timeline.txt, ceph-faults.txt (the Ceph daemons the lab stopped) and, after lab_down,
+# ceph-cluster.log. The newest lab's directory is recorded in $CACHE/current (for `lab sh`, `lab down`).
 # Needs root, qemu-system-x86, debootstrap, Ceph on the host (tests/deps lab), python3.
 #
 # Which releases (defaults: today's one combination):
@@ -321,6 +322,40 @@ ceph_root_umount() {
 # new primary back that long. $CEPHDIR/slow-probes lists one object per PG of pool slow (written
 # here) for tests/chaos/run to check that every PG answers.
 osds_up() { [ "$(ceph osd stat -f json 2>/dev/null | jq -r .num_up_osds)" = "$1" ]; }
+# ceph_fault DAEMON...: the lab stops or kills these Ceph daemons (osd.N, mon.X) now; a ledger
+# (logs/ceph-faults.txt) that ceph_flaps reads. ceph_fault start marks the cluster up.
+ceph_fault() { local d; for d in "$@"; do echo "$(date +%s) $d" >> "$LAB_DIR/logs/ceph-faults.txt"; done; }
+# ceph_flaps: the cluster log's entries since it came up, as the monitors logged them (in their
+# own logs: every release writes those), against the ledger. Prints one line per daemon
+# and fails when an OSD was marked down more often than the lab stopped it, or when more monitor
+# elections ran than the lab's monitor faults explain (two each: one without it, one with it
+# back): a daemon that flapped on its own, under load or a too-tight heartbeat grace.
+ceph_flaps() {
+  local ledger=$LAB_DIR/logs/ceph-faults.txt since
+  if ! [ -f "$ledger" ] || ! grep -qs 'log_channel(cluster)' "$CEPHDIR"/log/mon.*.log; then
+    echo "no ledger, or no cluster log entries in the monitors' logs"; return 1
+  fi
+  since=$(date -u -d "@$(awk '$2 == "start" {print $1; exit}' "$ledger")" +%Y-%m-%dT%H:%M:%S)
+  # (a monitor logs the entries it makes: the leader the elections it won and the OSDs it marked down)
+  grep -h 'log_channel(cluster)' "$CEPHDIR"/log/mon.*.log | sort | awk -v since="$since" -v ledger="$ledger" '
+    BEGIN { while ((getline l < ledger) > 0) { split(l, f, " "); if (f[2] != "start") faults[f[2]]++ } }
+    $1 < since { next }
+    / is new leader, mons / { elections++ }
+    match($0, /osd\.[0-9]+ (failed \(|marked itself down|marked down)/) { split(substr($0, RSTART), w, " "); downs[w[1]]++ }
+    END {
+      bad = 0; monfaults = 0
+      for (d in faults) if (d ~ /^mon\./) monfaults += faults[d]
+      for (d in faults) if (d ~ /^osd\./ && !(d in downs)) downs[d] = 0
+      for (d in downs) {
+        printf "%s marked down %d times, stopped by the lab %d times\n", d, downs[d], faults[d] + 0
+        if (downs[d] > faults[d] + 0) bad = 1
+      }
+      printf "monitor elections %d, monitor faults %d (at most %d elections)\n", elections + 0, monfaults, 2 * monfaults
+      if (elections + 0 > 2 * monfaults) bad = 1
+      exit bad
+    }'
+}
+
 # lab_osd ID ROOT HOST: a memstore OSD ID in CRUSH ROOT under HOST, started
 lab_osd() {
   local i=$1 root=$2 host=$3 d=$CEPHDIR/osd.$1 uuid secret id
@@ -466,6 +501,7 @@ EOF
   if [ "$LAB_SLOW_POOL" = 1 ]; then lab_slow_pool || die "the slow pool (LAB_SLOW_POOL=1): osd.1 or pool slow failed"; fi
   lab_save_env
   for n in "${NODES[@]}"; do install -m 0600 "$CEPHDIR/client.rbdowner.keyring" "$(share "$n")/keyring"; done
+  ceph_fault start
   log "Ceph cluster ($LAB_CLUSTER, $LAB_TOPOLOGY: $(ceph --version | awk '{print $3}')) up in $(elapsed "$t")s: fsid $FSID, mon_host $MON_HOST, OSDs of pool rbd ${RBD_OSDS[*]}, images rbd/img1 img2 img3 ns1/img4"
 
   for n in "${NODES[@]}"; do
@@ -507,6 +543,8 @@ lab_down() {
     kill -0 "$p" 2>/dev/null && tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "qemu-system-x86_64 -name $n " && kill -KILL "$p"
     wait "$p" 2>/dev/null
   done
+  # the cluster log's entries, as the monitors logged them, outlive the purge (logs/ceph-cluster.log)
+  if [ -d "${CEPHDIR:-/nonexistent}/log" ]; then grep -hs 'log_channel(cluster)' "$CEPHDIR"/log/mon.*.log | sort > "$LAB_DIR/logs/ceph-cluster.log"; fi
   # tests/ceph/down only signals the daemons by their pid files (the same paths inside the chroot)
   [ -f "${CEPHDIR:-/nonexistent}/ceph.conf" ] && "$LAB_REPO/tests/ceph/down" "$CEPHDIR" --purge > "$LAB_DIR/logs/ceph-down.log" 2>&1
   ceph_root_umount
