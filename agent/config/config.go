@@ -238,7 +238,15 @@ func (c *Config) HeartbeatTimeout() time.Duration {
 // then resends the writes sent within the last ClusterCallTimeout, and the others have timed
 // out: the next renewal lands at once, or up to renew_interval - ClusterCallTimeout later.
 func (c *Config) LeaseBound() time.Duration {
-	return c.RenewInterval.D() + max(c.HeartbeatTimeout()+ClusterCallTimeout, c.stallGap()) + ClusterCallTimeout
+	return c.HeartbeatGapBound() + ClusterCallTimeout
+}
+
+// HeartbeatGapBound is R above: the longest a healthy node's heartbeat may take to land after
+// the one before, an OSD failover included. A liveness write older than that means renewals
+// are failing for a reason a healthy cluster does not explain (the metrics export it for the
+// alert rules).
+func (c *Config) HeartbeatGapBound() time.Duration {
+	return c.RenewInterval.D() + max(c.HeartbeatTimeout()+ClusterCallTimeout, c.stallGap())
 }
 
 // stallGap is the part of a stalled placement group's gap after the renew interval.

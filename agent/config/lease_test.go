@@ -95,5 +95,10 @@ func TestHeartbeatTimeout(t *testing.T) {
 		if got := c.LeaseBound(); got != tc.bound {
 			t.Errorf("renew_interval %s: bound %s, want %s", tc.renew, got, tc.bound)
 		}
+		// the heartbeat gap a healthy cluster explains (the renewal alert's threshold): the
+		// bound less a read's answer
+		if got := c.HeartbeatGapBound(); got != tc.bound-ClusterCallTimeout {
+			t.Errorf("renew_interval %s: heartbeat gap bound %s, want %s", tc.renew, got, tc.bound-ClusterCallTimeout)
+		}
 	}
 }

@@ -26,7 +26,7 @@ func (d *Daemon) newMetrics() *metrics.Metrics {
 		ids = append(ids, c.ID)
 	}
 	return metrics.New(metrics.Options{Version: version.Version, PerImage: d.cfg.PerImageMetrics, Clusters: ids,
-		Lease: d.cfg.LeaseDuration.D(), Renew: d.cfg.RenewInterval.D(), Snapshot: d.metricsSnapshot,
+		Lease: d.cfg.LeaseDuration.D(), Renew: d.cfg.RenewInterval.D(), HeartbeatGap: d.cfg.HeartbeatGapBound(), Snapshot: d.metricsSnapshot,
 		FenceWarn: min(24*time.Hour, d.fenceExpiry()/4)})
 }
 

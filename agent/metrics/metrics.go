@@ -109,6 +109,9 @@ type Options struct {
 	// Lease and Renew are the config's lease_duration and renew_interval, exported so that
 	// alert rules can be written against them.
 	Lease, Renew time.Duration
+	// HeartbeatGap is the longest a healthy node's heartbeat may take to land after the one
+	// before (config.HeartbeatGapBound), exported for the renewal alert.
+	HeartbeatGap time.Duration
 	// Clusters are the configured clusters' ids: their counters start at 0 (so that a rule's
 	// increase() sees the first event too).
 	Clusters []string
@@ -200,11 +203,14 @@ func New(o Options) *Metrics {
 	lease.Set(o.Lease.Seconds())
 	renew := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "renew_interval_seconds", Help: "The config's renew_interval."})
 	renew.Set(o.Renew.Seconds())
+	gap := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "heartbeat_gap_bound_seconds",
+		Help: "The longest a heartbeat may take to land after the one before on a healthy cluster: renew_interval, then the heartbeat's deadline or an OSD failover (osd_failover). lease_duration exceeds it."})
+	gap.Set(o.HeartbeatGap.Seconds())
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.mapSeconds, m.unmapSeconds, m.maps, m.unmaps, m.refusals, m.takeovers, m.fences, m.intruders, m.watchers, m.adoptions,
-		m.liveness, m.claimsLost, m.devicesLost, m.fenceRenewals, m.clusterOps, m.recovery, build, lease, renew,
+		m.liveness, m.claimsLost, m.devicesLost, m.fenceRenewals, m.clusterOps, m.recovery, build, lease, renew, gap,
 		m.stateSetAside, m.stateWriteFailures, m.stateRebuilt,
 		stateCollector{m},
 	)

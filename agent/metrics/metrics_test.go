@@ -3,6 +3,8 @@ package metrics
 import (
 	"errors"
 	"fmt"
+	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -89,6 +91,46 @@ func TestNilAndLint(t *testing.T) {
 	for _, p := range problems {
 		if strings.HasPrefix(p.Metric, "rbd_owner") {
 			t.Errorf("lint: %s: %s", p.Metric, p.Text)
+		}
+	}
+}
+
+// Every metric the shipped alert rules use is one the agent exports, with the labels the rules
+// match on: a rule on a renamed or missing metric would never fire.
+func TestShippedRulesUseExportedMetrics(t *testing.T) {
+	rules, err := os.ReadFile("../../packaging/prometheus/rbd-owner-rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := map[string]bool{}
+	for _, n := range regexp.MustCompile(`rbd_owner_[a-z_]+`).FindAllString(string(rules), -1) {
+		used[n] = true
+	}
+	clk := &clock{t: time.Unix(1000, 0)}
+	m := New(Options{Version: "1", Lease: time.Minute, Renew: 10 * time.Second, HeartbeatGap: 40 * time.Second, Clusters: []string{"c1"}, Now: clk.now,
+		Snapshot: func() Snapshot {
+			return Snapshot{Clusters: []Cluster{{ID: "c1", Connected: true, Places: []string{"rbd"}}},
+				Claims:    []Claim{{Cluster: "c1", Pool: "rbd", Image: "i", Device: "/dev/rbd0", State: "held"}},
+				Unmanaged: []Unmanaged{{Cluster: "c1", Verdict: "fenced"}},
+				Fences:    []Fence{{Cluster: "c1", Expires: clk.now().Add(time.Hour)}}}
+		}})
+	families, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	for _, f := range families {
+		exported[f.GetName()] = true
+		for _, s := range []string{"_bucket", "_sum", "_count"} {
+			exported[f.GetName()+s] = true
+		}
+	}
+	if len(used) < 5 {
+		t.Fatalf("the rules name only %d metrics: %v", len(used), used)
+	}
+	for n := range used {
+		if !exported[n] {
+			t.Errorf("the alert rules use %s, which the agent does not export", n)
 		}
 	}
 }
