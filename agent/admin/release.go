@@ -25,7 +25,7 @@ func (a *Admin) Release(ctx context.Context, req api.ImageRequest, peer *peercre
 	}
 	defer unlock()
 	if !req.Force {
-		return a.releaseOwn(ctx, t, store)
+		return a.releaseOwn(ctx, t, store, peer)
 	}
 	// the record as it was, for the audit trail: who is being released
 	rec, err := store.Inspect(ctx, t.img)
@@ -47,8 +47,9 @@ func (a *Admin) Release(ctx context.Context, req api.ImageRequest, peer *peercre
 	return ok, nil
 }
 
-// releaseOwn drops this node's own claim on an image it does not map, under the image's lock.
-func (a *Admin) releaseOwn(ctx context.Context, t target, store *claim.Store) (bool, error) {
+// releaseOwn drops this node's own claim on an image it does not map, under the image's lock,
+// and audits it with the caller.
+func (a *Admin) releaseOwn(ctx context.Context, t target, store *claim.Store, peer *peercred.Cred) (bool, error) {
 	if m, ok := a.State.Get(t.key); ok {
 		return false, fmt.Errorf("%w: %s is mapped here as %s: unmap it instead", fault.ErrInvalid, t.spec, m.Device)
 	}
@@ -75,6 +76,11 @@ func (a *Admin) releaseOwn(ctx context.Context, t target, store *claim.Store) (b
 	res, err := store.ReleaseHold(ctx, t.img, h.Epoch)
 	if err != nil {
 		return false, err
+	}
+	if res.Released {
+		a.Audit.Record(audit.Entry{Event: audit.Release, Cluster: t.cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace, Image: t.spec.Image,
+			Epoch: h.Epoch, OwnerNode: a.NodeID, HasPeer: peer != nil, UID: peercred.UID(peer), PID: peercred.PID(peer),
+			Message: fmt.Sprintf("released this node's claim on %s (epoch %d), mapped nowhere here", t.spec, h.Epoch)})
 	}
 	if err := res.Unlist(ctx); err != nil {
 		a.Log.WithError(err).Warn("released, still listed among this node's holds until the next heartbeat")

@@ -7,9 +7,11 @@ import (
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
+	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
+	"github.com/rbd-owner/rbd-owner/agent/peercred"
 )
 
 // TestReleaseKeepsTheClaimOfAMappedDevice: release without force looked only at the persisted
@@ -34,6 +36,7 @@ func TestReleaseKeepsTheClaimOfAMappedDevice(t *testing.T) {
 	if len(ms) != 1 {
 		t.Fatalf("state: %+v", ms)
 	}
+	epoch := ms[0].Epoch
 	if err := n.d.state.Delete(ms[0].Key); err != nil { // the state is lost, the device is not
 		t.Fatal(err)
 	}
@@ -56,11 +59,21 @@ func TestReleaseKeepsTheClaimOfAMappedDevice(t *testing.T) {
 	if _, err := n.d.kernel.UnmapDevice(context.Background(), dev, krbdForce); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.d.admin.Release(context.Background(), req, nil); err != nil {
+	if _, err := n.d.admin.Release(context.Background(), req, &peercred.Cred{UID: 4242, PID: 77}); err != nil {
 		t.Fatalf("release once the device is gone: %v", err)
 	}
 	if r, err := rec.Inspect(context.Background(), claim.Image{Pool: "rbd", Image: "r"}); err != nil || r.Holder("node-m") != nil {
 		t.Fatalf("the claim of a device that is gone was kept: %+v %v", r, err)
+	}
+	// a person's release of a claim is in the audit trail, with the caller (it was not)
+	var rel []audit.Entry
+	for _, e := range n.audited(audit.Release) {
+		if e.Image == "r" && e.Device == "" {
+			rel = append(rel, e)
+		}
+	}
+	if len(rel) != 1 || rel[0].OwnerNode != "node-m" || rel[0].Epoch != epoch || rel[0].UID != 4242 || !rel[0].HasPeer {
+		t.Fatalf("audit entries of the release: %+v, want one naming node-m, epoch %d and uid 4242", rel, epoch)
 	}
 }
 

@@ -54,8 +54,22 @@ type memDaemon struct {
 	k      *fakekernel.Kernel
 	mu     sync.Mutex
 	notes  []string
+	audit  []audit.Entry
 	cancel context.CancelFunc
 	done   chan error
+}
+
+// audited returns the audit entries of event recorded so far.
+func (n *memDaemon) audited(event string) []audit.Entry {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []audit.Entry
+	for _, e := range n.audit {
+		if e.Event == event {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 func (n *memDaemon) count(prefix string) int {
@@ -105,7 +119,7 @@ func startMemDaemonOn(t *testing.T, k *fakekernel.Kernel, change func(*Options),
 	n := &memDaemon{k: k}
 	kc := k.Config()
 	kc.Poll = 10 * time.Millisecond
-	opts := Options{Config: cfg, Log: log, Audit: audit.NewWithSink(log, func(audit.Entry) {}), Kernel: krbd.New(kc),
+	opts := Options{Config: cfg, Log: log, Audit: audit.NewWithSink(log, func(e audit.Entry) { n.mu.Lock(); n.audit = append(n.audit, e); n.mu.Unlock() }), Kernel: krbd.New(kc),
 		Peers: &peercred.Policy{AdminGroup: -1, CSIGroup: -1}, Watchdog: 2 * time.Second,
 		Notify: func(s string) { n.mu.Lock(); n.notes = append(n.notes, s); n.mu.Unlock() },
 		Connect: func(_ context.Context, c config.Cluster) (Connection, error) {
