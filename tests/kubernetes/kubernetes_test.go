@@ -31,15 +31,19 @@ const (
 )
 
 // The git blob ids of the pinned files at ceph-csi's tag v3.12.2 (`git ls-tree v3.12.2
-// deploy/rbd/kubernetes/ LICENSE`): the copies must stay unchanged, except csi-rbdplugin.yaml,
-// whose container images' registry hosts are replaced by images.invalid (upstream blob
-// ed2202b9441e4cdbba0057b2a56cedd9f7a5d945; this project's files name no registry host).
+// deploy/rbd/kubernetes/ LICENSE`): the copies must stay unchanged, except csi-rbdplugin.yaml
+// and csi-rbdplugin-provisioner.yaml, whose container images' registry hosts are replaced by
+// images.invalid (upstream blobs ed2202b9441e4cdbba0057b2a56cedd9f7a5d945 and
+// b7e59b429fb4aad3a6d1b4fec868e1a26b630e15; this project's files name no registry host). The
+// provisioner's two files are the Kubernetes lab's (tests/k8s), not the render check's.
 var upstreamBlobs = map[string]string{
-	"csi-config-map.yaml":      "44ef712a49d5523b692b6cae25b06d59bd2a9f83",
-	"csi-nodeplugin-rbac.yaml": "baf5cdedc3da751cda45d8aad3cc1dfa5e3f79bd",
-	"csidriver.yaml":           "1d1ae5b1529f3ab332334be8f57930020865c665",
-	"csi-rbdplugin.yaml":       "888063b45e4d2395acb4c186bc56c581013e485e",
-	"LICENSE":                  "f433b1a53f5b830a205fd2df78e2b34974656c7b",
+	"csi-config-map.yaml":            "44ef712a49d5523b692b6cae25b06d59bd2a9f83",
+	"csi-nodeplugin-rbac.yaml":       "baf5cdedc3da751cda45d8aad3cc1dfa5e3f79bd",
+	"csidriver.yaml":                 "1d1ae5b1529f3ab332334be8f57930020865c665",
+	"csi-rbdplugin.yaml":             "888063b45e4d2395acb4c186bc56c581013e485e",
+	"csi-rbdplugin-provisioner.yaml": "17762a939e8f9e8db239aad40abc40a7e0f51868",
+	"csi-provisioner-rbac.yaml":      "dc714bc454cec9bbe6a9914ecdd35239d2dcdbb9",
+	"LICENSE":                        "f433b1a53f5b830a205fd2df78e2b34974656c7b",
 }
 
 // What the component adds to container csi-rbdplugin and to the pod.
