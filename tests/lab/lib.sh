@@ -60,7 +60,10 @@ RENEW=${RENEW:-5s}
 # rbd-owner.service (tests/lab/guest.sh): so that a fence outlives its blocklist entry's life
 # within a lab run, and is kept only by renewals
 FENCE_EXPIRY=${FENCE_EXPIRY:-1m}
-GUEST_MEM=${GUEST_MEM:-512}
+# LAB_FLAVOR=k8s: the guests' image has containerd, runc and the CNI plugins (tests/vm/build-image
+# FLAVOR=k8s), for the Kubernetes lab (tests/k8s), which also gives them more memory
+LAB_FLAVOR=${LAB_FLAVOR:-}
+GUEST_MEM=${GUEST_MEM:-$([ "$LAB_FLAVOR" = k8s ] && echo 2048 || echo 512)}
 BOOT_TIMEOUT=${BOOT_TIMEOUT:-300}
 CMD_TIMEOUT=${CMD_TIMEOUT:-120}
 LAB_GUEST=${LAB_GUEST:-bookworm}
@@ -420,8 +423,8 @@ lab_up() {
   local deb; deb=$(lab_deb)
   { [ -n "$deb" ] && [ -s "$deb" ]; } || die "package: no dist/rbd-owner_*_amd64.deb (run make package)"
 
-  step "guest image: $LAB_GUEST (cached; rebuilt only when its inputs change)"
-  local img; img=$(SUITE=$LAB_GUEST nice -n 15 "$LAB_REPO/tests/vm/build-image" 2> >(tee -a "$LAB_DIR/logs/build-image.log" >&2)) \
+  step "guest image: $LAB_GUEST${LAB_FLAVOR:+ ($LAB_FLAVOR)} (cached; rebuilt only when its inputs change)"
+  local img; img=$(SUITE=$LAB_GUEST FLAVOR=$LAB_FLAVOR nice -n 15 "$LAB_REPO/tests/vm/build-image" 2> >(tee -a "$LAB_DIR/logs/build-image.log" >&2)) \
     || die "guest image: tests/vm/build-image failed (log: $LAB_DIR/logs/build-image.log)"
   is_image_dir "$img" || die "guest image: tests/vm/build-image printed '${img:0:200}', not an image directory (root.ext4, vmlinuz, initrd.img)"
   step_done
