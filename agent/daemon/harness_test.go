@@ -214,8 +214,13 @@ func (n *node) noted(prefix string) bool {
 func (n *node) audited(event string) []audit.Entry {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return ofEvent(n.entries, event)
+}
+
+// ofEvent returns the entries of event among es.
+func ofEvent(es []audit.Entry, event string) []audit.Entry {
 	var out []audit.Entry
-	for _, e := range n.entries {
+	for _, e := range es {
 		if e.Event == event {
 			out = append(out, e)
 		}

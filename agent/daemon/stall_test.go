@@ -63,13 +63,7 @@ type memDaemon struct {
 func (n *memDaemon) audited(event string) []audit.Entry {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var out []audit.Entry
-	for _, e := range n.audit {
-		if e.Event == event {
-			out = append(out, e)
-		}
-	}
-	return out
+	return ofEvent(n.audit, event)
 }
 
 func (n *memDaemon) count(prefix string) int {
