@@ -59,7 +59,7 @@ model: deps
 
 # The two-node lab on real kernels (tests/lab; qemu TCG guests, Ceph on the host in a private
 # network namespace; needs root). e2e: every scenario as PASS/FAIL assertions, ends with
-# "N passed, M failed" (about 6-7 minutes on 2 cores with the closing chaos round, guest image cached).
+# "N passed, M failed" (about 17 minutes on 2 cores with the closing chaos round, guest image cached).
 # The releases, for e2e, lab and chaos (defaults: today's combination):
 #   LAB_GUEST=bookworm|trixie   the guests: Debian 12 (kernel 6.1, Ceph 16.2 client libraries) or
 #                               Debian 13 (kernel 6.12, Ceph 18.2 Reef); both install the same .deb
@@ -79,7 +79,7 @@ e2e-trixie-reef: package
 
 # The e2e on the production-shaped cluster (three monitors, msgr2 only with ms_mode secure, pools
 # of size 2 on two OSDs each: LAB_TOPOLOGY=prod, tests/lab/lib.sh), with the default guests and
-# cluster; in `make test` (about 18 minutes).
+# cluster; in `make test` (17 to 21 minutes).
 e2e-prod: package
 	@tests/deps lab
 	@LAB_TOPOLOGY=prod tests/lab/e2e
