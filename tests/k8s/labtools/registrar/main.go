@@ -32,12 +32,12 @@ import (
 
 // options are the flags, node-driver-registrar's names.
 type options struct {
-	csiAddress         string        // the driver's socket in this container
-	kubeletPath        string        // the same socket as the kubelet sees it (on the host)
-	registrationDir    string        // the kubelet's plugins_registry, mounted here
-	connectTimeout     time.Duration // how long to wait for the driver's socket to answer
-	supportedVersions  []string
-	verbosity          int
+	csiAddress        string        // the driver's socket in this container
+	kubeletPath       string        // the same socket as the kubelet sees it (on the host)
+	registrationDir   string        // the kubelet's plugins_registry, mounted here
+	connectTimeout    time.Duration // how long to wait for the driver's socket to answer
+	supportedVersions []string
+	verbosity         int
 }
 
 func main() {
