@@ -25,7 +25,7 @@ AGENT_ENV   := CGO_CPPFLAGS="-D_FORTIFY_SOURCE=2" \
                CGO_CFLAGS="-O2 -fstack-protector-strong -fstack-clash-protection -fcf-protection" \
                CGO_LDFLAGS="-Wl,-z,relro -Wl,-z,now"
 
-.PHONY: all build test unit model e2e e2e-trixie-reef e2e-prod matrix chaos bench-go lab lab-sh lab-down bench package cli-docs pkg-meta package-check lint metrics-check k8s-check deps clean
+.PHONY: all build test unit model e2e e2e-trixie-reef e2e-prod matrix chaos bench-go lab lab-sh lab-down bench package cli-docs pkg-meta package-check lint metrics-check k8s-check k8s-e2e k8s-lab k8s-lab-down deps clean
 all: build
 
 deps:
@@ -113,6 +113,24 @@ lab-sh:
 
 lab-down:
 	@tests/lab/lab down
+
+# The Kubernetes lab (tests/k8s/lab, docs/kubernetes.md): the two-node lab's guests (Debian 13,
+# 2 GiB each) made Kubernetes v1.35.4 nodes (containerd, kubelet, kube-proxy), the control plane
+# on the host in the lab namespace, and ceph-csi's own RBD manifests patched by
+# packaging/kubernetes applied with kubectl apply -k. ceph-csi comes from the caller:
+# CEPHCSI_SRC (a source tree or git repository; CEPHCSI_REF, default v3.12.2) or CEPHCSI_BIN.
+# Not in `make test`: the cold Kubernetes and ceph-csi builds alone take about half an hour.
+#   k8s-e2e    the scenarios as PASS/FAIL assertions ("N passed, M failed"); KEEP=1 leaves it up
+#   k8s-lab    up, ceph-csi applied, left running (tests/k8s/lab kubectl …, make k8s-lab-down)
+CEPHCSI_HOW := set CEPHCSI_SRC to a ceph-csi source tree or git repository (CEPHCSI_REF picks the tag, default v3.12.2), or CEPHCSI_BIN to a built cephcsi
+k8s-e2e k8s-lab:
+	@[ -n "$${CEPHCSI_SRC:-}$${CEPHCSI_BIN:-}" ] || { echo "make $@: no ceph-csi to run: $(CEPHCSI_HOW)" >&2; exit 2; }
+	@$(MAKE) --no-print-directory package
+	@tests/deps lab
+	@tests/k8s/lab $(if $(filter k8s-lab,$@),up,e2e)
+
+k8s-lab-down:
+	@tests/k8s/lab down
 
 # The benchmark table on the lab's real kernels, the agent on the fake kernel and the claim
 # operations on a throwaway cluster (tests/bench/run; docs/benchmarks.md has a dated run).
