@@ -71,8 +71,19 @@ func (r *mapRun) recordMapped() {
 	r.s.Audit.Record(audit.Entry{Event: audit.Map, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
 		Image: t.spec.Image, Device: r.dev.DevNode, Epoch: m.Epoch, OwnerNode: r.s.Config.NodeID, HasPeer: peer != nil,
 		UID: peercred.UID(peer), PID: peercred.PID(peer),
-		Message: fmt.Sprintf("mapped %s as %s (epoch %d, client %s, requester %q, volume %q)", t.spec, r.dev.DevNode, m.Epoch, r.dev.ClientAddr, r.req.Requester, r.req.VolumeID)})
+		Message: mappedMessage(t.spec.String(), r.dev.DevNode, m.Epoch, r.dev.ClientAddr, r.req.Requester, r.req.VolumeID)})
 	r.s.Log.WithField("image", t.key.String()).WithField("requester", r.req.Requester).WithFields(r.steps.fields()).Info("map steps")
+}
+
+// mappedMessage is a map's audit line. The volume is named only when the caller gave one: the
+// drop-in rbd cannot (ceph-csi's rbd map carries no volume id), and `volume ""` in every CSI
+// map's journal line read as if something were missing.
+func mappedMessage(spec, dev string, epoch uint64, client, requester, volume string) string {
+	msg := fmt.Sprintf("mapped %s as %s (epoch %d, client %s, requester %q", spec, dev, epoch, client, requester)
+	if volume != "" {
+		msg += fmt.Sprintf(", volume %q", volume)
+	}
+	return msg + ")"
 }
 
 // recordMapError audits a map refused or failed (nothing for a quiet one, or a simulated crash).
