@@ -198,8 +198,9 @@ func classify(err error) (int, *api.Error, string) {
 				msg = fmt.Sprintf("%s is held by node %s (host %s) at epoch %d since %s",
 					what, o.NodeID, o.Hostname, o.Epoch, o.AcquiredAt.Format(time.RFC3339))
 				// the agent's own next step, phrased for this caller and the policy, follows the
-				// first "; " of its message: kept whole, in place of the generic advice below
-				_, reason, hasReason := strings.Cut(ae.Message, "; ")
+				// first "; " of its message outside parentheses (a holder's lease note has one):
+				// kept whole, in place of the generic advice below
+				_, reason, hasReason := cutOutsideParens(ae.Message, "; ")
 				switch {
 				case hasReason && o.Expired:
 					msg += fmt.Sprintf(" (lease expired: its heartbeat has not changed for %.0fs on this node's clock); %s", o.LeaseAge, reason)
@@ -222,6 +223,22 @@ func classify(err error) (int, *api.Error, string) {
 		return exitFailed, ae, fmt.Sprintf("%s (%s)", msg, ae.Code)
 	}
 	return exitFailed, &api.Error{Code: client.Code(err), Message: err.Error()}, err.Error()
+}
+
+// cutOutsideParens is strings.Cut at the first sep that is not inside parentheses.
+func cutOutsideParens(s, sep string) (before, after string, found bool) {
+	depth := 0
+	for i := 0; i < len(s); i++ {
+		switch {
+		case s[i] == '(':
+			depth++
+		case s[i] == ')' && depth > 0:
+			depth--
+		case depth == 0 && strings.HasPrefix(s[i:], sep):
+			return s[:i], s[i+len(sep):], true
+		}
+	}
+	return s, "", false
 }
 
 func printJSON(w io.Writer, v any) error {

@@ -82,6 +82,39 @@ func TestClaimedElsewhereKeepsTheAgentsNextStep(t *testing.T) {
 	}
 }
 
+// TestClaimedElsewhereWhileWatchingTheLease: a refusal under takeover while the holder's lease
+// is watched has a "; " inside the holder's lease note; the agent's next step is what follows
+// the note, printed once (seen in the Kubernetes lab: the note's second half was printed twice).
+func TestClaimedElsewhereWhileWatchingTheLease(t *testing.T) {
+	next := "takeover refused while node node-a's lease is live as far as this node has seen: retry then"
+	sock, _ := serve(t, 409, api.ErrorBody{Error: &api.Error{Code: api.CodeClaimedElsewhere,
+		Message: "acquire rbd/k8s1: rbd/k8s1 is held (rwo) by node node-a (host node-a, addr 203.0.113.11) at epoch 7 since 2026-12-06T04:01:43Z " +
+			"(live: watching node node-a's lease; a takeover is possible in 35s unless it renews); " + next,
+		Owner:             &api.Owner{NodeID: "node-a", Hostname: "node-a", Epoch: 7, AcquiredAt: time.Now(), LeaseAge: 3},
+		RetryAfterSeconds: 35}})
+	code, _, errs := cli("--socket", sock, "map", "rbd/k8s1")
+	want := "(live: watching node node-a's lease; a takeover is possible in 35s unless it renews); " + next + "\n"
+	if code != exitClaimed || !strings.HasPrefix(errs, "rbd-owner map: rbd/k8s1 is held by node node-a") || !strings.HasSuffix(errs, want) ||
+		strings.Count(errs, "a takeover is possible") != 1 || strings.Count(strings.TrimSpace(errs), "\n") != 0 {
+		t.Fatalf("exit %d, stderr %q, want it to end with %q", code, errs, want)
+	}
+}
+
+func TestCutOutsideParens(t *testing.T) {
+	for _, tc := range []struct{ in, before, after string }{
+		{"a (b; c); d; e", "a (b; c)", "d; e"},
+		{"a; b", "a", "b"},
+		{"a (b; (c; d)); e", "a (b; (c; d))", "e"},
+		{"a) b; c", "a) b", "c"}, // an unmatched ")" does not hide what follows
+		{"a (b; c", "a (b; c", ""},
+	} {
+		b, a, ok := cutOutsideParens(tc.in, "; ")
+		if b != tc.before || a != tc.after || ok != (tc.after != "") {
+			t.Errorf("cutOutsideParens(%q) = %q, %q, %v; want %q, %q", tc.in, b, a, ok, tc.before, tc.after)
+		}
+	}
+}
+
 func TestExitCodes(t *testing.T) {
 	sock, _ := serve(t, 503, api.ErrorBody{Error: &api.Error{Code: api.CodeClusterUnavailable, Message: "cluster lab: unavailable"}})
 	for _, tc := range []struct {
