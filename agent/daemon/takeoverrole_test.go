@@ -148,17 +148,21 @@ func takeoverByRole(t *testing.T, policy string) {
 					if e != nil && e.RetryAfterSeconds != 0 {
 						t.Errorf("%s: a map that may not take over is told to retry after %ds", name, e.RetryAfterSeconds)
 					}
-					// the next step is the reader's own: an admin may fence and release, or take
-					// over; a CSI-role caller can only ask an admin (or have the policy changed)
-					fence := fmt.Sprintf("`rbd-owner fence rbd/%s` then `rbd-owner release --force rbd/%s`", image, image)
+					// the next step is the reader's own: an admin may fence (the next map takes a
+					// fenced hold over: no release --force), or take over; a CSI-role caller can
+					// only ask an admin for the fence (or have the policy changed)
+					fence := fmt.Sprintf("`rbd-owner fence rbd/%s`", image)
 					for _, msg := range refusals {
+						if strings.Contains(msg, "release --force") {
+							t.Errorf("%s: a refusal asks for a release --force that a fence makes needless: %s", name, msg)
+						}
 						if who.role >= peercred.RoleAdmin {
-							if !strings.Contains(msg, "if node node-a is dead: run `rbd-owner fence --node node-a` (every hold of that node; then map again), map with --takeover once its lease has expired, or run "+fence) {
+							if !strings.Contains(msg, "if node node-a is dead: run `rbd-owner fence --node node-a` (every hold of that node; then map again), map with --takeover once its lease has expired, or run "+fence+" (this image only; then map again)") {
 								t.Errorf("%s: the admin is not told its next step: %s", name, msg)
 							}
 							continue
 						}
-						want := "this caller (CSI role) may not take it over under takeover_policy: manual: if node node-a is dead, ask an admin to run " + fence + " on any node, or set takeover_policy: after-fence"
+						want := "this caller (CSI role) may not take it over under takeover_policy: manual: if node node-a is dead, ask an admin to run `rbd-owner fence --node node-a` on any node (every hold of that node; " + fence + " fences this image only): the next NodeStage then maps it; or set takeover_policy: after-fence"
 						if policy == config.TakeoverAfterFence {
 							want = "node node-a's mapping (" + addr + ") is on no blocklist entry for its whole node (ip:0/0 or a range); under takeover_policy: after-fence a map takes it over once the holder's mapping is on the cluster's blocklist: if node node-a is dead, ask an admin to run `rbd-owner fence --node node-a` on any node"
 						}
