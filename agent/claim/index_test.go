@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -18,9 +19,15 @@ func TestAClaimIsIndexedBeforeItsObjectExists(t *testing.T) {
 	img := Image{Pool: "rbd", Namespace: "ns1", Image: "vol"}
 	m.AddImage(img, "id1")
 	a := memNode(t, m, "node-a", newClock())
-	var order []string
+	// the hook runs concurrently: Acquire's first round sends its reads and the heartbeat at once
+	var (
+		mu    sync.Mutex
+		order []string
+	)
 	fail := true
 	m.SetHook(func(_ context.Context, call string, _ Image) error {
+		mu.Lock()
+		defer mu.Unlock()
 		order = append(order, call)
 		if call == "setkeys" && fail {
 			return fmt.Errorf("%w: index not writable (test)", ErrConflict)
@@ -33,7 +40,9 @@ func TestAClaimIsIndexedBeforeItsObjectExists(t *testing.T) {
 	if m.Version(img) != 0 {
 		t.Fatal("a claim object exists without its index key")
 	}
+	mu.Lock()
 	fail, order = false, nil
+	mu.Unlock()
 	r, err := a.Acquire(ctx, Request{Image: img})
 	if err != nil {
 		t.Fatal(err)
