@@ -76,7 +76,8 @@ func (a *app) runFence(ctx context.Context, req api.ImageRequest, arg string) er
 	if a.out.json {
 		return printJSON(a.out, resp)
 	}
-	fmt.Fprintf(a.out, "fenced %s until %s; next: rbd-owner release --force %s\n", strings.Join(resp.FencedAddrs, ", "), resp.Expires.Format(time.RFC3339), arg)
+	fmt.Fprintf(a.out, "fenced %s until %s; next: map %s on the node that should have it (the map takes the fenced hold over), or free it with rbd-owner release --force %s\n",
+		strings.Join(resp.FencedAddrs, ", "), resp.Expires.Format(time.RFC3339), arg, arg)
 	return nil
 }
 

@@ -49,8 +49,8 @@ The stable link /dev/rbd-owner/<cluster fsid>/<pool>/[<namespace>/]<image>[@<sna
 --json answer.
 
 When another node holds the image the map is refused (exit 3), naming the holder, its epoch
-and what to do: wait for its lease, map --takeover once the lease has expired, or fence it and
-release --force.`,
+and what to do: wait for its lease, map --takeover once the lease has expired, or have an admin
+fence it (rbd-owner fence --node NODE, or fence the image) and map again.`,
 		Example: `  # map an image for this node (rwo: one read-write holder)
   rbd-owner map rbd/pvc-123
 

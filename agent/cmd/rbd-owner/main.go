@@ -195,6 +195,10 @@ func classify(err error) (int, *api.Error, string) {
 						what = f[len(f)-1]
 					}
 				}
+				spec := what // as a command's argument
+				if spec == "the image" {
+					spec = "POOL/IMAGE"
+				}
 				msg = fmt.Sprintf("%s is held by node %s (host %s) at epoch %d since %s",
 					what, o.NodeID, o.Hostname, o.Epoch, o.AcquiredAt.Format(time.RFC3339))
 				// the agent's own next step, phrased for this caller and the policy, follows the
@@ -211,9 +215,9 @@ func classify(err error) (int, *api.Error, string) {
 				case o.Expired:
 					msg += fmt.Sprintf(" (lease expired: its heartbeat has not changed for %.0fs on this node's clock; map with --takeover to fence it and take over)", o.LeaseAge)
 				case ae.RetryAfterSeconds > 0:
-					msg += fmt.Sprintf(" (live: watching node %s's lease; a takeover is possible in %ds unless it renews; if that node is dead, retry with --takeover then, or run `rbd-owner fence` and `rbd-owner release --force`)", o.NodeID, ae.RetryAfterSeconds)
+					msg += fmt.Sprintf(" (live: watching node %s's lease; a takeover is possible in %ds unless it renews; if that node is dead, retry with --takeover then, or have an admin run `rbd-owner fence --node %s` and map again)", o.NodeID, ae.RetryAfterSeconds, o.NodeID)
 				default:
-					msg += " (live: if that node is dead, run `rbd-owner fence` and `rbd-owner release --force` first)"
+					msg += fmt.Sprintf(" (live: if that node is dead, have an admin run `rbd-owner fence --node %s`, or `rbd-owner fence %s` for this image only, and map again: the map takes a fenced hold over)", o.NodeID, spec)
 				}
 			}
 			return exitClaimed, ae, msg

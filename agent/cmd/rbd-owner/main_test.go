@@ -60,11 +60,38 @@ func TestClaimedElsewhereExits3AndNamesTheOwner(t *testing.T) {
 	sock, _ := serve(t, 409, api.ErrorBody{Error: &api.Error{Code: api.CodeClaimedElsewhere, Message: "acquire rbd/img: rbd/img is held (rwo) by node node-a ...",
 		Owner: &api.Owner{NodeID: "node-a", Hostname: "host-a", Epoch: 4, AcquiredAt: time.Now(), LeaseAge: 3}}})
 	code, _, errs := cli("--socket", sock, "map", "rbd/img")
-	if code != exitClaimed || !strings.HasPrefix(errs, "rbd-owner map: rbd/img is held by node node-a") || strings.Count(errs, "rbd/img") != 1 || !strings.Contains(errs, "epoch 4") || !strings.Contains(errs, "rbd-owner fence") {
+	if code != exitClaimed || !strings.HasPrefix(errs, "rbd-owner map: rbd/img is held by node node-a") || strings.Count(errs, "rbd/img is held") != 1 || strings.Contains(errs, "acquire") || !strings.Contains(errs, "epoch 4") ||
+		// a fenced hold is taken over by the next map: no release --force (seen in the Kubernetes lab)
+		!strings.Contains(errs, "`rbd-owner fence --node node-a`, or `rbd-owner fence rbd/img` for this image only, and map again") || strings.Contains(errs, "release --force") {
 		t.Fatalf("exit %d, stderr %q", code, errs)
 	}
 	if strings.Count(strings.TrimSpace(errs), "\n") != 0 {
 		t.Fatalf("error is not one line: %q", errs)
+	}
+}
+
+// TestClaimedElsewhereWhileWatchingNamesTheNodeFence: with no next step from the agent, a
+// refusal while the holder's lease is watched names the node's fence, not a release --force.
+func TestClaimedElsewhereWhileWatchingNamesTheNodeFence(t *testing.T) {
+	sock, _ := serve(t, 409, api.ErrorBody{Error: &api.Error{Code: api.CodeClaimedElsewhere, Message: "acquire rbd/img: rbd/img is held (rwo) by node node-a ...",
+		Owner:             &api.Owner{NodeID: "node-a", Hostname: "host-a", Epoch: 4, AcquiredAt: time.Now(), LeaseAge: 3},
+		RetryAfterSeconds: 20}})
+	code, _, errs := cli("--socket", sock, "map", "rbd/img")
+	if code != exitClaimed || !strings.Contains(errs, "a takeover is possible in 20s unless it renews; if that node is dead, retry with --takeover then, or have an admin run `rbd-owner fence --node node-a` and map again)") ||
+		strings.Contains(errs, "release --force") {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+}
+
+// TestFenceNamesTheNextMap: a fence's next step is the map where the image should run (it takes
+// the fenced hold over); release --force is the way to free it instead.
+func TestFenceNamesTheNextMap(t *testing.T) {
+	until := time.Date(2036, 12, 6, 5, 0, 0, 0, time.UTC)
+	sock, seen := serve(t, 200, api.FenceResponse{FencedAddrs: []string{"10.0.0.1:0/7"}, Expires: until})
+	code, out, errs := cli("--socket", sock, "fence", "rbd/img")
+	want := "fenced 10.0.0.1:0/7 until 2036-12-06T05:00:00Z; next: map rbd/img on the node that should have it (the map takes the fenced hold over), or free it with rbd-owner release --force rbd/img\n"
+	if code != 0 || out != want || errs != "" || len(*seen) != 1 {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want %q", code, out, errs, want)
 	}
 }
 
