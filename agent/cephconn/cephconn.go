@@ -191,6 +191,37 @@ func Blocklist(conn *rados.Conn, addr string, expire time.Duration) (time.Time, 
 	return until, nil
 }
 
+// BlocklistRange adds a range of ips (a CIDR) to the cluster's blocklist for expire (`osd
+// blocklist range add`, Ceph 16.2.8 and later), and returns this node's estimate of its end.
+func BlocklistRange(conn *rados.Conn, cidr string, expire time.Duration) (time.Time, error) {
+	if cidr == "" || strings.ContainsAny(cidr, "\"\\ \t\n") || !strings.Contains(cidr, "/") {
+		return time.Time{}, fmt.Errorf("blocklist range %q: not a CIDR", cidr)
+	}
+	if expire < time.Second {
+		return time.Time{}, fmt.Errorf("blocklist range %s: expiry %s is too short", cidr, expire)
+	}
+	cmd := fmt.Sprintf(`{"prefix":"osd blocklist","range":"range","blocklistop":"add","addr":%q,"expire":%.1f}`, cidr, expire.Seconds())
+	until := time.Now().Add(expire)
+	if _, status, err := conn.MonCommand([]byte(cmd)); err != nil {
+		return time.Time{}, Classify(fmt.Errorf("blocklist range %s: %w (%s)", cidr, err, strings.TrimSpace(status)),
+			"blocklist range "+cidr, BlocklistCap)
+	}
+	return until, nil
+}
+
+// UnblocklistRange removes a range entry from the cluster's blocklist (`osd blocklist range rm`).
+func UnblocklistRange(conn *rados.Conn, cidr string) error {
+	if cidr == "" || strings.ContainsAny(cidr, "\"\\ \t\n") || !strings.Contains(cidr, "/") {
+		return fmt.Errorf("unblocklist range %q: not a CIDR", cidr)
+	}
+	cmd := fmt.Sprintf(`{"prefix":"osd blocklist","range":"range","blocklistop":"rm","addr":%q}`, cidr)
+	if _, status, err := conn.MonCommand([]byte(cmd)); err != nil {
+		return Classify(fmt.Errorf("unblocklist range %s: %w (%s)", cidr, err, strings.TrimSpace(status)),
+			"unblocklist range "+cidr, BlocklistCap)
+	}
+	return nil
+}
+
 // Unblocklist removes addr from the cluster's blocklist. Removing an address that is not
 // listed succeeds (the monitor says so and changes nothing).
 func Unblocklist(conn *rados.Conn, addr string) error {

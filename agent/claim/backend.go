@@ -58,6 +58,10 @@ type Backend interface {
 	BlocklistEntries(ctx context.Context) ([]BlockEntry, error)
 	// Unblocklist removes a client address from the blocklist (no error when it is not listed).
 	Unblocklist(ctx context.Context, addr string) error
+	// AddRange adds a range of ips (a CIDR) to the blocklist for expire (`osd blocklist range
+	// add`), and returns when it ends as the monitors list it; RemoveRange removes it.
+	AddRange(ctx context.Context, cidr string, expire time.Duration) (time.Time, error)
+	RemoveRange(ctx context.Context, cidr string) error
 	// OwnAddr is this client's own address ("" when unknown): its read-only opens of an
 	// image watch it too and are not counted as foreign watchers.
 	OwnAddr() string

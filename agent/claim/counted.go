@@ -88,3 +88,13 @@ func (c *counted) Unblocklist(ctx context.Context, addr string) error {
 	c.count("unblocklist", "none")
 	return c.Backend.Unblocklist(ctx, addr)
 }
+
+func (c *counted) AddRange(ctx context.Context, cidr string, expire time.Duration) (time.Time, error) {
+	c.count("blocklist", "none")
+	return c.Backend.AddRange(ctx, cidr, expire)
+}
+
+func (c *counted) RemoveRange(ctx context.Context, cidr string) error {
+	c.count("unblocklist", "none")
+	return c.Backend.RemoveRange(ctx, cidr)
+}

@@ -259,7 +259,9 @@ func (c *unmanagedCall) decide(ctx context.Context, cur *Record) (*Record, error
 func (c *unmanagedCall) fence(ctx context.Context, cur *Record) (*Record, error) {
 	s, u := c.s, c.u
 	if c.fenced == nil { // blocklisting is idempotent, but once is enough
-		until, err := s.b.Blocklist(ctx, u.ClientAddr, s.cfg.FenceExpiry)
+		// a holder may write now: a short entry is not removed to lengthen it (its keepers
+		// report it), and this node is alive, so no cover of its own is listed
+		until, _, err := s.fenceEntry(ctx, u.ClientAddr, swapCovered, false)
 		if err != nil {
 			return nil, fmt.Errorf("fence %s (%s): %w", u.Device, u.ClientAddr, err)
 		}

@@ -7,54 +7,90 @@ import (
 	"time"
 )
 
-// Fence lifetimes. A blocklist entry expires (fence_expiry), but the mapping it fenced may
-// outlive it: a node frozen or cut off for longer than the entry's life writes again the moment
-// the entry runs out. So every fence recorded in a claim (and every intruder) is kept alive by
-// re-blocklisting it until its mapping is known gone:
-//   - the holder of record keeps the fences of its claims, checked at every renewal round;
-//   - the pool's sweep keeps the fences of every claim it lists, free or held, so that a claim
+// Fence lifetimes. A blocklist entry expires (fence_expiry), and other parties remove or
+// shorten entries (enforce.go), but the mapping a fence cut off may outlive its entry: a node
+// frozen or cut off for longer writes again the moment its entry is gone. So every fence
+// recorded in a claim (and every intruder) is reconciled against the cluster's blocklist until
+// its mapping is known gone:
+//   - the holder of record checks the fences of its claims at every renewal round (FenceCheck);
+//   - the pool's sweep checks the fences of every claim it lists, free or held, so that a claim
 //     released after a takeover, or one whose holder died, still has a keeper;
-//   - a fence is due when this store has not re-blocklisted it for a quarter of fence_expiry
-//     (on this process's monotonic clock) or ever: no wall clock is compared with the
-//     monitors', so a node whose clock is off still renews in time;
+//   - a check reads the listing (one read per round, shared by the claims of the round) and puts
+//     back what is missing, lengthens what is short (ensure), and corrects the record's expiry to
+//     the listed one; a fence is checked again when this store has not checked it for half a
+//     FenceCheck (on its monotonic clock and on the wall clock, which goes on through a suspend);
 //   - known gone: the fenced node's agent recorded that it unmapped the device (FenceGone), or
 //     the node's heartbeat shows another boot id than the fence recorded (a reboot ends every
-//     kernel client), or an admin lifted it (UnfenceNode). A gone fence is not renewed; its
-//     entry expires by itself.
+//     kernel client; looked at every rebootLookEvery and before any repair), or an admin lifted
+//     it (UnfenceNode). A gone fence is no longer checked; an entry this project listed for it
+//     (Fence.Made) is removed from the blocklist, one listed by someone else expires by itself.
 
-// keepEvery is how often a store re-blocklists a live fence: a quarter of its life, so that
-// a keeper that misses a round or two is still in time.
-func (s *Store) keepEvery() time.Duration { return s.cfg.FenceExpiry / 4 }
+// checkEvery is how long a fence this store checked counts as checked: half a FenceCheck, so
+// that every round of the holder (a FenceCheck apart) checks it again.
+func (s *Store) checkEvery() time.Duration { return s.fenceCheck() / 2 }
 
-// keptAt is when this store last re-blocklisted an entry, on both its clocks: the monotonic one
+// rebootLookEvery is how often a keeper reads a fenced node's heartbeat, to see whether it
+// rebooted (which ends the fence) and whether it is down (which allows a cover, ensure): half a
+// lease, so that its observation of the node is refreshed within every lease (else it starts
+// over, and never finds the node down).
+func (s *Store) rebootLookEvery() time.Duration { return s.cfg.Lease / 2 }
+
+// keptAt is when this store last checked an entry, on both its clocks: the monotonic one
 // (immune to steps of the wall clock) and the wall clock (which goes on while the machine is
-// suspended, when the monotonic one stops).
+// suspended, when the monotonic one stops); and when it last looked at the fenced node's
+// heartbeat (monotonic).
 type keptAt struct {
-	mono time.Duration
-	wall time.Time
+	mono   time.Duration
+	wall   time.Time
+	looked time.Duration
+	looks  bool
 }
 
-// dueAt says whether an entry this store last renewed at k (ok: it did) is due again: never
-// renewed by this process, or a quarter of a life ago by either clock.
+// dueAt says whether an entry this store last checked at k (ok: it did) is due again: never
+// checked by this process, or half a FenceCheck ago by either clock.
 func (s *Store) dueAt(k keptAt, ok bool) bool {
-	return !ok || s.cfg.Mono()-k.mono >= s.keepEvery() || s.cfg.Now().Sub(k.wall) >= s.keepEvery()
+	return !ok || s.cfg.Mono()-k.mono >= s.checkEvery() || s.cfg.Now().Sub(k.wall) >= s.checkEvery()
 }
 
-// markKept records that this store just re-blocklisted the entry keyed k (keepMu held).
+// markKept records that this store just checked (or made) the entry keyed k (keepMu held).
 func (s *Store) markKept(k string) {
-	s.kept[k] = keptAt{mono: s.cfg.Mono(), wall: s.cfg.Now()}
+	at := s.kept[k]
+	at.mono, at.wall = s.cfg.Mono(), s.cfg.Now()
+	s.kept[k] = at
+}
+
+// markLooked records that this store just read the fenced node's heartbeat for entry k.
+func (s *Store) markLooked(k string) {
+	s.keepMu.Lock()
+	defer s.keepMu.Unlock()
+	at := s.kept[k]
+	at.looked, at.looks = s.cfg.Mono(), true
+	s.kept[k] = at
+}
+
+// lookDue says whether the fenced node of entry k is due for a look at its heartbeat.
+func (s *Store) lookDue(k string) bool {
+	s.keepMu.Lock()
+	defer s.keepMu.Unlock()
+	at, ok := s.kept[k]
+	return !ok || !at.looks || s.cfg.Mono()-at.looked >= s.rebootLookEvery()
 }
 
 // KeepReport is what KeepFences did with one claim's fences.
 type KeepReport struct {
-	// Renewed are the fences re-blocklisted now (with their new expiry).
+	// Renewed are the fences whose entries were lengthened now as they aged (with their new
+	// expiry), or whose recorded expiry was corrected to the listed one.
 	Renewed []Fence
+	// Faults are the entries found not as the record said: missing or short, repaired or not.
+	Faults []EntryFault
 	// Gone are the fences found gone now (the fenced node rebooted).
 	Gone []Fence
+	// Lifted are the entries of gone fences this project had listed, removed now.
+	Lifted []string
 	// Live is every fence and intruder still kept after the call, by address, with its expiry.
 	Live []KeptFence
 	// Unchecked are the fenced nodes' heartbeats that could not be read to look for a reboot
-	// (their fences were renewed all the same).
+	// (their fences were kept all the same).
 	Unchecked []error
 }
 
@@ -74,29 +110,34 @@ type entry struct {
 	bootID   string
 	inc      string
 	at       time.Time // when it was fenced: an entry replaced meanwhile is another fence
+	expires  time.Time // as recorded
 }
 
 func (r *Record) liveEntries() []entry {
 	var out []entry
 	for _, f := range r.Fences {
 		if f.Live() {
-			out = append(out, entry{node: f.NodeID, addr: f.Addr, bootID: f.BootID, inc: f.Incarnation, at: f.At})
+			out = append(out, entry{node: f.NodeID, addr: f.Addr, bootID: f.BootID, inc: f.Incarnation, at: f.At, expires: f.Expires})
 		}
 	}
 	for _, in := range r.Intruders {
-		out = append(out, entry{intruder: true, node: in.NodeID, addr: in.Addr, bootID: in.BootID, inc: in.Incarnation, at: in.At})
+		out = append(out, entry{intruder: true, node: in.NodeID, addr: in.Addr, bootID: in.BootID, inc: in.Incarnation, at: in.At, expires: in.Expires})
 	}
 	return out
 }
 
-// keepKey names an entry in the store's memory of its own renewals.
+// keepKey names an entry in the store's memory of its own checks.
 func keepKey(img Image, e entry) string { return img.String() + "\x00" + e.node + "\x00" + e.addr }
 
-// Due says whether any live fence or intruder of rec is due for renewal by this store, without
-// any cluster call: the renewal round asks it of every record it reads anyway.
+// Due says whether any live fence or intruder of rec is due for a check by this store, or a
+// gone fence's entry this project listed is still to be removed, without any cluster call: the
+// renewal round asks it of every record it reads anyway.
 func (s *Store) Due(img Image, rec *Record) bool {
 	if rec == nil {
 		return false
+	}
+	if len(rec.toLift()) > 0 {
+		return true
 	}
 	s.keepMu.Lock()
 	defer s.keepMu.Unlock()
@@ -108,12 +149,13 @@ func (s *Store) Due(img Image, rec *Record) bool {
 	return false
 }
 
-// KeepFences re-blocklists the image's live fences and intruders that are due (see keepEvery),
-// after checking each fenced node's heartbeat in the image's pool and namespace for a new boot
-// id (then the fence is gone: its kernel client ended with the reboot, and it is marked so, not
-// renewed). The record is then updated in one compare-and-set: new expiries, gone marks. A
-// failed blocklist call is returned (joined) after the others were tried; an entry whose
-// blocklisting worked stays renewed even when the record could not be updated.
+// KeepFences checks the image's live fences and intruders that are due against the cluster's
+// blocklist and repairs what is not in force (enforce.go), after a look at each fenced node's
+// heartbeat in the image's pool and namespace for a new boot id when due or before a repair
+// (then the fence is gone: its kernel client ended with the reboot, and it is marked so). The
+// record is then updated in one compare-and-set: listed expiries, gone marks, lifted entries.
+// A failed cluster call is returned (joined) after the others were tried; an entry repaired
+// stays repaired even when the record could not be updated.
 func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 	var rep KeepReport
 	if err := validateImage(img); err != nil {
@@ -124,7 +166,7 @@ func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 		return rep, err
 	}
 	round, errs := s.keepDue(ctx, img, cur, &rep)
-	if len(round.renewed)+len(round.gone) > 0 {
+	if round.changes() {
 		now := s.cfg.Now().UTC()
 		rec, err := s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
 			rep.Renewed, rep.Gone = nil, nil
@@ -134,8 +176,8 @@ func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 			return cur, nil
 		})
 		if err != nil {
-			errs = append(errs, fmt.Errorf("keep fences of %s: blocklist entries renewed, but the claim could not record it: %w", img, err))
-		} else {
+			errs = append(errs, fmt.Errorf("keep fences of %s: blocklist entries checked, but the claim could not record it: %w", img, err))
+		} else if rec != nil {
 			cur = rec
 		}
 	}
@@ -143,59 +185,121 @@ func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 	return rep, errors.Join(errs...)
 }
 
-// keepRound is what one KeepFences call did on the blocklist, by keepKey.
+// keepRound is what one KeepFences call found and did on the blocklist, by keepKey.
 type keepRound struct {
-	renewed map[string]time.Time // the entry's new expiry
+	renewed map[string]time.Time // the entry's expiry as listed now, to record
 	gone    map[string]string    // why it is gone
 	judged  map[string]time.Time // the fence time of the entry judged gone
+	lifted  map[string]time.Time // gone fences' entries removed (by fence time)
 }
 
-// keepDue re-blocklists the live fences and intruders of cur that are due, each after a look
-// at its node's heartbeat for a new boot id (then it is judged gone instead). The heartbeats
-// that could not be read go to rep.Unchecked; the blocklist calls that failed are returned.
+func (r keepRound) changes() bool { return len(r.renewed)+len(r.gone)+len(r.lifted) > 0 }
+
+// keepDue checks the live fences and intruders of cur that are due against the listing and
+// repairs them, each after a look at its node's heartbeat when due (a new boot id: judged gone
+// instead); then removes the entries of gone fences this project listed. The heartbeats that
+// could not be read go to rep.Unchecked; the cluster calls that failed are returned.
 func (s *Store) keepDue(ctx context.Context, img Image, cur *Record, rep *KeepReport) (keepRound, []error) {
-	round := keepRound{renewed: map[string]time.Time{}, gone: map[string]string{}, judged: map[string]time.Time{}}
-	var errs []error
+	round := keepRound{renewed: map[string]time.Time{}, gone: map[string]string{}, judged: map[string]time.Time{}, lifted: map[string]time.Time{}}
+	var due []entry
+	s.keepMu.Lock()
 	for _, e := range cur.liveEntries() {
-		k := keepKey(img, e)
-		s.keepMu.Lock()
-		at, ok := s.kept[k]
-		s.keepMu.Unlock()
-		if !s.dueAt(at, ok) {
-			continue
+		if at, ok := s.kept[keepKey(img, e)]; s.dueAt(at, ok) {
+			due = append(due, e)
 		}
-		why, err := s.rebooted(ctx, img, e)
-		if err != nil {
-			// not known: the entry is renewed all the same, and the read's failure reported
-			rep.Unchecked = append(rep.Unchecked, err)
+	}
+	s.keepMu.Unlock()
+	lift := cur.toLift()
+	if len(due)+len(lift) == 0 {
+		return round, nil
+	}
+	entries, err := s.blocklist(ctx)
+	if err != nil {
+		return round, []error{fmt.Errorf("check the fences of %s: %w", img, err)}
+	}
+	var errs []error
+	for _, e := range due {
+		if err := s.keepOne(ctx, img, e, entries, &round, rep); err != nil {
+			errs = append(errs, err)
 		}
-		if why != "" {
-			round.gone[k], round.judged[k] = why, e.at
-			continue
+	}
+	for _, f := range lift {
+		if _, listed := exactEntry(entries, f.Addr); listed && cur.keeps(f.Addr) {
+			continue // a live fence or intruder of the same client needs the entry
+		} else if listed {
+			if err := s.b.Unblocklist(ctx, f.Addr); err != nil {
+				errs = append(errs, fmt.Errorf("remove the entry of node %s's gone fence %s on %s: %w", f.NodeID, f.Addr, img, err))
+				continue
+			}
+			s.listingChanged()
+			rep.Lifted = append(rep.Lifted, f.Addr)
 		}
-		until, err := s.b.Blocklist(ctx, e.addr, s.cfg.FenceExpiry)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("keep node %s's fence %s on %s: %w", e.node, e.addr, img, err))
-			continue
-		}
-		s.keepMu.Lock()
-		s.markKept(k)
-		s.pruneKept()
-		s.keepMu.Unlock()
-		round.renewed[k] = until.UTC()
+		round.lifted[f.Addr] = f.At
 	}
 	return round, errs
 }
 
+// keepOne checks one due entry e against entries and repairs it (see keepDue).
+func (s *Store) keepOne(ctx context.Context, img Image, e entry, entries []BlockEntry, round *keepRound, rep *KeepReport) error {
+	k := keepKey(img, e)
+	le, st := s.judge(entries, e.addr, e.expires)
+	down := false
+	if st != inForce || s.lookDue(k) {
+		why, dn, err := s.fencedNode(ctx, img, e)
+		if err != nil {
+			// not known: the entry is kept all the same, and the read's failure reported
+			rep.Unchecked = append(rep.Unchecked, err)
+		}
+		s.markLooked(k)
+		if why != "" {
+			round.gone[k], round.judged[k] = why, e.at
+			return nil
+		}
+		down = dn
+	}
+	kf := KeptFence{NodeID: e.node, Addr: e.addr, Expires: e.expires, Intruder: e.intruder}
+	until, how, err := s.ensure(ctx, e.addr, le, st, entries, swapCovered, down)
+	s.keepMu.Lock()
+	s.markKept(k)
+	s.pruneKept()
+	s.keepMu.Unlock()
+	fault := EntryFault{Image: img, KeptFence: kf, Kind: "short", Listed: le.Until, Recorded: e.expires, Now: until, How: how}
+	if st == missing {
+		fault.Kind = "missing"
+	}
+	if err != nil {
+		fault.Now, fault.How, fault.Why = time.Time{}, "", err.Error()
+		rep.Faults = append(rep.Faults, fault)
+		if st != missing && !le.Until.Equal(e.expires) {
+			round.renewed[k] = le.Until // the record says what is listed
+		}
+		if errors.Is(err, errNotLengthened) {
+			return nil // reported as a fault, every check, until it is lengthened or lapses
+		}
+		return fmt.Errorf("keep node %s's fence %s on %s: %w", e.node, e.addr, img, err)
+	}
+	if st == missing || st == short {
+		rep.Faults = append(rep.Faults, fault)
+	}
+	if until.Sub(e.expires).Abs() > time.Second {
+		round.renewed[k] = until
+	}
+	return nil
+}
+
 // record writes the round into cur (as read for its compare-and-set): the fences judged gone
-// marked so, the renewed ones with their new expiry (by node by, at now), the intruders judged
-// gone dropped, the renewed ones with their new expiry; rep gets the fences it changed. It
-// says whether anything changed.
+// marked so, the checked ones with their listed expiry (by node by, at now), the lifted ones
+// with the time, the intruders judged gone dropped, the checked ones with their listed expiry;
+// rep gets the fences it changed. It says whether anything changed.
 func (r keepRound) record(img Image, cur *Record, now time.Time, by string, rep *KeepReport) bool {
 	changed := false
 	for i := range cur.Fences {
 		f := &cur.Fences[i]
 		k := keepKey(img, entry{node: f.NodeID, addr: f.Addr})
+		if at, ok := r.lifted[f.Addr]; ok && !f.Live() && f.Made && f.LiftedAt.IsZero() && f.At.Equal(at) {
+			f.LiftedAt, changed = now, true
+			continue
+		}
 		if !f.Live() {
 			continue
 		}
@@ -203,7 +307,7 @@ func (r keepRound) record(img Image, cur *Record, now time.Time, by string, rep 
 			f.Gone, f.GoneAt, changed = why, now, true
 			rep.Gone = append(rep.Gone, *f)
 		} else if until, ok := r.renewed[k]; ok {
-			// the latest blocklisting sets the entry's expiry, whatever was recorded
+			// the listing sets the entry's expiry, whatever was recorded
 			f.Expires, f.RenewedAt, f.RenewedBy, changed = until, now, by, true
 			rep.Renewed = append(rep.Renewed, *f)
 		}
@@ -224,6 +328,31 @@ func (r keepRound) record(img Image, cur *Record, now time.Time, by string, rep 
 	return changed
 }
 
+// toLift lists the gone fences whose entries this project listed and has not removed yet (not
+// whole-node ones: `rbd-owner unfence --node` lifts those).
+func (r *Record) toLift() []Fence {
+	if r == nil {
+		return nil
+	}
+	var out []Fence
+	for _, f := range r.Fences {
+		if !f.Live() && f.Made && f.LiftedAt.IsZero() && !f.WholeNode() {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// keeps says whether a live fence or intruder of r needs addr's entry.
+func (r *Record) keeps(addr string) bool {
+	for _, e := range r.liveEntries() {
+		if e.addr == addr {
+			return true
+		}
+	}
+	return false
+}
+
 // Kept lists the record's live fences and intruders: what must be kept on the blocklist.
 func (r *Record) Kept() []KeptFence {
 	if r == nil {
@@ -241,40 +370,51 @@ func (r *Record) Kept() []KeptFence {
 	return out
 }
 
-// renewDue blocklists again every live fence and intruder of rec that this store has not
-// renewed within keepEvery (a new process: none), and writes the new expiries into rec. A claim
-// runs it before its compare-and-set (F6 of docs/safety.md): when every keeper was down for
-// longer than an entry's life, the entry ran out while its mapping may still exist, and the
-// claimer must not write a hold beside it. done carries what this call already renewed across
-// its attempts (keepKey → the new expiry). An entry that cannot be renewed fails the call.
+// renewDue checks every live fence and intruder of rec that this store has not checked within
+// checkEvery (a new process: none) against the listing, repairs what is not in force, and writes
+// the listed expiries into rec. A claim runs it before its compare-and-set (F6 of
+// docs/safety.md): an entry may be gone (lapsed while every keeper was down, or removed by
+// someone), and the claimer must not write a hold beside it. Before that hold is written a
+// short entry may be removed and added again (swapBare). done carries what this call already
+// checked across its attempts (keepKey → the listed expiry). An entry that cannot be put in
+// force fails the call.
 func (s *Store) renewDue(ctx context.Context, img Image, rec *Record, done map[string]time.Time) error {
 	if rec == nil {
 		return nil
 	}
+	var due []entry
+	s.keepMu.Lock()
 	for _, e := range rec.liveEntries() {
-		k := keepKey(img, e)
-		if _, ok := done[k]; ok {
+		if _, ok := done[keepKey(img, e)]; ok {
 			continue
 		}
-		s.keepMu.Lock()
-		at, ok := s.kept[k]
-		s.keepMu.Unlock()
-		if !s.dueAt(at, ok) {
-			continue
+		if at, ok := s.kept[keepKey(img, e)]; s.dueAt(at, ok) {
+			due = append(due, e)
 		}
-		until, err := s.b.Blocklist(ctx, e.addr, s.cfg.FenceExpiry)
+	}
+	s.keepMu.Unlock()
+	if len(due) > 0 {
+		entries, err := s.blocklist(ctx)
 		if err != nil {
-			return fmt.Errorf("node %s's fence %s, which the claim keeps, could not be renewed first: %w", e.node, e.addr, err)
+			return fmt.Errorf("the fences the claim keeps could not be checked first: %w", err)
 		}
-		s.keepMu.Lock()
-		s.markKept(k)
-		s.keepMu.Unlock()
-		done[k] = until.UTC()
+		for _, e := range due {
+			k := keepKey(img, e)
+			le, st := s.judge(entries, e.addr, e.expires)
+			until, _, err := s.ensure(ctx, e.addr, le, st, entries, swapBare, false)
+			if err != nil {
+				return fmt.Errorf("node %s's fence %s, which the claim keeps, could not be put in force first: %w", e.node, e.addr, err)
+			}
+			s.keepMu.Lock()
+			s.markKept(k)
+			s.keepMu.Unlock()
+			done[k] = until
+		}
 	}
 	now := s.cfg.Now().UTC()
 	for i := range rec.Fences {
 		f := &rec.Fences[i]
-		if until, ok := done[keepKey(img, entry{node: f.NodeID, addr: f.Addr})]; ok && f.Live() {
+		if until, ok := done[keepKey(img, entry{node: f.NodeID, addr: f.Addr})]; ok && f.Live() && until.Sub(f.Expires).Abs() > time.Second {
 			f.Expires, f.RenewedAt, f.RenewedBy = until, now, s.cfg.Node.ID
 		}
 	}
@@ -287,11 +427,74 @@ func (s *Store) renewDue(ctx context.Context, img Image, rec *Record, done map[s
 	return nil
 }
 
+// fencedNode looks at the fenced node of e in the image's pool and namespace: why its mapping is
+// gone because it rebooted ("" when that is not known), and whether it is down as this store
+// observes it (its heartbeat there unchanged for a lease, looked at at least once a lease, or
+// none, or written by another incarnation than the fence recorded; silentFor): only then may a cover of
+// its whole node be listed for a moment (ensure).
+func (s *Store) fencedNode(ctx context.Context, img Image, e entry) (string, bool, error) {
+	if e.node == s.cfg.Node.ID {
+		why, err := s.rebooted(ctx, img, e, nil)
+		return why, false, err // this node is alive
+	}
+	data, ver, err := s.b.Read(ctx, img, heartbeatObject(e.node))
+	if err != nil {
+		return "", false, fmt.Errorf("liveness of fenced node %s: %w", e.node, err)
+	}
+	var hb *Heartbeat
+	if data != nil {
+		if hb, err = decodeHeartbeat(data); err != nil {
+			hb = nil
+		}
+	}
+	why, _ := s.rebooted(ctx, img, e, &heartbeatRead{hb: hb, present: data != nil})
+	if why != "" {
+		return why, false, nil
+	}
+	// another agent under that node id says nothing of the fenced kernel: the fenced agent's
+	// silence goes on as first seen
+	other := hb != nil && e.inc != "" && hb.Incarnation != e.inc
+	return "", s.silentFor(poolNS(img)+"\x00"+e.node, heartbeatMark(ver, hb), other) >= s.cfg.Lease, nil
+}
+
+// silentFor notes a look at a node's heartbeat mark in a place and says for how long this store
+// has seen that same mark there (0 at the first look, or when it changed). A mark changes at
+// every heartbeat write and never comes back, so the same one twice means no write in between,
+// however far apart the looks (unlike a takeover's lease, which the Observer judges only on
+// looks at least once a lease apart, nothing here grants a hold).
+// other says that the mark is another agent's under the same node id (another incarnation):
+// it neither starts nor ends a silence seen before.
+func (s *Store) silentFor(key string, mark Mark, other bool) time.Duration {
+	s.keepMu.Lock()
+	defer s.keepMu.Unlock()
+	now := s.cfg.Mono()
+	if seen, ok := s.silent[key]; ok && (seen.mark == mark || other) {
+		return now - seen.since
+	}
+	if len(s.silent) >= maxKnownIDs {
+		clear(s.silent)
+	}
+	s.silent[key] = markSeen{mark: mark, since: now}
+	return 0
+}
+
+// markSeen is a heartbeat mark as first seen (silentFor).
+type markSeen struct {
+	mark  Mark
+	since time.Duration
+}
+
+// heartbeatRead is a fenced node's heartbeat as already read (fencedNode).
+type heartbeatRead struct {
+	hb      *Heartbeat
+	present bool
+}
+
 // rebooted says why e's mapping is gone because its node rebooted since the fence ("" when that
 // is not known): this node's own boot id, or the fenced node's heartbeat in the image's pool and
 // namespace, names another boot than the one the fence recorded. A fence without a boot id
 // (made against an agent that recorded none) is never judged so.
-func (s *Store) rebooted(ctx context.Context, img Image, e entry) (string, error) {
+func (s *Store) rebooted(ctx context.Context, img Image, e entry, read *heartbeatRead) (string, error) {
 	if e.bootID == "" {
 		return "", nil
 	}
@@ -301,15 +504,18 @@ func (s *Store) rebooted(ctx context.Context, img Image, e entry) (string, error
 		}
 		return "", nil
 	}
-	data, _, err := s.b.Read(ctx, img, heartbeatObject(e.node))
-	if err != nil {
-		return "", fmt.Errorf("liveness of fenced node %s: %w", e.node, err)
+	if read == nil {
+		data, _, err := s.b.Read(ctx, img, heartbeatObject(e.node))
+		if err != nil {
+			return "", fmt.Errorf("liveness of fenced node %s: %w", e.node, err)
+		}
+		read = &heartbeatRead{present: data != nil}
+		if data != nil {
+			read.hb, _ = decodeHeartbeat(data)
+		}
 	}
-	if data == nil {
-		return "", nil
-	}
-	hb, err := decodeHeartbeat(data)
-	if err != nil || hb.BootID == "" || hb.BootID == e.bootID {
+	hb := read.hb
+	if hb == nil || hb.BootID == "" || hb.BootID == e.bootID {
 		return "", nil // unreadable or no news: kept
 	}
 	if e.inc != "" && hb.Incarnation != e.inc {
@@ -407,7 +613,7 @@ func (s *Store) UnfenceNode(ctx context.Context, node, why string, force bool) (
 					continue
 				}
 				nf := NodeFence{Image: r.Ref, Fence: f}
-				if nf.Rebooted, err = s.rebooted(ctx, r.Ref, entry{node: f.NodeID, addr: f.Addr, bootID: f.BootID, inc: f.Incarnation}); err != nil {
+				if nf.Rebooted, err = s.rebooted(ctx, r.Ref, entry{node: f.NodeID, addr: f.Addr, bootID: f.BootID, inc: f.Incarnation}, nil); err != nil {
 					return nil, fmt.Errorf("unfence node %s: %w", node, err)
 				}
 				res.Fences = append(res.Fences, nf)
@@ -446,6 +652,16 @@ func (s *Store) UnfenceNode(ctx context.Context, node, why string, force bool) (
 			}
 			if !changed {
 				return nil, nil
+			}
+			// the node's hold that carried the fence counts as fenced only while the fence is
+			// in force: after a reboot its mapping is gone, so the hold ends; forced, it is an
+			// ordinary hold again (its lease, and no whole-node fence of a node seen alive)
+			if h := cur.Holder(node); h != nil && h.Fenced && h.fenceAddr() == nf.Fence.Addr {
+				if nf.Rebooted != "" {
+					cur.without(node)
+				} else {
+					h.Fenced = false
+				}
 			}
 			return cur, nil
 		})

@@ -26,7 +26,10 @@ type keepScene struct {
 
 const keepExpiry = time.Hour
 
-func newKeepScene(t *testing.T) *keepScene {
+func newKeepScene(t *testing.T) *keepScene { t.Helper(); return newKeepSceneWith(t, nil) }
+
+// newKeepSceneWith is newKeepScene with before run on the cluster just before node-b's takeover.
+func newKeepSceneWith(t *testing.T, before func(*keepScene)) *keepScene {
 	t.Helper()
 	ks := &keepScene{m: NewMemory("fsid"), clk: &nodeClock{wall: time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)},
 		img: Image{Pool: "rbd", Image: "img"}, addr: "10.0.0.1:0/1001", bootA: "boot-a-1"}
@@ -56,6 +59,9 @@ func newKeepScene(t *testing.T) *keepScene {
 		}
 		ks.clk.Advance(d)
 	}
+	if before != nil {
+		before(ks)
+	}
 	if _, err := ks.b.Acquire(ctx, Request{Image: ks.img, Takeover: true}); err != nil {
 		t.Fatalf("takeover: %v", err)
 	}
@@ -68,7 +74,7 @@ func newKeepScene(t *testing.T) *keepScene {
 func (ks *keepScene) store(t *testing.T, id, boot string) *Store {
 	t.Helper()
 	s, err := NewStoreOn(ks.m, Config{Node: Node{ID: id, Incarnation: "inc-" + id, BootID: boot,
-		Addr: func() string { return "10.0.0." + id[len(id)-1:] }}, Lease: lease, FenceExpiry: keepExpiry, Now: ks.clk.Now, Mono: ks.clk.Mono})
+		Addr: func() string { return fmt.Sprintf("10.0.0.%d", id[len(id)-1]-'a'+1) }}, Lease: lease, FenceExpiry: keepExpiry, Now: ks.clk.Now, Mono: ks.clk.Mono})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,70 +90,66 @@ func (ks *keepScene) record(t *testing.T) *Record {
 	return rec
 }
 
-// TestTakeoverRecordsTheFencedBootAndCountsAsKept: the fence records node-a's boot id, and the
-// store that made it does not renew it again before a quarter of its life has passed.
+// TestTakeoverRecordsTheFencedBootAndCountsAsKept: the fence records node-a's boot id, the
+// expiry the cluster lists, that this project listed the entry, and the store that made it does
+// not check it again before half a fence check has passed.
 func TestTakeoverRecordsTheFencedBootAndCountsAsKept(t *testing.T) {
 	ks := newKeepScene(t)
 	f := ks.record(t).Fences
-	if len(f) != 1 || f[0].BootID != ks.bootA || !f[0].Live() || f[0].Addr != ks.addr || f[0].RenewedBy != "node-b" {
-		t.Fatalf("fences %+v; want one live fence of %s with boot id %s", f, ks.addr, ks.bootA)
+	if len(f) != 1 || f[0].BootID != ks.bootA || !f[0].Live() || f[0].Addr != ks.addr || f[0].RenewedBy != "node-b" || !f[0].Made {
+		t.Fatalf("fences %+v; want one live fence of %s with boot id %s, made by this project", f, ks.addr, ks.bootA)
+	}
+	if until, ok := ks.m.BlocklistedUntil(ks.addr); !ok || !until.Equal(f[0].Expires) {
+		t.Fatalf("listed until %s (%v), recorded %s", until, ok, f[0].Expires)
 	}
 	if ks.b.Due(ks.img, ks.record(t)) {
-		t.Fatal("a fence just made is due for renewal")
+		t.Fatal("a fence just made is due for a check")
 	}
-	ks.clk.Advance(keepExpiry/4 - time.Second)
+	ks.clk.Advance(ks.b.checkEvery() - time.Millisecond)
 	if ks.b.Due(ks.img, ks.record(t)) {
-		t.Fatal("due before a quarter of its life")
+		t.Fatal("due before half a fence check")
 	}
-	ks.clk.Advance(time.Second)
+	ks.clk.Advance(time.Millisecond)
 	if !ks.b.Due(ks.img, ks.record(t)) {
-		t.Fatal("not due after a quarter of its life")
+		t.Fatal("not due after half a fence check")
 	}
 }
 
-// TestKeepFencesRenewsWhatIsDueAndOnlyThat: a due fence is blocklisted again and its new expiry
-// recorded; at once after, nothing is due and no blocklist call is made.
-func TestKeepFencesRenewsWhatIsDueAndOnlyThat(t *testing.T) {
+// TestKeepFencesSendsNothingWhileTheEntryIsInForce: a due check of an entry in force reads the
+// listing and adds nothing; at once after, nothing is due and nothing is read.
+func TestKeepFencesSendsNothingWhileTheEntryIsInForce(t *testing.T) {
 	ks := newKeepScene(t)
 	ctx := context.Background()
+	ks.clk.Advance(ks.b.checkEvery())
+	ks.m.Counts(true)
 	before := ks.blocks.Load()
 	rep, err := ks.b.KeepFences(ctx, ks.img)
-	if err != nil || len(rep.Renewed) != 0 || ks.blocks.Load() != before {
-		t.Fatalf("not due yet: renewed %+v (%v), %d blocklist calls", rep.Renewed, err, ks.blocks.Load()-before)
+	if err != nil || len(rep.Renewed)+len(rep.Faults) != 0 || ks.blocks.Load() != before {
+		t.Fatalf("in force: renewed %+v faults %+v (%v), %d blocklist calls", rep.Renewed, rep.Faults, err, ks.blocks.Load()-before)
+	}
+	if n := ks.m.Counts(true)["blocklist-ls"]; n != 1 {
+		t.Fatalf("%d listing reads, want 1", n)
 	}
 	if len(rep.Live) != 1 || rep.Live[0].Addr != ks.addr {
 		t.Fatalf("live %+v", rep.Live)
 	}
-	ks.clk.Advance(keepExpiry / 2)
-	rep, err = ks.b.KeepFences(ctx, ks.img)
-	if err != nil || len(rep.Renewed) != 1 {
-		t.Fatalf("due: renewed %+v, %v", rep.Renewed, err)
-	}
-	until, ok := ks.m.BlocklistedUntil(ks.addr)
-	if !ok || !until.Equal(ks.clk.Now().Add(keepExpiry)) {
-		t.Fatalf("entry until %s (listed %v), want %s", until, ok, ks.clk.Now().Add(keepExpiry))
-	}
-	if f := ks.record(t).Fences[0]; !f.Expires.Equal(until) || !f.RenewedAt.Equal(ks.clk.Now()) {
-		t.Fatalf("record: expires %s renewed %s, want %s at %s", f.Expires, f.RenewedAt, until, ks.clk.Now())
-	}
-	n := ks.blocks.Load()
-	if rep, err := ks.b.KeepFences(ctx, ks.img); err != nil || len(rep.Renewed) != 0 || ks.blocks.Load() != n {
-		t.Fatalf("just renewed: renewed again %+v (%v)", rep.Renewed, err)
+	if rep, err := ks.b.KeepFences(ctx, ks.img); err != nil || len(rep.Faults) != 0 || ks.m.Counts(true)["blocklist-ls"] != 0 {
+		t.Fatalf("just checked: checked again %+v (%v)", rep.Faults, err)
 	}
 }
 
-// TestAStoreThatNeverRenewedAFenceRenewsItAtOnce: another agent (a sweep after a restart, say)
-// that has not renewed a fence itself does so at its first look, whatever the wall clocks say:
-// no clock of another machine is trusted to say how much life an entry has left.
-func TestAStoreThatNeverRenewedAFenceRenewsItAtOnce(t *testing.T) {
+// TestAStoreThatNeverCheckedAFenceChecksItAtOnce: another agent (a sweep after a restart, say)
+// that has not checked a fence itself does so at its first look, and finds it in force.
+func TestAStoreThatNeverCheckedAFenceChecksItAtOnce(t *testing.T) {
 	ks := newKeepScene(t)
 	c := ks.store(t, "node-c", "boot-c")
 	if !c.Due(ks.img, ks.record(t)) {
-		t.Fatal("a fence node-c never renewed is not due for it")
+		t.Fatal("a fence node-c never checked is not due for it")
 	}
+	before := ks.blocks.Load()
 	rep, err := c.KeepFences(context.Background(), ks.img)
-	if err != nil || len(rep.Renewed) != 1 || rep.Renewed[0].RenewedBy != "node-c" {
-		t.Fatalf("renewed %+v, %v", rep.Renewed, err)
+	if err != nil || len(rep.Faults) != 0 || ks.blocks.Load() != before || c.Due(ks.img, ks.record(t)) {
+		t.Fatalf("faults %+v, %v, %d blocklist calls", rep.Faults, err, ks.blocks.Load()-before)
 	}
 }
 
@@ -161,15 +163,15 @@ func TestFenceOfARebootedNodeLapses(t *testing.T) {
 	if err := restarted.Heartbeat(ctx, "rbd", ""); err != nil {
 		t.Fatal(err)
 	}
-	ks.clk.Advance(keepExpiry / 2)
-	if rep, err := ks.b.KeepFences(ctx, ks.img); err != nil || len(rep.Renewed) != 1 || len(rep.Gone) != 0 {
-		t.Fatalf("same boot: renewed %+v gone %+v (%v); want it renewed", rep.Renewed, rep.Gone, err)
+	ks.clk.Advance(lease)
+	if rep, err := ks.b.KeepFences(ctx, ks.img); err != nil || len(rep.Gone) != 0 || !ks.m.Blocklisted(ks.addr) {
+		t.Fatalf("same boot: gone %+v (%v); want it kept", rep.Gone, err)
 	}
 	rebooted := ks.store(t, "node-a", "boot-a-2")
 	if err := rebooted.Heartbeat(ctx, "rbd", ""); err != nil {
 		t.Fatal(err)
 	}
-	ks.clk.Advance(keepExpiry / 2)
+	ks.clk.Advance(lease)
 	n := ks.blocks.Load()
 	rep, err := ks.b.KeepFences(ctx, ks.img)
 	if err != nil || len(rep.Gone) != 1 || len(rep.Renewed) != 0 || ks.blocks.Load() != n {
@@ -179,13 +181,15 @@ func TestFenceOfARebootedNodeLapses(t *testing.T) {
 	if f.Live() || !strings.Contains(f.Gone, "rebooted") || !strings.Contains(f.Gone, "boot-a-2") {
 		t.Fatalf("record: gone %q", f.Gone)
 	}
-	if ks.b.Due(ks.img, ks.record(t)) || len(ks.record(t).LiveFences()) != 0 {
+	if len(ks.record(t).LiveFences()) != 0 {
 		t.Fatal("a gone fence is still kept")
 	}
-	// the entry runs out by itself
-	ks.clk.Advance(keepExpiry)
-	if ks.m.Blocklisted(ks.addr) {
-		t.Fatal("the entry of a gone fence did not expire")
+	// this project listed the entry: it is removed at the next check, and the record says so
+	if rep, err := ks.b.KeepFences(ctx, ks.img); err != nil || len(rep.Lifted) != 1 || rep.Lifted[0] != ks.addr {
+		t.Fatalf("lifted %+v, %v", rep.Lifted, err)
+	}
+	if ks.m.Blocklisted(ks.addr) || ks.record(t).Fences[0].LiftedAt.IsZero() || ks.b.Due(ks.img, ks.record(t)) {
+		t.Fatal("the entry of a gone fence this project listed was not removed, or not recorded so")
 	}
 }
 
@@ -282,9 +286,10 @@ func TestIntruderOfARebootedNodeIsDropped(t *testing.T) {
 	if err != nil || res.Intruder == nil || res.Intruder.BootID != "boot-c-1" {
 		t.Fatalf("intruder: %+v %v", res, err)
 	}
-	ks.clk.Advance(keepExpiry / 2)
-	if rep, err := ks.b.KeepFences(ctx, ks.img); err != nil || len(rep.Live) != 2 {
-		t.Fatalf("kept %+v (%v); want node-a's fence and node-c's intruder", rep.Live, err)
+	ks.m.Unblocklist(ctx, "10.0.0.3:0/3003") // removed by someone: put back by the holder's check
+	ks.clk.Advance(lease)
+	if rep, err := ks.b.KeepFences(ctx, ks.img); err != nil || len(rep.Live) != 2 || len(rep.Faults) != 1 || !rep.Faults[0].Intruder {
+		t.Fatalf("kept %+v faults %+v (%v); want node-a's fence and node-c's intruder, put back", rep.Live, rep.Faults, err)
 	}
 	if until, ok := ks.m.BlocklistedUntil("10.0.0.3:0/3003"); !ok || !until.Equal(ks.clk.Now().Add(keepExpiry)) {
 		t.Fatalf("intruder's entry until %s (%v)", until, ok)
@@ -292,7 +297,7 @@ func TestIntruderOfARebootedNodeIsDropped(t *testing.T) {
 	if err := ks.store(t, "node-c", "boot-c-2").Heartbeat(ctx, "rbd", ""); err != nil {
 		t.Fatal(err)
 	}
-	ks.clk.Advance(keepExpiry / 2)
+	ks.clk.Advance(lease)
 	if _, err := ks.b.KeepFences(ctx, ks.img); err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +311,7 @@ func TestIntruderOfARebootedNodeIsDropped(t *testing.T) {
 func wholeNodeScene(t *testing.T) *keepScene {
 	t.Helper()
 	ks := &keepScene{m: NewMemory("fsid"), clk: &nodeClock{wall: time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)},
-		img: Image{Pool: "rbd", Namespace: "ns", Image: "img"}, addr: "10.0.0.a:0/0", bootA: "boot-a-1"}
+		img: Image{Pool: "rbd", Namespace: "ns", Image: "img"}, addr: "10.0.0.1:0/0", bootA: "boot-a-1"}
 	ks.m.SetClock(ks.clk.Now)
 	ks.m.AddImage(ks.img, "id-img")
 	ks.a = ks.store(t, "node-a", ks.bootA)

@@ -245,6 +245,9 @@ func (s *Store) leases(ctx context.Context, img Image, cur *Record, recordVer ui
 		// never wait less than this node's own lease: a holder that says less is not trusted
 		lease = max(lease, s.cfg.Lease)
 		v := s.obs.Look(Sighting{Place: poolNS(img), Image: img.Image, Node: h.NodeID, Hold: holdOf(h), Mark: mark}, s.cfg.Mono(), lease)
+		// the same look tells a keeper of this holder's fence, should it be fenced, for how long
+		// its heartbeat has been silent (fencedNode)
+		s.silentFor(poolNS(img)+"\x00"+h.NodeID, mark, hb != nil && h.Incarnation != "" && hb.Incarnation != h.Incarnation)
 		if v.Changed && hb != nil && s.cfg.OnSkew != nil {
 			skew := hb.RenewedAt.Sub(s.cfg.Now())
 			if skew <= time.Second && -skew <= lease/3 {

@@ -464,17 +464,60 @@ func (m *Memory) ImageID(ctx context.Context, img Image) (string, bool, error) {
 	return im.id, ok, nil
 }
 
-// Blocklist adds addr until expire from now.
+// Blocklist adds addr until expire from now, as the monitors do: an address that is listed
+// already (not expired) keeps its entry and that entry's expiry, whatever expire asks (Ceph
+// 16.2, 18.2 and 20.2: OSDMap::apply_incremental inserts new entries without replacing one
+// that is there). It returns the expiry as listed afterwards.
 func (m *Memory) Blocklist(ctx context.Context, addr string, expire time.Duration) (time.Time, error) {
 	if err := m.hook(ctx, "blocklist", Image{}); err != nil {
 		return time.Time{}, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if until, ok := m.blocklisted[addr]; ok && m.now().Before(until) {
+		return until, nil
+	}
 	until := m.now().Add(expire)
 	m.blocklisted[addr] = until
 	m.dropWatchers()
 	return until, nil
+}
+
+// AddRange adds a range entry for expire, as `osd blocklist range add CIDR EXPIRE` does: a range
+// listed already keeps its expiry. It returns the expiry as listed.
+func (m *Memory) AddRange(ctx context.Context, cidr string, expire time.Duration) (time.Time, error) {
+	if err := m.hook(ctx, "blocklist", Image{}); err != nil {
+		return time.Time{}, err
+	}
+	p, err := parseRange(cidr)
+	if err != nil {
+		return time.Time{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if until, ok := m.ranges[p]; ok && m.now().Before(until) {
+		return until, nil
+	}
+	until := m.now().Add(expire)
+	m.ranges[p] = until
+	m.dropWatchers()
+	return until, nil
+}
+
+// RemoveRange removes a range entry (`osd blocklist range rm`).
+func (m *Memory) RemoveRange(ctx context.Context, cidr string) error {
+	if err := m.hook(ctx, "unblocklist", Image{}); err != nil {
+		return err
+	}
+	return m.UnblocklistRange(cidr)
+}
+
+// ClearBlocklist removes every entry, addresses and ranges, as `ceph osd blocklist clear` does.
+func (m *Memory) ClearBlocklist() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	clear(m.blocklisted)
+	clear(m.ranges)
 }
 
 // BlocklistEntries lists the entries not expired, addresses and ranges.

@@ -269,14 +269,16 @@ func (s *Store) refresh(h *Holder, now time.Time) {
 	acquireInput{Now: now, Me: s.me()}.refresh(h)
 }
 
-// fence blocklists holder h's mapping of img (its client address, else its whole node) and
-// returns the fence to record: with the boot id h recorded, and counted as kept by this store.
+// fence blocklists holder h's mapping of img (its client address, else its whole node), in force
+// for a whole fence_expiry before the hold it protects is written (an entry listed already for
+// less is removed and added again: fenceEntry), and returns the fence to record: with the
+// expiry as listed, the boot id h recorded, and counted as kept by this store.
 func (s *Store) fence(ctx context.Context, img Image, h Holder, now time.Time) (Fence, error) {
 	addr := h.fenceAddr()
 	if addr == "" {
 		return Fence{}, fmt.Errorf("node %s recorded no address to fence", h.NodeID)
 	}
-	until, err := s.b.Blocklist(ctx, addr, s.cfg.FenceExpiry)
+	until, made, err := s.fenceEntry(ctx, addr, swapBare, false)
 	if err != nil {
 		return Fence{}, err
 	}
@@ -287,7 +289,7 @@ func (s *Store) fence(ctx context.Context, img Image, h Holder, now time.Time) (
 		s.afterFence()
 	}
 	return Fence{NodeID: h.NodeID, Addr: addr, Epoch: h.Epoch, At: now, Expires: until.UTC(), By: s.cfg.Node.ID,
-		BootID: h.BootID, Incarnation: h.Incarnation, RenewedAt: now, RenewedBy: s.cfg.Node.ID}, nil
+		BootID: h.BootID, Incarnation: h.Incarnation, RenewedAt: now, RenewedBy: s.cfg.Node.ID, Made: made}, nil
 }
 
 // mine finds this node's live holder entry at epoch, or explains why there is none.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"net/netip"
 	"sort"
 	"strings"
 	"sync"
@@ -481,6 +482,36 @@ func (r *Rados) Unblocklist(ctx context.Context, addr string) error {
 		return err
 	}
 	return cephconn.Unblocklist(r.conn, addr)
+}
+
+// AddRange adds a range of ips to the blocklist and returns when its entry ends as the monitors
+// list it (this node's estimate only when the list cannot be read).
+func (r *Rados) AddRange(ctx context.Context, cidr string, expire time.Duration) (time.Time, error) {
+	if err := ctx.Err(); err != nil {
+		return time.Time{}, err
+	}
+	until, err := cephconn.BlocklistRange(r.conn, cidr, expire)
+	if err != nil {
+		return time.Time{}, err
+	}
+	p, perr := netip.ParsePrefix(cidr)
+	entries, lerr := r.blocklistLs()
+	if perr == nil && lerr == nil {
+		for _, e := range entries {
+			if e.Range == p && !e.Until.IsZero() {
+				return e.Until, nil
+			}
+		}
+	}
+	return until, nil
+}
+
+// RemoveRange removes a range of ips from the blocklist.
+func (r *Rados) RemoveRange(ctx context.Context, cidr string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return cephconn.UnblocklistRange(r.conn, cidr)
 }
 
 // OwnAddr is this connection's client address ("" when unknown).

@@ -138,9 +138,15 @@ type Fence struct {
 	RenewedAt time.Time `json:"renewed_at,omitzero"`
 	RenewedBy string    `json:"renewed_by,omitempty"`
 	// Gone says why the fenced mapping is known gone ("" while it may still exist); from then
-	// on nobody renews the entry and it expires by itself.
+	// on nobody keeps the entry.
 	Gone   string    `json:"gone,omitempty"`
 	GoneAt time.Time `json:"gone_at,omitzero"`
+	// Made says that this project listed the entry: the address was not on the blocklist just
+	// before the fence. Such an entry is removed once the fence is gone (LiftedAt); one that
+	// another party listed first (librbd's lock break, an operator, another fencer) is theirs
+	// to lift, and expires by itself.
+	Made     bool      `json:"made,omitempty"`
+	LiftedAt time.Time `json:"lifted_at,omitzero"`
 }
 
 // Live says whether the fenced mapping may still exist: the entry must then be kept.

@@ -47,6 +47,10 @@ type Config struct {
 	// FenceExpiry is how long a fenced address stays blocklisted (default DefaultFenceExpiry:
 	// long enough to outlive the fenced mapping, unlike Ceph's one-hour default).
 	FenceExpiry time.Duration
+	// FenceCheck is how often a live fence this store keeps is compared with the cluster's
+	// blocklist (the renew interval; default a third of Lease): an entry removed by someone
+	// else is back within it (enforce.go).
+	FenceCheck time.Duration
 	// Now is the wall clock, written into records for people (tests); default time.Now.
 	Now func() time.Time
 	// Mono is this process's monotonic clock, the only clock a lease is judged on (tests give
@@ -81,9 +85,15 @@ type Store struct {
 	// afterFence runs after each blocklisting (tests use it to interleave a holder's renewal)
 	afterFence func()
 	obs        *Observer
-	// kept is when (Mono) this store last re-blocklisted each live fence (see KeepFences)
+	// kept is when (Mono) this store last checked each live fence (see KeepFences)
 	keepMu sync.Mutex
 	kept   map[string]keptAt
+	silent map[string]markSeen // fenced nodes' heartbeat marks, by place and node (silentFor)
+	// list is the cluster's blocklist as last read, mon the monitors' clock as estimated from
+	// this store's fresh entries (enforce.go)
+	listMu sync.Mutex
+	list   listing
+	mon    monClock
 	// hbLast is this store's last heartbeat write in each place (Heartbeat)
 	hbMu   sync.Mutex
 	hbLast map[string]hbWritten
@@ -140,7 +150,7 @@ func NewStoreOn(b Backend, cfg Config) (*Store, error) {
 		start := time.Now()
 		cfg.Mono = func() time.Duration { return time.Since(start) } // monotonic reading
 	}
-	return &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver(), kept: map[string]keptAt{}, hbLast: map[string]hbWritten{},
+	return &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver(), kept: map[string]keptAt{}, silent: map[string]markSeen{}, hbLast: map[string]hbWritten{},
 		hbEdits: map[string]map[string]bool{}, hbGates: map[string]*hbGate{}, ids: map[Image]string{}, recs: map[Image]readResult{}}, nil
 }
 

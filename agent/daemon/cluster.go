@@ -133,6 +133,7 @@ func (c *cluster) connect(ctx context.Context) (*claim.Store, Connection, error)
 		},
 		Lease:       c.d.cfg.LeaseDuration.D(),
 		FenceExpiry: c.d.cfg.FenceExpiry.D(),
+		FenceCheck:  c.d.cfg.RenewInterval.D(),
 		Now:         c.d.opts.Now,
 		Mono:        c.d.opts.Mono,
 		OnSkew:      func(node string, skew time.Duration) { c.d.noteSkew(c.cfg.ID, node, skew) },

@@ -56,7 +56,14 @@ func (d *Daemon) keepFences(ctx context.Context, cl *cluster, store *claim.Store
 	for _, f := range rep.Renewed {
 		d.metrics.FenceRenewed(cl.cfg.ID, nil)
 		d.log.WithField("image", img.String()).WithField("addr", f.Addr).WithField("expires", f.Expires.Format(time.RFC3339)).
-			Info("fence renewed: " + f.Described() + " stays blocklisted while its mapping may exist")
+			Info("fence kept: " + f.Described() + " is listed as the claim now records, while its mapping may exist")
+	}
+	for _, f := range rep.Faults {
+		d.fenceFault(cl, f)
+	}
+	for _, a := range rep.Lifted {
+		d.audit.Record(audit.Entry{Event: audit.Fence, Result: audit.OK, Cluster: cl.cfg.ID, Pool: img.Pool, Namespace: img.Namespace, Image: img.Image,
+			Message: fmt.Sprintf("removed the blocklist entry %s of a fence on %s that has ended (this project listed it)", a, img)})
 	}
 	for _, f := range rep.Gone {
 		d.audit.Record(audit.Entry{Event: audit.Fence, Result: audit.OK, Cluster: cl.cfg.ID, Pool: img.Pool, Namespace: img.Namespace,
@@ -75,6 +82,19 @@ func (d *Daemon) keepFences(ctx context.Context, cl *cluster, store *claim.Store
 			Error("a fence could not be renewed; retried at the next check. If it expires while its mapping exists, that mapping can write again: check that this agent's user may run `osd blocklist`")
 	}
 	return err
+}
+
+// fenceFault reports a live fence whose blocklist entry was not as its claim said, at error
+// priority in the audit journal (the RbdOwnerFenceNotInForce alert counts it): while an entry is
+// missing its mapping can write beside the image's holder.
+func (d *Daemon) fenceFault(cl *cluster, f claim.EntryFault) {
+	d.metrics.FenceFault(cl.cfg.ID, f.Kind, f.How != "")
+	msg := f.String()
+	if f.How == "" {
+		msg += ". Until it is in force again its mapping can write if its node resumes: keep that node stopped, or unmap the device there (or reboot it), which ends the fence"
+	}
+	d.audit.Record(audit.Entry{Event: audit.Fence, Result: audit.Failed, Cluster: cl.cfg.ID, Pool: f.Image.Pool, Namespace: f.Image.Namespace,
+		Image: f.Image.Image, OwnerNode: f.NodeID, Error: true, Message: msg})
 }
 
 // noteKept remembers the live fences of img as last seen, for the metrics (fences near expiry).

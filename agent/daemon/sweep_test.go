@@ -149,14 +149,16 @@ func TestANodeThatSkipsASweepStopsReportingItsFences(t *testing.T) {
 	}
 }
 
-// TestASweepThatCouldNotKeepAFenceIsNotMarked: a sweep whose renewal of a due fence failed does
-// not record itself, so the other nodes sweep at their next look instead of skipping (F9 of
-// docs/safety.md: a holder that cannot blocklist would otherwise stop everyone's renewals).
+// TestASweepThatCouldNotKeepAFenceIsNotMarked: a sweep whose repair of a fence failed (its
+// entry removed by someone, and the add refused) does not record itself, so the other nodes
+// sweep at their next look instead of skipping (F9 of docs/safety.md: a holder that cannot
+// blocklist would otherwise stop everyone's renewals).
 func TestASweepThatCouldNotKeepAFenceIsNotMarked(t *testing.T) {
 	m := claim.NewMemory("00000000-0000-4000-8000-00000000000a")
 	a, _ := roundDaemonAs(t, m, "node-c", 0, 0)
 	ctx := context.Background()
 	freeFencedClaim(t, m)
+	_ = m.Unblocklist(ctx, "10.0.0.5:0/5")
 	m.SetHook(func(_ context.Context, call string, _ claim.Image) error {
 		if call == "blocklist" {
 			return errors.New("osd blocklist refused (test)")

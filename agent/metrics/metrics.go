@@ -141,6 +141,7 @@ type Metrics struct {
 	liveness, claimsLost     *prometheus.CounterVec
 	devicesLost              *prometheus.CounterVec
 	fenceRenewals            *prometheus.CounterVec
+	fenceFaults              *prometheus.CounterVec
 	clusterOps               *prometheus.CounterVec
 	recovery                 prometheus.Gauge
 	stateSetAside            prometheus.Counter
@@ -186,6 +187,7 @@ func New(o Options) *Metrics {
 	m.liveness = counter("liveness_writes_total", "Writes of this node's liveness record (heartbeats), by result: ok, or the error code.", labelCluster, labelResult)
 	m.claimsLost = counter("claims_lost_total", "Claims this node found it no longer holds (taken over or fenced); their devices are left in place.", labelCluster)
 	m.devicesLost = counter("device_lost_total", "Managed devices that were unmapped outside rbd-owner (device_lost); their claims are released.", labelCluster)
+	m.fenceFaults = counter("fence_faults_total", "Live fences whose blocklist entries were found not as their claim records said, by kind (missing: not listed; short: listed with less life) and outcome (repaired, or not).", labelCluster, "kind", "outcome")
 	m.fenceRenewals = counter("fence_renewals_total", "Re-blocklistings of live fences (claims' fences and intruders whose mappings may still exist) before they expire, by result: ok, or the error code.", labelCluster, labelResult)
 	m.clusterOps = counter("cluster_ops_total", "RADOS operations this agent sent, by operation (read, write, remove, readkeys, setkeys, removekeys, objects, namespaces, image, imageid, blocklist, unblocklist) and the kind of object (claim, heartbeat, index, notice, image, none): what its claims cost the cluster.", labelCluster, "op", "object")
 	m.recovery = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "recovery_duration_seconds",
@@ -210,7 +212,7 @@ func New(o Options) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.mapSeconds, m.unmapSeconds, m.maps, m.unmaps, m.refusals, m.takeovers, m.fences, m.intruders, m.watchers, m.adoptions,
-		m.liveness, m.claimsLost, m.devicesLost, m.fenceRenewals, m.clusterOps, m.recovery, build, lease, renew, gap,
+		m.liveness, m.claimsLost, m.devicesLost, m.fenceRenewals, m.fenceFaults, m.clusterOps, m.recovery, build, lease, renew, gap,
 		m.stateSetAside, m.stateWriteFailures, m.stateRebuilt,
 		stateCollector{m},
 	)
@@ -353,6 +355,18 @@ func (m *Metrics) FenceRenewed(cluster string, err error) {
 		return
 	}
 	m.fenceRenewals.WithLabelValues(cl(cluster), Result(err)).Inc()
+}
+
+// FenceFault records a live fence's entry found missing or short (kind), repaired or not.
+func (m *Metrics) FenceFault(cluster, kind string, repaired bool) {
+	if m == nil {
+		return
+	}
+	outcome := "repaired"
+	if !repaired {
+		outcome = "not_repaired"
+	}
+	m.fenceFaults.WithLabelValues(cl(cluster), kind, outcome).Inc()
 }
 
 // ClusterOp records one RADOS operation of the agent: op on an object of kind object.

@@ -1,0 +1,386 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// The blocklist as the cluster enforces it. A fence recorded in a claim is a desired fact; the
+// monitors' blocklist is the actual one, and other parties change it: an operator's `osd
+// blocklist rm` or `clear`, another fencer lifting what it added, librbd listing a client for an
+// hour when it breaks its lock, a fence made before an upgrade with a shorter life. So every
+// live fence is reconciled against the listing (`osd blocklist ls`), as kubelet reconciles
+// desired against actual state:
+//   - missing: added again at once (a fresh entry gets the whole fence_expiry), and reported;
+//   - short (its listed expiry is earlier than the record says, or it has less than three
+//     quarters of fence_expiry left): lengthened, and reported when the record said otherwise;
+//   - in force: nothing sent; the record is corrected when it names another expiry.
+//
+// Lengthening is not a re-add. Measured on Ceph 16.2, 18.2 and 20.2 (keep_cluster_test.go):
+// `osd blocklist add` of a listed address keeps the entry's old expiry, and `rm` then `add` are
+// two map epochs, between which the address is off the blocklist (an OSD that has the first map
+// and not the second serves the fenced client). So an entry is lengthened by removing and adding
+// it again only while something else cuts the same client off:
+//   - before the hold that the fence protects is written (a takeover, an admin's fence, a claim
+//     of a record with live fences): nobody writes beside the fenced client yet, so the window
+//     is the same as before the fence (swapBare);
+//   - under a cover: an entry for the client's whole node (ip:0/0) or a range holding its ip,
+//     whoever listed it; else, when the fenced node is not seen alive (its heartbeat in the
+//     image's place unchanged for a lease, as this node observed it), a short-lived ip:0/0 entry
+//     of this store's own, removed once the exact entry is back (swapCovered). The cover cuts the
+//     node's other clients for those seconds: its watches drop and come back; a node whose agent
+//     renews is never cut so.
+// A short entry that cannot be lengthened so (its node is seen alive) is left in place and
+// reported each round; once it lapses it is missing, and added again whole.
+
+// enforceMode says what an entry may go through to be lengthened.
+type enforceMode int
+
+const (
+	// swapBare: before the hold the fence protects is written; a remove and add is safe.
+	swapBare enforceMode = iota
+	// swapCovered: a hold may write beside the fenced client: remove only under a cover.
+	swapCovered
+)
+
+// coverLife is the life of the ip:0/0 entry that covers an exact entry while it is removed and
+// added again: it lapses by itself soon if this store stops between the two.
+const coverLife = 2 * time.Minute
+
+// readdTolerance is how far a listed expiry may differ from another before they count as
+// different: the monitors' clock moves between two adds, and a recorded expiry may be an
+// older agent's estimate on its own clock.
+const readdTolerance = time.Minute
+
+// EntryFault is one live fence or intruder whose blocklist entry was not as its record said.
+type EntryFault struct {
+	Image Image
+	KeptFence
+	// Kind: "missing" (not listed) or "short" (listed with less life than recorded or wanted).
+	Kind string
+	// Listed is the entry's expiry as found listed (zero when missing); Recorded what the claim
+	// record said.
+	Listed, Recorded time.Time
+	// Now is the entry's expiry after the repair (zero when it was not repaired), and How what
+	// was done ("" when nothing could be: Why says why).
+	Now time.Time
+	How string
+	Why string
+}
+
+// String is the fault as one line for a person.
+func (f EntryFault) String() string {
+	what := f.Described()
+	switch {
+	case f.Kind == "missing" && f.How != "":
+		return fmt.Sprintf("%s of %s was not on the cluster's blocklist (removed by someone, or lapsed): %s, listed until %s", what, f.Image, f.How, stamp(f.Now))
+	case f.Kind == "missing":
+		return fmt.Sprintf("%s of %s is not on the cluster's blocklist and could not be put back: %s", what, f.Image, f.Why)
+	case f.How != "":
+		return fmt.Sprintf("%s of %s was listed only until %s (the claim said %s): %s, listed until %s", what, f.Image, stamp(f.Listed), stamp(f.Recorded), f.How, stamp(f.Now))
+	}
+	return fmt.Sprintf("%s of %s is listed only until %s (the claim said %s) and was not lengthened: %s", what, f.Image, stamp(f.Listed), stamp(f.Recorded), f.Why)
+}
+
+// Described is the kept fence as a person reads it.
+func (k KeptFence) Described() string {
+	switch {
+	case k.Intruder:
+		return fmt.Sprintf("the fence of node %s's mapping %s made outside rbd-owner", k.NodeID, k.Addr)
+	case Fence{Addr: k.Addr}.WholeNode():
+		return fmt.Sprintf("node %s's whole-node fence %s", k.NodeID, k.Addr)
+	}
+	return fmt.Sprintf("node %s's fence %s", k.NodeID, k.Addr)
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "(none)"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// listing is the cluster's blocklist as this store last read it.
+type listing struct {
+	entries []BlockEntry
+	at      time.Duration // Mono of the read
+	ok      bool
+}
+
+// monClock estimates the monitors' clock without this node's wall clock: a fresh entry added
+// for e is listed until the monitors' now + e, so their now at that add was until - e; from
+// there it moves with this process's monotonic clock.
+type monClock struct {
+	base time.Time
+	at   time.Duration
+	ok   bool
+}
+
+// fenceCheck is how often a kept fence is compared with the listing: FenceCheck, else a third
+// of the lease.
+func (s *Store) fenceCheck() time.Duration {
+	if s.cfg.FenceCheck > 0 {
+		return s.cfg.FenceCheck
+	}
+	return s.cfg.Lease / 3
+}
+
+// blocklist returns the cluster's blocklist as read less than half a fence check ago, reading it
+// when there is none: the claims checked in one round share one read, and each round reads
+// anew. Callers wait for one read at a time.
+func (s *Store) blocklist(ctx context.Context) ([]BlockEntry, error) {
+	s.listMu.Lock()
+	defer s.listMu.Unlock()
+	if s.list.ok && s.cfg.Mono()-s.list.at < s.fenceCheck()/2 {
+		return s.list.entries, nil
+	}
+	at := s.cfg.Mono()
+	entries, err := s.b.BlocklistEntries(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read the cluster's blocklist: %w", err)
+	}
+	s.list = listing{entries: entries, at: at, ok: true}
+	return entries, nil
+}
+
+// listingChanged forgets the listing: this store just changed the blocklist.
+func (s *Store) listingChanged() {
+	s.listMu.Lock()
+	defer s.listMu.Unlock()
+	s.list.ok = false
+}
+
+// monNow is the monitors' clock as this store estimates it (this node's wall clock until it has
+// added a fresh entry).
+func (s *Store) monNow() time.Time {
+	s.listMu.Lock()
+	defer s.listMu.Unlock()
+	if !s.mon.ok {
+		return s.cfg.Now()
+	}
+	return s.mon.base.Add(s.cfg.Mono() - s.mon.at)
+}
+
+// learnMonClock notes a fresh entry's expiry (added for expire, the call started at Mono
+// before): the monitors' now at the add is until - expire, no earlier than before.
+func (s *Store) learnMonClock(until time.Time, expire, before time.Duration) {
+	s.listMu.Lock()
+	defer s.listMu.Unlock()
+	s.mon = monClock{base: until.Add(-expire), at: before, ok: true}
+}
+
+// exactEntry is addr's own entry in entries (not a wider one).
+func exactEntry(entries []BlockEntry, addr string) (BlockEntry, bool) {
+	a := bareAddr(addr)
+	for _, e := range entries {
+		if !e.Range.IsValid() && e.Addr == a {
+			return e, true
+		}
+	}
+	return BlockEntry{}, false
+}
+
+// entryState is how an entry stands against what its fence needs.
+type entryState int
+
+const (
+	inForce entryState = iota
+	missing
+	aging // less than three quarters of fence_expiry left: lengthened, not a fault
+	short // listed until earlier than recorded: someone shortened or replaced it
+)
+
+// judge says how addr's entry stands in entries, against the expiry recorded for it.
+func (s *Store) judge(entries []BlockEntry, addr string, recorded time.Time) (BlockEntry, entryState) {
+	e, ok := exactEntry(entries, addr)
+	switch {
+	case !ok:
+		return e, missing
+	case !recorded.IsZero() && e.Until.Before(recorded.Add(-readdTolerance)):
+		return e, short
+	case e.Until.Sub(s.monNow()) < s.cfg.FenceExpiry*3/4:
+		return e, aging
+	}
+	return e, inForce
+}
+
+// add lists addr for the whole fence_expiry; absent tells that it was not listed just before
+// (then its expiry also sets the monitors' clock estimate). It returns the expiry as listed.
+func (s *Store) add(ctx context.Context, addr string, absent bool) (time.Time, error) {
+	before := s.cfg.Mono()
+	until, err := s.b.Blocklist(ctx, addr, s.cfg.FenceExpiry)
+	s.listingChanged()
+	if err != nil {
+		return time.Time{}, err
+	}
+	if absent {
+		s.learnMonClock(until, s.cfg.FenceExpiry, before)
+	}
+	return until.UTC(), nil
+}
+
+// lengthened says whether an expiry is long enough for a fence: three quarters of fence_expiry
+// or more left on the monitors' clock.
+func (s *Store) lengthened(until time.Time) bool {
+	return until.Sub(s.monNow()) >= s.cfg.FenceExpiry*3/4
+}
+
+// errNotLengthened: an entry could not be lengthened without leaving its client uncut.
+var errNotLengthened = errors.New("not lengthened")
+
+// ensure makes addr's entry in force for a fence, from how it stands (e, st as judge found it
+// in entries): added when missing, lengthened when aging or short (see the package comment above
+// for how, by mode; down says the fenced node is not seen alive, which allows a cover of its
+// own). It returns the expiry as listed afterwards and what was done; errNotLengthened (joined)
+// when the entry was left as it was.
+func (s *Store) ensure(ctx context.Context, addr string, e BlockEntry, st entryState, entries []BlockEntry, mode enforceMode, down bool) (time.Time, string, error) {
+	if st == inForce {
+		return e.Until, "", nil
+	}
+	if st == missing {
+		until, err := s.add(ctx, addr, true)
+		if err != nil {
+			return time.Time{}, "", err
+		}
+		return until, "added again", nil
+	}
+	// a re-add, in case this cluster lengthens entries (none measured does)
+	until, err := s.add(ctx, addr, false)
+	if err != nil {
+		return time.Time{}, "", err
+	}
+	if s.lengthened(until) {
+		return until, "added again (the cluster lengthened the entry)", nil
+	}
+	if mode == swapBare {
+		return s.swap(ctx, addr, "removed and added again, before the hold it protects was written")
+	}
+	if cover, ok := coveringNode(entries, addr); ok {
+		return s.swap(ctx, addr, "removed and added again while "+cover.String()+" cut the same client")
+	}
+	cover, isRange, why := s.coverFor(addr)
+	if cover == "" {
+		return e.Until, "", fmt.Errorf("%w: %s", errNotLengthened, why)
+	}
+	if !isRange && !down {
+		return e.Until, "", fmt.Errorf("%w: a remove and add would leave the client uncut for a map epoch, and a cover of its whole node would cut a node seen alive (or not watched for a lease yet)", errNotLengthened)
+	}
+	return s.swapCovered(ctx, addr, cover, isRange)
+}
+
+// fenceEntry lists addr for a new fence and returns its expiry as listed and whether this
+// project made the entry (the address was not listed just before). An address listed already
+// with less life than a fence needs (librbd's lock break lists a client for an hour; an
+// operator's or an older agent's entry) is lengthened as mode allows: a fence written before the
+// hold it protects (swapBare) is then in force for its whole life from the start.
+func (s *Store) fenceEntry(ctx context.Context, addr string, mode enforceMode, down bool) (time.Time, bool, error) {
+	entries, err := s.blocklist(ctx)
+	if err != nil {
+		// not known whether it is listed: added, then judged by the expiry it is listed with
+		until, aerr := s.add(ctx, addr, false)
+		if aerr != nil {
+			return time.Time{}, false, aerr
+		}
+		if s.lengthened(until) {
+			return until, false, nil
+		}
+		entries = []BlockEntry{{Addr: bareAddr(addr), Until: until}}
+	}
+	le, st := s.judge(entries, addr, time.Time{})
+	until, _, err := s.ensure(ctx, addr, le, st, entries, mode, down)
+	if errors.Is(err, errNotLengthened) {
+		return le.Until, false, nil // listed, for less than a fence's life: its keepers report it
+	}
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	return until, st == missing, nil
+}
+
+// swap removes addr's entry and adds it again whole (two map epochs).
+func (s *Store) swap(ctx context.Context, addr, how string) (time.Time, string, error) {
+	if err := s.b.Unblocklist(ctx, addr); err != nil {
+		s.listingChanged()
+		return time.Time{}, "", fmt.Errorf("remove %s to add it again for longer: %w", addr, err)
+	}
+	until, err := s.add(ctx, addr, true)
+	if err != nil {
+		// off the blocklist now: tried once more at once, else the next check finds it missing
+		if until, err = s.add(ctx, addr, true); err != nil {
+			return time.Time{}, "", fmt.Errorf("%s was removed to be added again for longer, and the add failed (it is added again at the next check): %w", addr, err)
+		}
+	}
+	return until, how, nil
+}
+
+// coverFor is the entry that cuts every client of addr's ip, which this store may list for a
+// moment while addr is removed and added again: for a mapping's address its node's ip:0/0; for
+// a whole node's ip:0/0 (Ceph keeps one entry per address) the range of that one ip, which
+// cuts exactly the same clients (isRange). Never for this node's own ip (its agent's client
+// would be cut). "" and why not otherwise.
+func (s *Store) coverFor(addr string) (cover string, isRange bool, why string) {
+	ip, ok := addrIP(bareAddr(addr))
+	if !ok {
+		return "", false, "its address has no ip a cover could name"
+	}
+	for _, own := range []string{s.b.OwnAddr(), s.ownNodeAddr()} {
+		oip, ok := addrIP(bareAddr(own))
+		if !ok {
+			oip, _ = netip.ParseAddr(own)
+		}
+		if oip.IsValid() && oip == ip {
+			return "", false, "its node's ip is this node's own"
+		}
+	}
+	if bareAddr(addr) == wholeIP(ip) {
+		return netip.PrefixFrom(ip, ip.BitLen()).String(), true, ""
+	}
+	return wholeIP(ip), false, ""
+}
+
+// ownNodeAddr is this node's source address toward the monitors ("" when unknown).
+func (s *Store) ownNodeAddr() string {
+	if s.cfg.Node.Addr == nil {
+		return ""
+	}
+	return s.cfg.Node.Addr()
+}
+
+// swapCovered lists cover (see coverFor; not listed before) for coverLife, then removes and
+// adds addr again, then removes cover: addr's client is cut all along.
+func (s *Store) swapCovered(ctx context.Context, addr, cover string, isRange bool) (time.Time, string, error) {
+	var cu time.Time
+	var err error
+	if isRange {
+		cu, err = s.b.AddRange(ctx, cover, coverLife)
+	} else {
+		cu, err = s.b.Blocklist(ctx, cover, coverLife)
+	}
+	s.listingChanged()
+	if err != nil {
+		return time.Time{}, "", fmt.Errorf("cover %s with %s to add it again for longer: %w", addr, cover, err)
+	}
+	if !cu.After(s.monNow()) {
+		return time.Time{}, "", fmt.Errorf("cover %s with %s to add it again for longer: the cover is not listed", addr, cover)
+	}
+	how := "removed and added again under a " + coverLife.String() + " entry for its whole node, " + cover + " (the node is not seen alive)"
+	if isRange {
+		how = "removed and added again under a " + coverLife.String() + " range entry for the same ip, " + cover
+	}
+	until, how, err := s.swap(ctx, addr, how)
+	if err != nil {
+		return until, how, err // the cover stays until it lapses: the next check adds addr again under it
+	}
+	if isRange {
+		err = s.b.RemoveRange(ctx, cover)
+	} else {
+		err = s.b.Unblocklist(ctx, cover)
+	}
+	if err != nil {
+		return until, how, fmt.Errorf("%s lengthened, but its cover %s could not be removed (it lapses by itself within %s): %w", addr, cover, coverLife, err)
+	}
+	return until, how, nil
+}

@@ -1,0 +1,274 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Fences as the cluster enforces them: the cases of the blocklist drifting from the claim
+// records (a re-add that keeps the old expiry, an entry removed by someone else, an entry listed
+// short before the fence, a mark that outlives its fence, a gone fence's entry).
+
+// watchEntry makes every call to the in-memory cluster first check that addr is cut off (its
+// entry, or a whole-node or range entry covering it), as an OSD would judge it at that moment,
+// and counts the moments it was not: a remove and add of an entry would be seen between the
+// two calls. It also counts the removals of addr's own entry.
+type entryWatch struct {
+	gaps, removals int
+}
+
+func watchEntry(ks *keepScene, addr string) *entryWatch {
+	w := &entryWatch{}
+	ks.m.SetHook(func(_ context.Context, call string, _ Image) error {
+		if call == "blocklist" {
+			ks.blocks.Add(1)
+		}
+		if !ks.m.Blocklisted(addr) {
+			w.gaps++
+		}
+		if call == "unblocklist" {
+			w.removals++
+		}
+		return nil
+	})
+	return w
+}
+
+// keepRounds runs node-b's fence checks every fence check interval for d, as its renewal rounds
+// do, and fails at the first moment addr is not cut off between them. It returns the faults
+// reported.
+func keepRounds(t *testing.T, ks *keepScene, s *Store, addr string, d time.Duration, beat func()) []EntryFault {
+	t.Helper()
+	var faults []EntryFault
+	for end := ks.clk.Mono() + d; ks.clk.Mono() < end; {
+		ks.clk.Advance(s.fenceCheck())
+		if beat != nil {
+			beat()
+		}
+		if !ks.m.Blocklisted(addr) {
+			t.Fatalf("at %s: %s is not cut off", ks.clk.Now().Format(time.RFC3339), addr)
+		}
+		rep, err := s.KeepFences(context.Background(), ks.img)
+		if err != nil {
+			t.Fatalf("keep fences: %v", err)
+		}
+		faults = append(faults, rep.Faults...)
+	}
+	return faults
+}
+
+// TestAnAgingEntryIsLengthenedUnderACoverWithoutAGap is case 0: with a short fence_expiry, the
+// fenced node frozen, the entry is kept in force for three of its lives, never off the
+// blocklist, although a re-add does not lengthen it: it is removed and added again only under an
+// entry for its whole node, which is removed afterwards.
+func TestAnAgingEntryIsLengthenedUnderACoverWithoutAGap(t *testing.T) {
+	ks := newKeepScene(t)
+	w := watchEntry(ks, ks.addr)
+	faults := keepRounds(t, ks, ks.b, ks.addr, 3*keepExpiry, nil)
+	if w.gaps != 0 {
+		t.Fatalf("%s was off the blocklist at %d calls", ks.addr, w.gaps)
+	}
+	if w.removals == 0 {
+		t.Fatal("the entry was never removed and added again: it was not lengthened")
+	}
+	for _, f := range faults {
+		t.Fatalf("an aging entry is not a fault: %s", f)
+	}
+	until, ok := ks.m.BlocklistedUntil(ks.addr)
+	if !ok || until.Sub(ks.clk.Now()) < keepExpiry*3/4 {
+		t.Fatalf("listed until %s (%v) at %s", until, ok, ks.clk.Now())
+	}
+	if ks.m.Blocklisted("10.0.0.1:0/0") {
+		// the cover's own address: an ip:0/0 entry covers it only while it is listed
+		t.Fatal("the cover of node-a's whole address is still listed")
+	}
+	if f := ks.record(t).Fences[0]; !f.Expires.Equal(until) {
+		t.Fatalf("record says %s, the cluster %s", f.Expires, until)
+	}
+}
+
+// TestAnAgingEntryOfANodeSeenAliveIsReportedNotRemoved: node-a's agent renews its heartbeat:
+// a cover of its whole address would cut it, so its entry is not removed, and every check says
+// that it was not lengthened and when it lapses.
+func TestAnAgingEntryOfANodeSeenAliveIsReportedNotRemoved(t *testing.T) {
+	ks := newKeepScene(t)
+	w := watchEntry(ks, ks.addr)
+	faults := keepRounds(t, ks, ks.b, ks.addr, keepExpiry/2, func() {
+		if err := ks.a.Heartbeat(context.Background(), "rbd", ""); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if w.removals != 0 || w.gaps != 0 {
+		t.Fatalf("node-a seen alive: its entry was removed %d times, off the blocklist at %d calls", w.removals, w.gaps)
+	}
+	if len(faults) == 0 {
+		t.Fatal("an entry that could not be lengthened was not reported")
+	}
+	last := faults[len(faults)-1]
+	if last.Kind != "short" || last.How != "" || !strings.Contains(last.String(), "not lengthened") || !strings.Contains(last.Why, "seen alive") {
+		t.Fatalf("fault %+v: %s", last, last)
+	}
+}
+
+// TestARemovedFenceIsPutBackAtTheNextCheck is case 2: an operator's `osd blocklist rm`, or a
+// `blocklist clear`, of a live fence is put back within one fence check of its holder, reported
+// as missing, with the whole fence_expiry; the record says the new expiry.
+func TestARemovedFenceIsPutBackAtTheNextCheck(t *testing.T) {
+	for _, how := range []string{"rm", "clear"} {
+		t.Run(how, func(t *testing.T) {
+			ks := newKeepScene(t)
+			ks.clk.Advance(time.Minute)
+			if how == "rm" {
+				_ = ks.m.Unblocklist(context.Background(), ks.addr)
+			} else {
+				ks.m.ClearBlocklist()
+			}
+			ks.clk.Advance(ks.b.fenceCheck())
+			rep, err := ks.b.KeepFences(context.Background(), ks.img)
+			if err != nil {
+				t.Fatal(err)
+			}
+			until, ok := ks.m.BlocklistedUntil(ks.addr)
+			if !ok || !until.Equal(ks.clk.Now().Add(keepExpiry)) {
+				t.Fatalf("after the check: listed %v until %s", ok, until)
+			}
+			if len(rep.Faults) != 1 || rep.Faults[0].Kind != "missing" || rep.Faults[0].How == "" || !rep.Faults[0].Now.Equal(until) {
+				t.Fatalf("faults %+v", rep.Faults)
+			}
+			if f := ks.record(t).Fences[0]; !f.Expires.Equal(until) {
+				t.Fatalf("record says %s, the cluster %s", f.Expires, until)
+			}
+		})
+	}
+}
+
+// TestATakeoverOverAShortEntryLengthensItFirst is case 1: node-a's mapping was listed already
+// for ten minutes (librbd's lock break, an operator) when node-b takes it over. The add keeps
+// that expiry, so the takeover removes and adds the entry again before its hold is written: the
+// fence is in force for its whole life, the record says the listed expiry, and the entry counts
+// as another party's (not removed when the fence ends).
+func TestATakeoverOverAShortEntryLengthensItFirst(t *testing.T) {
+	ks := newKeepSceneWith(t, func(ks *keepScene) {
+		if _, err := ks.m.Blocklist(context.Background(), ks.addr, 10*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	})
+	until, ok := ks.m.BlocklistedUntil(ks.addr)
+	if !ok || until.Sub(ks.clk.Now()) < keepExpiry-time.Second {
+		t.Fatalf("after the takeover: listed %v until %s, %s from now; want the whole fence_expiry (%s)", ok, until, until.Sub(ks.clk.Now()), keepExpiry)
+	}
+	f := ks.record(t).Fences[0]
+	if !f.Expires.Equal(until) || f.Made {
+		t.Fatalf("fence %+v; want expires %s, not made by this project", f, until)
+	}
+}
+
+// TestAShortenedEntryIsReportedThenLengthenedOnceItsNodeIsDown is case 1 after the takeover:
+// someone removes node-a's entry and lists it again for ten minutes. The next check reports it
+// short; node-a's heartbeat has not moved for a lease by then, so it is lengthened under a cover
+// of node-a's whole address, never off the blocklist.
+func TestAShortenedEntryIsReportedThenLengthenedOnceItsNodeIsDown(t *testing.T) {
+	ks := newKeepScene(t)
+	ctx := context.Background()
+	_ = ks.m.Unblocklist(ctx, ks.addr)
+	if _, err := ks.m.Blocklist(ctx, ks.addr, 10*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	w := watchEntry(ks, ks.addr)
+	faults := keepRounds(t, ks, ks.b, ks.addr, 2*lease, nil)
+	if w.gaps != 0 {
+		t.Fatalf("off the blocklist at %d calls", w.gaps)
+	}
+	if len(faults) == 0 || faults[0].Kind != "short" || faults[0].Listed.Sub(ks.clk.Now()) > 10*time.Minute {
+		t.Fatalf("faults %+v; want it reported short", faults)
+	}
+	if w.removals < 2 { // the entry's, then the cover's
+		t.Fatalf("%d removals: not lengthened under a cover", w.removals)
+	}
+	if ks.m.Blocklisted("10.0.0.1:0/0") {
+		t.Fatal("the cover of node-a's whole address is still listed")
+	}
+	if until, ok := ks.m.BlocklistedUntil(ks.addr); !ok || until.Sub(ks.clk.Now()) < keepExpiry*3/4 {
+		t.Fatalf("listed %v until %s", ok, until)
+	}
+}
+
+// TestAWholeNodeEntryIsLengthenedUnderARangeOfItsIP: a whole-node fence (ip:0/0) ages; its
+// cover is the range of that one ip, which cuts the same clients, whether or not the node is
+// seen alive.
+func TestAWholeNodeEntryIsLengthenedUnderARangeOfItsIP(t *testing.T) {
+	ks := wholeNodeScene(t)
+	w := watchEntry(ks, ks.addr)
+	keepRounds(t, ks, ks.b, ks.addr, 2*keepExpiry, nil)
+	if w.gaps != 0 || w.removals == 0 {
+		t.Fatalf("gaps %d, removals %d", w.gaps, w.removals)
+	}
+	if until, ok := ks.m.BlocklistedUntil(ks.addr); !ok || until.Sub(ks.clk.Now()) < keepExpiry*3/4 {
+		t.Fatalf("listed %v until %s", ok, until)
+	}
+	entries, _ := ks.m.BlocklistEntries(context.Background())
+	for _, e := range entries {
+		if e.Range.IsValid() {
+			t.Fatalf("the range cover %s is still listed", e)
+		}
+	}
+}
+
+// TestAGoneFenceOfAnotherPartysEntryIsNotRemoved is case 6's limit: an entry listed before the
+// fence (by librbd, an operator, another fencer) is theirs: when the fence ends, it stays.
+func TestAGoneFenceOfAnotherPartysEntryIsNotRemoved(t *testing.T) {
+	ks := newKeepSceneWith(t, func(ks *keepScene) {
+		if _, err := ks.m.Blocklist(context.Background(), ks.addr, 10*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	})
+	ctx := context.Background()
+	if n, err := ks.a.FenceGone(ctx, ks.img, "node-a", ks.addr, "unmapped"); err != nil || n != 1 {
+		t.Fatalf("fence gone: %d, %v", n, err)
+	}
+	ks.clk.Advance(lease)
+	if rep, err := ks.b.KeepFences(ctx, ks.img); err != nil || len(rep.Lifted) != 0 {
+		t.Fatalf("lifted %+v, %v", rep.Lifted, err)
+	}
+	if !ks.m.Blocklisted(ks.addr) {
+		t.Fatal("another party's entry was removed")
+	}
+}
+
+// TestUnfenceNodeUnmarksTheHoldItFenced is case 3: an admin fenced node-a's hold (whole node: no
+// mapping recorded) and lifted the fence with --force; the hold is an ordinary one again, so a
+// map elsewhere is refused while its lease is live, instead of taking it over and fencing
+// node-a's whole address once more.
+func TestUnfenceNodeUnmarksTheHoldItFenced(t *testing.T) {
+	m := NewMemory("fsid")
+	clk := &nodeClock{wall: time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)}
+	m.SetClock(clk.Now)
+	ks := &keepScene{m: m, clk: clk, img: Image{Pool: "rbd", Image: "img"}}
+	m.AddImage(ks.img, "id-img")
+	a, b := ks.store(t, "node-a", "boot-a"), ks.store(t, "node-b", "boot-b")
+	ks.b = b
+	ctx := context.Background()
+	if _, err := a.Acquire(ctx, Request{Image: ks.img}); err != nil {
+		t.Fatal(err)
+	}
+	if _, errs := b.FenceNode(ctx, "node-a"); len(errs) != 0 {
+		t.Fatal(errs)
+	}
+	if h := ks.record(t).Holder("node-a"); h == nil || !h.Fenced {
+		t.Fatalf("holder %+v; want fenced", h)
+	}
+	if _, err := b.UnfenceNode(ctx, "node-a", "lifted by an admin", true); err != nil {
+		t.Fatal(err)
+	}
+	if h := ks.record(t).Holder("node-a"); h == nil || h.Fenced {
+		t.Fatalf("holder %+v after its fence was lifted; want an ordinary hold", h)
+	}
+	_, err := b.Acquire(ctx, Request{Image: ks.img, TakeFenced: true})
+	var held *HeldError
+	if !errors.As(err, &held) || m.Blocklisted("10.0.0.1:0/0") {
+		t.Fatalf("map after the unfence: %v (node-a's address listed: %v); want it refused, nothing fenced", err, m.Blocklisted("10.0.0.1:0/0"))
+	}
+}
