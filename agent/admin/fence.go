@@ -72,7 +72,7 @@ func (a *Admin) FenceNode(ctx context.Context, req api.ImageRequest, peer *peerc
 		out.Incomplete = append(out.Incomplete, err.Error())
 	}
 	if len(out.Holds) == 0 && len(errs) == 0 {
-		return nil, fmt.Errorf("fence --node %s: %w: no claim of cluster %s names it as a holder (its heartbeats list none; check the node id with `rbd-owner claims`)", req.Node, claim.ErrNoClaim, cluster)
+		return a.nothingHeld(ctx, cluster, store, req.Node, peer)
 	}
 	summary := fmt.Sprintf("fenced node %s: %d holds on %d images blocklisted and marked fenced", req.Node, len(out.Holds), len(images))
 	if len(errs) > 0 {
@@ -84,6 +84,36 @@ func (a *Admin) FenceNode(ctx context.Context, req api.ImageRequest, peer *peerc
 		return nil, fmt.Errorf("fence --node %s: nothing fenced: %w", req.Node, errors.Join(errs...))
 	}
 	return out, nil
+}
+
+// nothingHeld answers a node's fence that found no hold of the node. When its heartbeats list
+// holds, none of whose claims names it any more (taken over or released since), there is
+// nothing left to fence: success, so that a script may run the fence again. Only a node whose
+// heartbeats list no hold at all (or that has none) is not found: a mistyped node id, or a node
+// that released everything.
+func (a *Admin) nothingHeld(ctx context.Context, cluster string, store *claim.Store, node string, peer *peercred.Cred) (*api.FenceResponse, error) {
+	listed, err := listedHolds(ctx, store, node)
+	if len(listed) == 0 {
+		if err != nil {
+			return nil, fmt.Errorf("fence --node %s: no claim names it as a holder, and whether its heartbeats list holds could not be read: %w", node, err)
+		}
+		return nil, fmt.Errorf("fence --node %s: %w: no claim of cluster %s names it as a holder (its heartbeats list none; check the node id with `rbd-owner claims`)", node, claim.ErrNoClaim, cluster)
+	}
+	if err != nil {
+		a.Log.WithError(err).WithField("node", node).Warn("fence --node: a place could not be read again; the images listed may be more")
+	}
+	out := &api.FenceResponse{Node: node, NoLongerHeld: listed,
+		Note: fmt.Sprintf("nothing of node %s is held any more: its holds were taken over or released (its heartbeats list %d images, none of whose claims names it as a holder); nothing fenced", node, len(listed))}
+	a.Audit.Record(audit.Entry{Event: audit.Fence, Cluster: cluster, OwnerNode: node, HasPeer: peer != nil, UID: peercred.UID(peer), PID: peercred.PID(peer),
+		Message: "fence --node " + node + ": " + out.Note})
+	return out, nil
+}
+
+// listedHolds are the images node's heartbeats list as its holds (claim.Store.ListedHolds),
+// read again only when FenceNode found no hold.
+func listedHolds(ctx context.Context, store *claim.Store, node string) ([]image.Ref, error) {
+	listed, errs := store.ListedHolds(ctx, node)
+	return listed, errors.Join(errs...)
 }
 
 // fencedHold adds one hold fenced by FenceNode to out, and audits it.

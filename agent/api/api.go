@@ -161,6 +161,11 @@ type FenceResponse struct {
 	Node       string       `json:"node,omitempty"`
 	Holds      []FencedHold `json:"holds,omitempty"`
 	Incomplete []string     `json:"incomplete,omitempty"`
+	// NoLongerHeld answers a node's fence that found nothing to fence although the node's
+	// heartbeats list holds: the images they list, none of whose claims names the node as a
+	// holder any more (taken over or released). Nothing was fenced, and Note says so.
+	NoLongerHeld []image.Ref `json:"no_longer_held,omitempty"`
+	Note         string      `json:"note,omitempty"`
 }
 
 // FencedHold is one hold a node's fence blocklisted.
@@ -195,11 +200,29 @@ type Intruder struct {
 type OrphansRequest struct {
 	Cluster string `json:"cluster,omitempty"`
 	Pool    string `json:"pool,omitempty"`
+	// Force removes the orphans the automatic sweep keeps too: claims still held, or still
+	// keeping live fences (an image only renamed or moved to the trash keeps its data, and a
+	// fenced mapping of it could write). Each such removal is audited as forced.
+	Force bool `json:"force,omitempty"`
 }
 
-// OrphansResponse lists the claims removed ("pool/[namespace/]image").
+// OrphansResponse lists the claims removed ("pool/[namespace/]image") and, without Force, the
+// orphans kept as the automatic sweep keeps them.
 type OrphansResponse struct {
-	Removed []string `json:"removed"`
+	Removed []string     `json:"removed"`
+	Kept    []KeptOrphan `json:"kept"`
+}
+
+// KeptOrphan is the claim of an image gone by name that was not removed: still held, or still
+// keeping live fences.
+type KeptOrphan struct {
+	Image string `json:"image"` // pool/[namespace/]image
+	// HeldBy are the nodes that hold it; FencesOf the nodes whose live fences it keeps (a
+	// mapping made outside rbd-owner counts as its node's).
+	HeldBy   []string `json:"held_by,omitempty"`
+	FencesOf []string `json:"fences_of,omitempty"`
+	Why      string   `json:"why"`
+	NextStep string   `json:"next_step"`
 }
 
 // ReleaseResponse says whether a claim was dropped.

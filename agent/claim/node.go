@@ -19,12 +19,11 @@ type NodeHold struct {
 	Holder Holder // the node's entry in Record
 }
 
-// NodeHolds finds node's holds in every pool and namespace of the cluster: the images its
-// heartbeats list whose claim names node as a holder (an image listed but released since is
-// left out). What could not be read (a pool this agent's user may not read, a claim record
-// unreadable, a heartbeat of an agent that does not list its holds) is returned beside what was
-// found, one error each: the holds found are then not all of them.
-func (s *Store) NodeHolds(ctx context.Context, node string) ([]NodeHold, []error) {
+// ListedHolds returns the images node's heartbeats list as its holds (a superset: an image is
+// listed before its claim is written and dropped once released), in every pool and namespace of
+// the cluster. What could not be read (a pool this agent's user may not read, a heartbeat of an
+// agent that does not list its holds) is returned beside what was found, one error each.
+func (s *Store) ListedHolds(ctx context.Context, node string) ([]Image, []error) {
 	if node == "" {
 		return nil, []error{fmt.Errorf("%w: no node named", ErrInvalid)}
 	}
@@ -32,7 +31,7 @@ func (s *Store) NodeHolds(ctx context.Context, node string) ([]NodeHold, []error
 	if err != nil {
 		return nil, []error{fmt.Errorf("holds of node %s: %w", node, err)}
 	}
-	var out []NodeHold
+	var out []Image
 	var errs []error
 	for _, pool := range pools {
 		nss, err := s.placesOf(ctx, pool)
@@ -60,19 +59,31 @@ func (s *Store) NodeHolds(ctx context.Context, node string) ([]NodeHold, []error
 				continue
 			}
 			for _, name := range hb.Holds {
-				img := Image{Pool: pool, Namespace: ns, Image: name}
-				rec, err := s.Inspect(ctx, img)
-				if errors.Is(err, ErrNoClaim) || errors.Is(err, ErrInvalid) {
-					continue // released and removed since, or a name no claim could have
-				}
-				if err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				if h := rec.Holder(node); h != nil {
-					out = append(out, NodeHold{Record: *rec, Holder: *h})
-				}
+				out = append(out, Image{Pool: pool, Namespace: ns, Image: name})
 			}
+		}
+	}
+	return out, errs
+}
+
+// NodeHolds finds node's holds in every pool and namespace of the cluster: the images its
+// heartbeats list (ListedHolds) whose claim names node as a holder (an image listed but released
+// or taken over since is left out). What could not be read is returned beside what was found,
+// one error each: the holds found are then not all of them.
+func (s *Store) NodeHolds(ctx context.Context, node string) ([]NodeHold, []error) {
+	listed, errs := s.ListedHolds(ctx, node)
+	var out []NodeHold
+	for _, img := range listed {
+		rec, err := s.Inspect(ctx, img)
+		if errors.Is(err, ErrNoClaim) || errors.Is(err, ErrInvalid) {
+			continue // released and removed since, or a name no claim could have
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if h := rec.Holder(node); h != nil {
+			out = append(out, NodeHold{Record: *rec, Holder: *h})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Record.Ref.String() < out[j].Record.Ref.String() })

@@ -156,9 +156,18 @@ const (
 	minFenceExpiryShort = time.Minute
 )
 
-// fenceExpiryFloor is the shortest fence_expiry allowed.
-func fenceExpiryFloor() time.Duration {
-	if os.Getenv(ShortFencesEnv) == "1" {
+// Env is what of the agent's environment the verdict on a config depends on.
+type Env struct {
+	// ShortFences: ShortFencesEnv is set to 1.
+	ShortFences bool
+}
+
+// ProcessEnv is this process's Env: the one Load and Parse judge a config in.
+func ProcessEnv() Env { return Env{ShortFences: os.Getenv(ShortFencesEnv) == "1"} }
+
+// fenceExpiryFloor is the shortest fence_expiry allowed in env.
+func (e Env) fenceExpiryFloor() time.Duration {
+	if e.ShortFences {
 		return minFenceExpiryShort
 	}
 	return minFenceExpiry
@@ -312,11 +321,18 @@ func (c *Config) longestRenew() time.Duration {
 // Load reads and validates the file at path. machineID is the path of the machine-id file
 // used when node_id is not set ("" means /etc/machine-id).
 func Load(path, machineID string) (*Config, error) {
+	return LoadIn(path, machineID, ProcessEnv())
+}
+
+// LoadIn is Load as an agent whose environment is env judges the file: `rbd-owner
+// check-config` runs where the agent's unit environment is not, and says when the verdict
+// depends on it.
+func LoadIn(path, machineID string, env Env) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	c, err := Parse(data, machineID)
+	c, err := parse(data, machineID, env)
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
@@ -328,6 +344,10 @@ func Load(path, machineID string) (*Config, error) {
 // wrong and what to write instead ("line 3: lease_duraton: unknown key; did you mean
 // lease_duration?").
 func Parse(data []byte, machineID string) (*Config, error) {
+	return parse(data, machineID, ProcessEnv())
+}
+
+func parse(data []byte, machineID string, env Env) (*Config, error) {
 	var c Config
 	doc, err := parseDocument(data, &c)
 	if err != nil {
@@ -341,7 +361,7 @@ func Parse(data []byte, machineID string) (*Config, error) {
 	if err := c.fill(machineID); err != nil {
 		return nil, doc.withLine(err)
 	}
-	if err := c.validate(); err != nil {
+	if err := c.validate(env); err != nil {
 		return nil, doc.withLine(err)
 	}
 	return &c, nil
@@ -403,7 +423,7 @@ func (c *Config) fill(machineID string) error {
 	return nil
 }
 
-func (c *Config) validate() error {
+func (c *Config) validate(env Env) error {
 	if strings.ContainsAny(c.NodeID, " \t\n\x00/") || len(c.NodeID) > maxNodeIDLength {
 		return fieldErr("node_id", "%q must be a single word of at most %d characters", c.NodeID, maxNodeIDLength)
 	}
@@ -444,7 +464,7 @@ func (c *Config) validate() error {
 	if err := oneOf("unmanaged", c.Unmanaged, unmanagedPolicies...); err != nil {
 		return err
 	}
-	if floor := fenceExpiryFloor(); c.FenceExpiry.D() < floor {
+	if floor := env.fenceExpiryFloor(); c.FenceExpiry.D() < floor {
 		return fieldErr("fence_expiry", "%s is too short (at least %s): a fence is renewed every quarter of it while its mapping may exist, so a short one only adds blocklist calls", c.FenceExpiry.D(), floor)
 	}
 	if c.MapTimeout.D() < minMapTimeout {

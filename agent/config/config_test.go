@@ -190,3 +190,27 @@ func TestShortFencesOnlyWithTheTestSwitch(t *testing.T) {
 		t.Fatalf("30s with the switch: %v", err)
 	}
 }
+
+// TestLoadInJudgesInTheEnvironmentGiven: LoadIn judges a file as an agent with the environment
+// it is given would, whatever this process's environment (check-config compares the two).
+func TestLoadInJudgesInTheEnvironmentGiven(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte("clusters: []\nfence_expiry: 2m\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, process := range []string{"", "1"} {
+		t.Setenv(ShortFencesEnv, process)
+		if got := ProcessEnv(); got.ShortFences != (process == "1") {
+			t.Errorf("switch %q: ProcessEnv %+v", process, got)
+		}
+		if c, err := LoadIn(path, machineID(t), Env{ShortFences: true}); err != nil || c.FenceExpiry.D() != 2*time.Minute {
+			t.Errorf("switch %q in this process, judged with it: %v", process, err)
+		}
+		if _, err := LoadIn(path, machineID(t), Env{}); err == nil || !strings.Contains(err.Error(), "fence_expiry: 2m0s is too short (at least 1h0m0s)") {
+			t.Errorf("switch %q in this process, judged without it: %v", process, err)
+		}
+		if _, err := Load(path, machineID(t)); (err == nil) != (process == "1") {
+			t.Errorf("switch %q: Load judges in this process's environment: %v", process, err)
+		}
+	}
+}

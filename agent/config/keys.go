@@ -228,8 +228,9 @@ func sweepKeys() []Key {
 		{Name: "orphan_sweep", Type: "boolean", Default: "true",
 			Summary: "remove the free claims of deleted images",
 			Doc: "Remove the claims of deleted images: `rbd rm` of an unmapped image leaves its claim behind. A sweep " +
-				"removes a claim that no node holds and whose image is gone, with a compare-and-delete, and audits each " +
-				"removal; `rbd-owner claims --remove-orphans` does the same by hand."},
+				"removes a claim that no node holds, that keeps no live fence and whose image is gone, with a " +
+				"compare-and-delete, and audits each removal; `rbd-owner claims --remove-orphans` does the same by hand " +
+				"(`--force`: also those held or keeping fences, whose image may only be renamed or in the trash)."},
 		{Name: "orphan_sweep_interval", Type: "duration", Default: FormatDuration(DefaultOrphanSweepInterval.D()),
 			Summary: "how often each pool is swept",
 			Doc: "How often each pool is swept for orphans, by one node of the fleet or another (each looks at a " +

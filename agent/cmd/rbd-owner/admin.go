@@ -41,7 +41,9 @@ release --force frees it.
 
 With --node NODE, every hold of that node in the cluster, found through the holds listed in its
 heartbeats: rbd-owner claims --node NODE shows the same set first. A fence that could not read
-a pool says INCOMPLETE and exits 1: run it again, or fence those images one at a time.`,
+a pool says INCOMPLETE and exits 1: run it again, or fence those images one at a time. Once
+every hold the node's heartbeats list was taken over or released, it fences nothing, says so
+and exits 0; a node whose heartbeats list no hold at all is not found (exit 1).`,
 		Example: `  # a dead node held rbd/pvc-123: fence it, then map the image here (or release --force it)
   rbd-owner fence rbd/pvc-123
 
@@ -94,6 +96,8 @@ func (a *app) runFenceNode(ctx context.Context, cluster, node string) error {
 		if err := printJSON(a.out, resp); err != nil {
 			return err
 		}
+	} else if resp.Note != "" {
+		fmt.Fprintln(a.out, resp.Note)
 	} else {
 		for _, h := range resp.Holds {
 			again := ""

@@ -39,10 +39,20 @@ cluster; the packages run it before they restart the agent on an upgrade.`,
 // runCheckConfig loads a config as the agent does at start (config.Load: every key, the
 // defaults, the lease bound) and says whether the agent would start with it. It needs no agent
 // and no cluster, and links nothing of Ceph's: the packages run it before they restart the
-// agent on an upgrade.
+// agent on an upgrade. Its environment is not the agent's unit's: when the verdict depends on
+// a switch of that environment (config.Env), one line says so, after the summary or in the
+// error.
 func runCheckConfig(path string, stdout io.Writer) error {
-	c, err := config.Load(path, "")
+	env := config.ProcessEnv()
+	c, err := config.LoadIn(path, "", env)
+	other := env
+	other.ShortFences = !env.ShortFences
+	oc, _ := config.LoadIn(path, "", other)
+	note := envNote(env, c, oc)
 	if err != nil {
+		if note != "" {
+			return fmt.Errorf("%w; %s", err, note)
+		}
 		return err
 	}
 	ids := make([]string, len(c.Clusters))
@@ -55,5 +65,31 @@ func runCheckConfig(path string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "%s: the agent accepts it (node %s, %s; lease_duration %s exceeds the lease bound %s for renew_interval %s)\n",
 		path, c.NodeID, clusters, c.LeaseDuration.D(), c.LeaseBound(), c.RenewInterval.D())
+	if note != "" {
+		fmt.Fprintf(stdout, "note: %s\n", note)
+	}
 	return nil
+}
+
+// envNote says, in one line, when the verdict on a config judged in env (c, nil when refused)
+// is not the one in env with ShortFencesEnv the other way (other): the switch lowers
+// fence_expiry's floor, and the agent's unit may set it where this command's environment does
+// not, or the reverse. "" when both verdicts agree.
+func envNote(env config.Env, c, other *config.Config) string {
+	if (c == nil) == (other == nil) {
+		return ""
+	}
+	accepted, onlyWith := c, env.ShortFences
+	if c == nil {
+		accepted, onlyWith = other, !env.ShortFences
+	}
+	return fmt.Sprintf("fence_expiry %s is accepted only %s %s=1 in the agent's unit environment (test labs only); this check ran %s it",
+		config.FormatDuration(accepted.FenceExpiry.D()), withOrWithout(onlyWith), config.ShortFencesEnv, withOrWithout(env.ShortFences))
+}
+
+func withOrWithout(with bool) string {
+	if with {
+		return "with"
+	}
+	return "without"
 }

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/rbd-owner/rbd-owner/agent/config"
 )
 
 // TestCheckConfig: `rbd-owner check-config [--config PATH]` loads the file as the agent would
@@ -61,5 +63,42 @@ func TestCheckConfig(t *testing.T) {
 	}
 	if code, out, _ := cli("help", "check-config"); code != exitOK || !strings.Contains(out, "check-config [--config PATH]") {
 		t.Errorf("check-config's help has no usage line: %q", out)
+	}
+}
+
+// TestCheckConfigSaysWhenTheAgentsEnvironmentDecides: check-config runs in the CLI's
+// environment, not the agent unit's; when its verdict on fence_expiry depends on the test labs'
+// switch (config.ShortFencesEnv), one line says so: in the error when it refuses, after the
+// summary when it accepts. A verdict the switch does not change says nothing of it.
+func TestCheckConfigSaysWhenTheAgentsEnvironmentDecides(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, doc string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("node_id: node-a\nclusters: []\n"+doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	short, hour, tooShort := write("short.yaml", "fence_expiry: 2m\n"), write("hour.yaml", "fence_expiry: 1h\n"), write("30s.yaml", "fence_expiry: 30s\n")
+	const note = "fence_expiry 2m is accepted only with RBD_OWNER_TEST_SHORT_FENCES=1 in the agent's unit environment (test labs only); this check ran "
+	t.Setenv(config.ShortFencesEnv, "")
+	code, out, errs := cli("check-config", "--config", short)
+	if code != exitFailed || out != "" || !strings.HasPrefix(errs, "rbd-owner check-config: config "+short+": line 3: fence_expiry: 2m0s is too short (at least 1h0m0s)") ||
+		!strings.HasSuffix(errs, "; "+note+"without it\n") || strings.Count(errs, "\n") != 1 {
+		t.Errorf("2m, run without the switch: exit %d stdout %q stderr %q", code, out, errs)
+	}
+	t.Setenv(config.ShortFencesEnv, "1")
+	code, out, errs = cli("check-config", "--config", short)
+	if lines := strings.Split(out, "\n"); code != exitOK || errs != "" || len(lines) != 3 || !strings.Contains(lines[0], "the agent accepts it") || lines[1] != "note: "+note+"with it" {
+		t.Errorf("2m, run with the switch: exit %d stdout %q stderr %q", code, out, errs)
+	}
+	for _, env := range []string{"", "1"} {
+		t.Setenv(config.ShortFencesEnv, env)
+		if code, out, errs := cli("check-config", "--config", hour); code != exitOK || strings.Count(out, "\n") != 1 || errs != "" {
+			t.Errorf("1h, switch %q: exit %d stdout %q stderr %q", env, code, out, errs)
+		}
+		if code, _, errs := cli("check-config", "--config", tooShort); code != exitFailed || strings.Contains(errs, config.ShortFencesEnv) {
+			t.Errorf("30s, switch %q: exit %d stderr %q", env, code, errs)
+		}
 	}
 }

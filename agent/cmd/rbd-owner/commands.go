@@ -270,7 +270,7 @@ func printStatus(out io.Writer, st *api.Status, problems []string) {
 // claimsQuery is the flags of `claims`.
 type claimsQuery struct {
 	cluster, pool, node string
-	prune               bool
+	prune, force        bool
 }
 
 func (a *app) claimsCommand() *cobra.Command {
@@ -284,11 +284,20 @@ func (a *app) claimsCommand() *cobra.Command {
 host, client address, device and last renewal; fenced holders and intruders; the fences kept
 until their mapping is gone; and orphans (claims of deleted images).
 
---remove-orphans removes the claims of deleted images instead (admin).`,
+--remove-orphans removes the claims of deleted images instead (admin), as the automatic sweep
+does: only free claims that keep no live fence. An image gone by name may only have been renamed
+or moved to the trash, which keeps its data; so a claim still held, or keeping the live fence of
+a mapping that could still write, is kept and listed with why and the next step. Check that its
+image is really deleted (rbd trash ls, rbd ls), then remove it with --remove-orphans --force
+(audited at warning priority).`,
 		Example: `  rbd-owner claims --pool rbd
   rbd-owner claims --node node-a
   rbd-owner claims --cluster ceph-a --json
-  rbd-owner claims --pool rbd --remove-orphans`,
+  rbd-owner claims --pool rbd --remove-orphans
+
+  # an orphan kept: its image is neither in the trash nor renamed
+  rbd trash ls --pool rbd; rbd ls --pool rbd
+  rbd-owner claims --pool rbd --remove-orphans --force`,
 		Args:              wantArgs(),
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE:              func(cmd *cobra.Command, _ []string) error { return a.runClaims(cmd.Context(), q) },
@@ -298,7 +307,8 @@ until their mapping is gone; and orphans (claims of deleted images).
 	f.StringVar(&q.pool, "pool", "", "only this `POOL`")
 	f.StringVar(&q.node, "node", "", "only the holds of this `NODE` (its node_id), cluster-wide")
 	f.BoolVar(&q.prune, "remove-orphans", false, "remove the claims of deleted images (admin)")
-	a.addJSON(cmd, "the claims (or the orphans removed)")
+	f.BoolVar(&q.force, "force", false, "with --remove-orphans: remove also the orphans still held or keeping live fences (their images really deleted)")
+	a.addJSON(cmd, "the claims (or the orphans removed and kept)")
 	a.completeClusters(cmd)
 	must(cmd.RegisterFlagCompletionFunc("pool", cobra.NoFileCompletions))
 	must(cmd.RegisterFlagCompletionFunc("node", cobra.NoFileCompletions))
@@ -307,18 +317,21 @@ until their mapping is gone; and orphans (claims of deleted images).
 
 func (a *app) runClaims(ctx context.Context, q claimsQuery) error {
 	c := a.client()
+	if q.force && !q.prune {
+		return usageError{"--force is for claims --remove-orphans"}
+	}
 	if q.prune {
-		resp, err := c.RemoveOrphans(ctx, api.OrphansRequest{Cluster: q.cluster, Pool: q.pool})
+		if q.node != "" {
+			return usageError{"--remove-orphans removes the orphans of a pool (--pool) or of every pool, not of a node (--node)"}
+		}
+		resp, err := c.RemoveOrphans(ctx, api.OrphansRequest{Cluster: q.cluster, Pool: q.pool, Force: q.force})
 		if err != nil {
 			return err
 		}
 		if a.out.json {
 			return printJSON(a.out, resp)
 		}
-		for _, r := range resp.Removed {
-			fmt.Fprintf(a.out, "removed the orphaned claim of %s\n", r)
-		}
-		fmt.Fprintf(a.out, "%d orphaned claims removed\n", len(resp.Removed))
+		printOrphans(a.out, resp)
 		return nil
 	}
 	claims, err := c.ClaimsOf(ctx, q.cluster, q.pool, q.node)
@@ -329,6 +342,22 @@ func (a *app) runClaims(ctx context.Context, q claimsQuery) error {
 		return printJSON(a.out, claims)
 	}
 	return printClaims(a.out, claims)
+}
+
+// printOrphans prints what claims --remove-orphans did: each claim removed, each kept with why
+// and the next step, and the counts.
+func printOrphans(out io.Writer, resp *api.OrphansResponse) {
+	for _, r := range resp.Removed {
+		fmt.Fprintf(out, "removed the orphaned claim of %s\n", r)
+	}
+	for _, k := range resp.Kept {
+		fmt.Fprintf(out, "KEPT the orphaned claim of %s: %s; next: %s\n", k.Image, k.Why, k.NextStep)
+	}
+	if len(resp.Kept) > 0 {
+		fmt.Fprintf(out, "%d orphaned claims removed, %d kept\n", len(resp.Removed), len(resp.Kept))
+		return
+	}
+	fmt.Fprintf(out, "%d orphaned claims removed\n", len(resp.Removed))
 }
 
 func printClaims(out io.Writer, claims []api.Claim) error {

@@ -90,7 +90,9 @@ With --json the codes are the same, and an error is the JSON document on stdout.
 			exitOK, exitFailed, exitUsage, exitClaimed, exitUnreachable, exitProblems)},
 		{Title: "Environment", Text: `rbd-owner reads no environment variable of its own. rbd-owner daemon starts the agent
 with its environment, in which systemd passes the socket activation's and the watchdog's
-variables: see rbd-owner-agent(8).`},
+variables: see rbd-owner-agent(8). rbd-owner check-config judges fence_expiry with
+RBD_OWNER_TEST_SHORT_FENCES as the agent does, in its own environment, and says so when the
+agent's unit environment would change its verdict.`},
 		{Title: "Files", Text: `/etc/rbd-owner/config.yaml: the agent's configuration, rbd-owner.yaml(5) (rbd-owner
 check-config checks it).
 
