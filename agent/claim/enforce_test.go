@@ -272,3 +272,42 @@ func TestUnfenceNodeUnmarksTheHoldItFenced(t *testing.T) {
 		t.Fatalf("map after the unfence: %v (node-a's address listed: %v); want it refused, nothing fenced", err, m.Blocklisted("10.0.0.1:0/0"))
 	}
 }
+
+// TestOneListingReadServesARoundOfChecks: the cost of keeping fences, a node's side. The checks of
+// one round (a holder's claims, a sweep's records) share one read of the listing however many
+// fences they keep, and a round finding everything in force sends nothing else to the monitors;
+// the next round, a fence check later, reads it once again.
+func TestOneListingReadServesARoundOfChecks(t *testing.T) {
+	ks := newKeepScene(t)
+	ctx := context.Background()
+	// node-b keeps a second image's fence too
+	img2 := Image{Pool: "rbd", Image: "img2"}
+	ks.m.AddImage(img2, "id-img2")
+	r, err := ks.a.Acquire(ctx, Request{Image: img2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ks.a.SetMapping(ctx, img2, r.Holder.Epoch, "10.0.0.1:0/1002", "/dev/rbd1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ks.b.Watch(ctx, img2); err != nil {
+		t.Fatal(err)
+	}
+	silence(t, ks.b, img2, ks.clk.Advance, lease+time.Second)
+	if _, err := ks.b.Acquire(ctx, Request{Image: img2, Takeover: true}); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 3 {
+		ks.clk.Advance(ks.b.fenceCheck())
+		ks.m.Counts(true)
+		for _, img := range []Image{ks.img, img2} {
+			if rep, err := ks.b.KeepFences(ctx, img); err != nil || len(rep.Faults) != 0 {
+				t.Fatalf("round %d, %s: faults %+v, %v", round, img, rep.Faults, err)
+			}
+		}
+		got := ks.m.Counts(true)
+		if got["blocklist-ls"] != 1 || got["blocklist"]+got["unblocklist"] != 0 {
+			t.Fatalf("round %d: %v; want one listing read and no blocklist change for two fences in force", round, got)
+		}
+	}
+}
