@@ -653,16 +653,7 @@ func (s *Store) UnfenceNode(ctx context.Context, node, why string, force bool) (
 			if !changed {
 				return nil, nil
 			}
-			// the node's hold that carried the fence counts as fenced only while the fence is
-			// in force: after a reboot its mapping is gone, so the hold ends; forced, it is an
-			// ordinary hold again (its lease, and no whole-node fence of a node seen alive)
-			if h := cur.Holder(node); h != nil && h.Fenced && h.fenceAddr() == nf.Fence.Addr {
-				if nf.Rebooted != "" {
-					cur.without(node)
-				} else {
-					h.Fenced = false
-				}
-			}
+			cur.unmarkFenced(node, nf.Fence.Addr, nf.Rebooted != "")
 			return cur, nil
 		})
 		if err != nil {
@@ -681,4 +672,19 @@ func (s *Store) UnfenceNode(ctx context.Context, node, why string, force bool) (
 		res.Lifted = append(res.Lifted, nf.Fence.Addr)
 	}
 	return res, nil
+}
+
+// unmarkFenced ends or unmarks node's hold whose fence (at addr) was lifted: a hold counts as
+// fenced only while its fence is in force. After a reboot its mapping is gone, so the hold ends;
+// forced, it is an ordinary hold again (its lease, and no whole-node fence of a node seen alive).
+func (r *Record) unmarkFenced(node, addr string, rebooted bool) {
+	h := r.Holder(node)
+	if h == nil || !h.Fenced || h.fenceAddr() != addr {
+		return
+	}
+	if rebooted {
+		r.without(node)
+		return
+	}
+	h.Fenced = false
 }

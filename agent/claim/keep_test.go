@@ -286,7 +286,7 @@ func TestIntruderOfARebootedNodeIsDropped(t *testing.T) {
 	if err != nil || res.Intruder == nil || res.Intruder.BootID != "boot-c-1" {
 		t.Fatalf("intruder: %+v %v", res, err)
 	}
-	ks.m.Unblocklist(ctx, "10.0.0.3:0/3003") // removed by someone: put back by the holder's check
+	_ = ks.m.Unblocklist(ctx, "10.0.0.3:0/3003") // removed by someone: put back by the holder's check
 	ks.clk.Advance(lease)
 	if rep, err := ks.b.KeepFences(ctx, ks.img); err != nil || len(rep.Live) != 2 || len(rep.Faults) != 1 || !rep.Faults[0].Intruder {
 		t.Fatalf("kept %+v faults %+v (%v); want node-a's fence and node-c's intruder, put back", rep.Live, rep.Faults, err)
