@@ -224,9 +224,8 @@ func (s *Store) keepDue(ctx context.Context, img Image, cur *Record, rep *KeepRe
 		}
 	}
 	for _, f := range lift {
-		if _, listed := exactEntry(entries, f.Addr); listed && cur.keeps(f.Addr) {
-			continue // a live fence or intruder of the same client needs the entry
-		} else if listed {
+		// an entry a live fence or intruder of the same client needs is theirs now: not removed
+		if _, listed := exactEntry(entries, f.Addr); listed && !cur.keeps(f.Addr) {
 			if err := s.b.Unblocklist(ctx, f.Addr); err != nil {
 				errs = append(errs, fmt.Errorf("remove the entry of node %s's gone fence %s on %s: %w", f.NodeID, f.Addr, img, err))
 				continue
