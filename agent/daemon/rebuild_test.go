@@ -86,7 +86,7 @@ func TestCorruptStateIsSetAsideAndRebuilt(t *testing.T) {
 		"state rebuilt: " + path + " could not be used (not valid JSON",
 		"is kept as " + kept[0],
 		"1 rbd device(s) adopted back: " + resp.Device + " (c1:rbd/img), 0 not;",
-		"claims of this node that have no device here could not be checked",
+		"claims of this node that its heartbeats list and no device here accounts for: 0 released",
 	} {
 		if !strings.Contains(es[0].Message, want) {
 			t.Errorf("the rebuild's report %q does not say %q", es[0].Message, want)
@@ -338,5 +338,44 @@ func TestCorruptStateAfterAnInterruptedMapAdoptsItsDevice(t *testing.T) {
 	rec := inspectMem(t, c, claimRef(c, "img"))
 	if len(rec.Holders) != 1 || rec.Holders[0].NodeID != "node-m" || rec.Holders[0].ClientAddr != devs[0].ClientAddr {
 		t.Fatalf("holders %+v, want node-m's naming %s", rec.Holders, devs[0].ClientAddr)
+	}
+}
+
+// TestARebuildReleasesTheHoldsItsHeartbeatListsWithoutADevice is case 4 of issue 50: the agent
+// mapped two images, img2's device was then unmapped behind its back while it was down, and its
+// state file was lost. The rebuild adopts img's device back; img2's hold, which the node's own
+// heartbeat lists and no device here accounts for, is released (before, it stayed held by
+// nobody's agent: neither renewed nor released, its place's heartbeat stopped).
+func TestARebuildReleasesTheHoldsItsHeartbeatListsWithoutADevice(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000037")
+	stateDir := t.TempDir()
+	a := startMemDaemonWith(t, func(o *Options) { o.Config.StateDir = stateDir; o.BootID = "boot-1" }, c)
+	addImage(a, c, "img")
+	addImage(a, c, "img2")
+	if _, err := a.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: "img"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	r2, err := a.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: "img2"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.stop(t)
+	id := strings.TrimPrefix(filepath.Base(r2.Device), "rbd")
+	if err := a.k.WriteControl(a.k.Sysfs+"/bus/rbd/remove_single_major", []byte(id)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stateDir, "mappings.json"), []byte(`{"format": 1, "mapp`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, al := restarted(t, a, c, stateDir, "boot-1", nil)
+	if rec := inspectMem(t, c, claimRef(c, "img2")); !rec.Free() {
+		t.Fatalf("img2's holders after the rebuild: %+v; want it released", rec.Holders)
+	}
+	if rec := inspectMem(t, c, claimRef(c, "img")); rec.Holder(b.d.cfg.NodeID) == nil {
+		t.Fatalf("img's holders after the rebuild: %+v; want it still held", rec.Holders)
+	}
+	es := al.find(audit.StateRebuilt, "")
+	if len(es) != 1 || !strings.Contains(es[0].Message, "1 released: c1:rbd/img2") {
+		t.Fatalf("state_rebuilt audit entries: %+v", es)
 	}
 }
