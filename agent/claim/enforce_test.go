@@ -311,3 +311,31 @@ func TestOneListingReadServesARoundOfChecks(t *testing.T) {
 		}
 	}
 }
+
+// TestUnfenceNodeLiftsAnEndedWholeNodeEntry: node-a's whole-node fence ended (its heartbeat showed
+// a new boot) while its entry, which this project listed, stayed: `unfence --node` lifts it
+// without --force, and records it lifted; run again, there is nothing left to lift.
+func TestUnfenceNodeLiftsAnEndedWholeNodeEntry(t *testing.T) {
+	ks := wholeNodeScene(t)
+	ctx := context.Background()
+	if err := ks.store(t, "node-a", "boot-a-2").Heartbeat(ctx, "rbd", "ns"); err != nil {
+		t.Fatal(err)
+	}
+	ks.clk.Advance(lease)
+	if rep, err := ks.b.KeepFences(ctx, ks.img); err != nil || len(rep.Gone) != 1 {
+		t.Fatalf("gone %+v, %v", rep.Gone, err)
+	}
+	if !ks.m.Blocklisted(ks.addr) {
+		t.Fatal("a whole-node entry was removed by a keeper; only unfence --node lifts it")
+	}
+	res, err := ks.b.UnfenceNode(ctx, "node-a", "lifted by an admin", false)
+	if err != nil || len(res.Lifted) != 1 || res.Lifted[0] != ks.addr || res.Forced {
+		t.Fatalf("unfence: %+v, %v", res, err)
+	}
+	if ks.m.Blocklisted(ks.addr) || ks.record(t).Fences[0].LiftedAt.IsZero() {
+		t.Fatal("the ended fence's entry was not lifted, or not recorded so")
+	}
+	if _, err := ks.b.UnfenceNode(ctx, "node-a", "again", false); !errors.Is(err, ErrNoClaim) {
+		t.Fatalf("unfence again: %v; want nothing to lift", err)
+	}
+}

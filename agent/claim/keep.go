@@ -608,7 +608,15 @@ func (s *Store) UnfenceNode(ctx context.Context, node, why string, force bool) (
 		}
 		for _, r := range recs {
 			for _, f := range r.Fences {
-				if !f.Live() || f.NodeID != node || !f.WholeNode() {
+				if f.NodeID != node || !f.WholeNode() {
+					continue
+				}
+				if !f.Live() {
+					// ended (its node seen rebooted), its entry, which this project listed, still
+					// there: lifted too, with no reboot to check
+					if f.Made && f.LiftedAt.IsZero() {
+						res.Fences = append(res.Fences, NodeFence{Image: r.Ref, Fence: f, Rebooted: "its fence ended before: " + f.Gone})
+					}
 					continue
 				}
 				nf := NodeFence{Image: r.Ref, Fence: f}
@@ -620,7 +628,7 @@ func (s *Store) UnfenceNode(ctx context.Context, node, why string, force bool) (
 		}
 	}
 	if len(res.Fences) == 0 {
-		return nil, fmt.Errorf("unfence node %s: %w: no claim of this cluster records a live whole-node fence of it", node, ErrNoClaim)
+		return nil, fmt.Errorf("unfence node %s: %w: no claim of this cluster records a live whole-node fence of it, nor an ended one whose entry is still to be lifted", node, ErrNoClaim)
 	}
 	for _, nf := range res.Fences {
 		if nf.Rebooted != "" {
@@ -645,8 +653,13 @@ func (s *Store) UnfenceNode(ctx context.Context, node, why string, force bool) (
 			changed := false
 			for i := range cur.Fences {
 				// the very fence judged above: one made since (same address) is not lifted
-				if f := &cur.Fences[i]; f.Live() && f.NodeID == node && f.Addr == nf.Fence.Addr && f.At.Equal(nf.Fence.At) {
+				f := &cur.Fences[i]
+				switch {
+				case f.NodeID != node || f.Addr != nf.Fence.Addr || !f.At.Equal(nf.Fence.At):
+				case f.Live():
 					f.Gone, f.GoneAt, changed = reason, now, true
+				case f.LiftedAt.IsZero():
+					f.LiftedAt, changed = now, true
 				}
 			}
 			if !changed {
