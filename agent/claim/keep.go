@@ -596,37 +596,11 @@ func (s *Store) UnfenceNode(ctx context.Context, node, why string, force bool) (
 	if node == "" {
 		return nil, fmt.Errorf("unfence node: %w: no node named", ErrInvalid)
 	}
-	pools, err := s.b.Pools(ctx)
+	fences, err := s.nodeFences(ctx, node)
 	if err != nil {
-		return nil, fmt.Errorf("unfence node %s: %w", node, err)
+		return nil, err
 	}
-	res := &UnfenceNodeResult{}
-	for _, p := range pools {
-		recs, err := s.List(ctx, p)
-		if err != nil {
-			return nil, fmt.Errorf("unfence node %s: %w", node, err)
-		}
-		for _, r := range recs {
-			for _, f := range r.Fences {
-				if f.NodeID != node || !f.WholeNode() {
-					continue
-				}
-				if !f.Live() {
-					// ended (its node seen rebooted), its entry, which this project listed, still
-					// there: lifted too, with no reboot to check
-					if f.Made && f.LiftedAt.IsZero() {
-						res.Fences = append(res.Fences, NodeFence{Image: r.Ref, Fence: f, Rebooted: "its fence ended before: " + f.Gone})
-					}
-					continue
-				}
-				nf := NodeFence{Image: r.Ref, Fence: f}
-				if nf.Rebooted, err = s.rebooted(ctx, r.Ref, entry{node: f.NodeID, addr: f.Addr, bootID: f.BootID, inc: f.Incarnation}, nil); err != nil {
-					return nil, fmt.Errorf("unfence node %s: %w", node, err)
-				}
-				res.Fences = append(res.Fences, nf)
-			}
-		}
-	}
+	res := &UnfenceNodeResult{Fences: fences}
 	if len(res.Fences) == 0 {
 		return nil, fmt.Errorf("unfence node %s: %w: no claim of this cluster records a live whole-node fence of it, nor an ended one whose entry is still to be lifted", node, ErrNoClaim)
 	}
@@ -646,28 +620,7 @@ func (s *Store) UnfenceNode(ctx context.Context, node, why string, force bool) (
 		if nf.Rebooted != "" {
 			reason += ": " + nf.Rebooted
 		}
-		_, err := s.update(ctx, nf.Image, func(cur *Record, _ uint64) (*Record, error) {
-			if cur == nil {
-				return nil, nil // removed meanwhile: nothing there to lift
-			}
-			changed := false
-			for i := range cur.Fences {
-				// the very fence judged above: one made since (same address) is not lifted
-				f := &cur.Fences[i]
-				switch {
-				case f.NodeID != node || f.Addr != nf.Fence.Addr || !f.At.Equal(nf.Fence.At):
-				case f.Live():
-					f.Gone, f.GoneAt, changed = reason, now, true
-				case f.LiftedAt.IsZero():
-					f.LiftedAt, changed = now, true
-				}
-			}
-			if !changed {
-				return nil, nil
-			}
-			cur.unmarkFenced(node, nf.Fence.Addr, nf.Rebooted != "")
-			return cur, nil
-		})
+		err := s.markLifted(ctx, node, nf, reason, now)
 		if err != nil {
 			return nil, fmt.Errorf("unfence node %s: its fence on %s could not be marked lifted, so no blocklist entry was removed (fences marked before it are no longer renewed; their entries expire by themselves, or remove them with `ceph osd blocklist rm`): %w", node, nf.Image, err)
 		}
@@ -699,4 +652,70 @@ func (r *Record) unmarkFenced(node, addr string, rebooted bool) {
 		return
 	}
 	h.Fenced = false
+}
+
+// nodeFences finds node's whole-node fences in the claims of every pool of the cluster: the live
+// ones, each with whether its node is seen rebooted since, and the ended ones whose entry this
+// project listed and has not lifted yet.
+func (s *Store) nodeFences(ctx context.Context, node string) ([]NodeFence, error) {
+	pools, err := s.b.Pools(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("unfence node %s: %w", node, err)
+	}
+	var out []NodeFence
+	for _, p := range pools {
+		recs, err := s.List(ctx, p)
+		if err != nil {
+			return nil, fmt.Errorf("unfence node %s: %w", node, err)
+		}
+		for _, r := range recs {
+			for _, f := range r.Fences {
+				if f.NodeID != node || !f.WholeNode() {
+					continue
+				}
+				if !f.Live() {
+					// ended (its node seen rebooted), its entry, which this project listed, still
+					// there: lifted too, with no reboot to check
+					if f.Made && f.LiftedAt.IsZero() {
+						out = append(out, NodeFence{Image: r.Ref, Fence: f, Rebooted: "its fence ended before: " + f.Gone})
+					}
+					continue
+				}
+				nf := NodeFence{Image: r.Ref, Fence: f}
+				if nf.Rebooted, err = s.rebooted(ctx, r.Ref, entry{node: f.NodeID, addr: f.Addr, bootID: f.BootID, inc: f.Incarnation}, nil); err != nil {
+					return nil, fmt.Errorf("unfence node %s: %w", node, err)
+				}
+				out = append(out, nf)
+			}
+		}
+	}
+	return out, nil
+}
+
+// markLifted marks node's whole-node fence nf lifted in its claim with reason (ended, or, when
+// it had ended already, lifted at now), and ends or unmarks the hold that carried it.
+func (s *Store) markLifted(ctx context.Context, node string, nf NodeFence, reason string, now time.Time) error {
+	_, err := s.update(ctx, nf.Image, func(cur *Record, _ uint64) (*Record, error) {
+		if cur == nil {
+			return nil, nil // removed meanwhile: nothing there to lift
+		}
+		changed := false
+		for i := range cur.Fences {
+			// the very fence judged above: one made since (same address) is not lifted
+			f := &cur.Fences[i]
+			switch {
+			case f.NodeID != node || f.Addr != nf.Fence.Addr || !f.At.Equal(nf.Fence.At):
+			case f.Live():
+				f.Gone, f.GoneAt, changed = reason, now, true
+			case f.LiftedAt.IsZero():
+				f.LiftedAt, changed = now, true
+			}
+		}
+		if !changed {
+			return nil, nil
+		}
+		cur.unmarkFenced(node, nf.Fence.Addr, nf.Rebooted != "")
+		return cur, nil
+	})
+	return err
 }
