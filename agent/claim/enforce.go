@@ -166,10 +166,18 @@ func (s *Store) monNow() time.Time {
 
 // learnMonClock notes a fresh entry's expiry (added for expire, the call started at Mono
 // before): the monitors' now at the add is until - expire, no earlier than before.
+// The estimate only moves forward: an entry someone else listed just before this add (a listing
+// read a moment earlier did not show it) keeps its older expiry, which would set the estimate
+// back and make entries look longer than they are; set forward, they only look shorter, and are
+// lengthened early.
 func (s *Store) learnMonClock(until time.Time, expire, before time.Duration) {
 	s.listMu.Lock()
 	defer s.listMu.Unlock()
-	s.mon = monClock{base: until.Add(-expire), at: before, ok: true}
+	base := until.Add(-expire)
+	if s.mon.ok && !base.After(s.mon.base.Add(before-s.mon.at)) {
+		return
+	}
+	s.mon = monClock{base: base, at: before, ok: true}
 }
 
 // exactEntry is addr's own entry in entries (not a wider one).
@@ -352,8 +360,17 @@ func (s *Store) ownNodeAddr() string {
 // swapCovered lists cover (see coverFor; not listed before) for coverLife, then removes and
 // adds addr again, then removes cover: addr's client is cut all along.
 func (s *Store) swapCovered(ctx context.Context, addr, cover string, isRange bool) (time.Time, string, error) {
+	// read anew: a cover someone else listed since the round's listing is theirs, and would be
+	// removed below with this store's own
+	s.listingChanged()
+	entries, err := s.blocklist(ctx)
+	if err != nil {
+		return time.Time{}, "", fmt.Errorf("cover %s with %s to add it again for longer: %w", addr, cover, err)
+	}
+	if c, ok := coveringNode(entries, addr); ok {
+		return s.swap(ctx, addr, "removed and added again while "+c.String()+" cut the same client")
+	}
 	var cu time.Time
-	var err error
 	if isRange {
 		cu, err = s.b.AddRange(ctx, cover, coverLife)
 	} else {

@@ -339,3 +339,29 @@ func TestUnfenceNodeLiftsAnEndedWholeNodeEntry(t *testing.T) {
 		t.Fatalf("unfence again: %v; want nothing to lift", err)
 	}
 }
+
+// TestAnotherPartysNodeEntryCoversTheSwapAndStays: ceph-csi fenced node-a's whole node (its ip
+// as ip:0/0) while node-a is seen alive; node-b's aging entry of node-a's mapping is lengthened
+// under that entry, which is not node-b's to remove and stays.
+func TestAnotherPartysNodeEntryCoversTheSwapAndStays(t *testing.T) {
+	ks := newKeepScene(t)
+	ctx := context.Background()
+	if _, err := ks.m.Blocklist(ctx, "10.0.0.1:0/0", 10*keepExpiry); err != nil {
+		t.Fatal(err)
+	}
+	w := watchEntry(ks, ks.addr)
+	faults := keepRounds(t, ks, ks.b, ks.addr, keepExpiry, func() {
+		if err := ks.a.Heartbeat(ctx, "rbd", ""); err != nil { // node-a's agent renews: seen alive
+			t.Fatal(err)
+		}
+	})
+	if w.gaps != 0 || w.removals == 0 || len(faults) != 0 {
+		t.Fatalf("gaps %d, removals %d, faults %+v", w.gaps, w.removals, faults)
+	}
+	if until, ok := ks.m.BlocklistedUntil("10.0.0.1:0/0"); !ok || until.Sub(ks.clk.Now()) < 8*keepExpiry {
+		t.Fatalf("the other party's entry: listed %v until %s", ok, until)
+	}
+	if until, ok := ks.m.BlocklistedUntil(ks.addr); !ok || until.Sub(ks.clk.Now()) < keepExpiry*3/4 {
+		t.Fatalf("node-a's fence: listed %v until %s", ok, until)
+	}
+}
