@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,6 +48,11 @@ type Heartbeat struct {
 	Holds []string `json:"holds,omitempty"`
 	// HoldsListed is set by the agents that keep Holds (an empty list is then no holds).
 	HoldsListed bool `json:"holds_listed,omitempty"`
+	// Places are the pools and namespaces ("pool" or "pool/namespace") where the node
+	// heartbeats now, this one included: a taker about to fence the node's whole address reads
+	// its heartbeats there too, so that a node alive in any place is never fenced whole
+	// (seenElsewhere), without listing pools. Agents before it write none.
+	Places []string `json:"places,omitempty"`
 }
 
 // heartbeatObject is the name of node's heartbeat object.
@@ -244,6 +250,11 @@ func (s *Store) leases(ctx context.Context, img Image, cur *Record, recordVer ui
 		}
 		// never wait less than this node's own lease: a holder that says less is not trusted
 		lease = max(lease, s.cfg.Lease)
+		if h.ClientAddr == "" && hb != nil {
+			// its fence would be its whole address: its heartbeats in the other places it lists
+			// are looked at too, so that Moved says whether it renews anywhere
+			s.seenElsewhere(ctx, img, h, hb, lease)
+		}
 		v := s.obs.Look(Sighting{Place: poolNS(img), Image: img.Image, Node: h.NodeID, Hold: holdOf(h), Mark: mark}, s.cfg.Mono(), lease)
 		// the same look tells a keeper of this holder's fence, should it be fenced, for how long
 		// its heartbeat has been silent (fencedNode)
@@ -258,6 +269,28 @@ func (s *Store) leases(ctx context.Context, img Image, cur *Record, recordVer ui
 		out[h.NodeID] = v
 	}
 	return out, nil
+}
+
+// seenElsewhere looks at holder h's heartbeats in the places its heartbeat hb in img's place
+// lists, other than that one, so that the observer's Moved covers them (a heartbeat that cannot
+// be read there is skipped: the look proves nothing either way).
+func (s *Store) seenElsewhere(ctx context.Context, img Image, h Holder, hb *Heartbeat, lease time.Duration) {
+	here := poolNS(img)
+	for _, p := range hb.Places {
+		if p == here || p == "" {
+			continue
+		}
+		loc := placeOf(p)
+		data, ver, err := s.b.Read(ctx, loc, heartbeatObject(h.NodeID))
+		if err != nil || data == nil {
+			continue
+		}
+		other, err := decodeHeartbeat(data)
+		if err != nil || (h.Incarnation != "" && other.Incarnation != h.Incarnation) {
+			continue // another agent under that node id says nothing of this one
+		}
+		s.obs.Look(Sighting{Place: p, Image: img.Image, Node: h.NodeID, Hold: "places/" + holdOf(h), Mark: heartbeatMark(ver, other)}, s.cfg.Mono(), lease)
+	}
 }
 
 // Watch looks at the leases of the image's holders, as a takeover would, and writes nothing: a
@@ -358,6 +391,7 @@ func (s *Store) writeHeartbeat(ctx context.Context, pool, namespace string) erro
 		hb.Seq++
 		hb.RenewedAt, hb.LeaseSeconds, hb.AgentVersion, hb.BootID = s.cfg.Now().UTC(), me.LeaseSeconds, me.AgentVersion, me.BootID
 		hb.Holds, hb.HoldsListed = editHolds(hb.Holds, edits), true
+		hb.Places = s.placesHeld(key, len(hb.Holds) > 0)
 		out, err := encodeHeartbeat(hb)
 		if err != nil {
 			return err
@@ -383,6 +417,36 @@ func (s *Store) writeHeartbeat(ctx context.Context, pool, namespace string) erro
 		}
 	}
 	return fmt.Errorf("heartbeat in %s: %w: written concurrently (is node id %s used twice?)", key, ErrBusy, s.cfg.Node.ID)
+}
+
+// placesHeld lists the places where this store heartbeats for holds: those whose last written
+// heartbeat or pending edits list a hold, and here (the place key being written) when here
+// holds one.
+func (s *Store) placesHeld(here string, holdsHere bool) []string {
+	s.hbMu.Lock()
+	defer s.hbMu.Unlock()
+	var out []string
+	for key, last := range s.hbLast {
+		if key != here && len(editHolds(slices.Clone(last.hb.Holds), s.hbEdits[key])) > 0 {
+			out = append(out, key)
+		}
+	}
+	for key, edits := range s.hbEdits {
+		if _, written := s.hbLast[key]; !written && key != here && len(editHolds(nil, edits)) > 0 {
+			out = append(out, key)
+		}
+	}
+	if holdsHere {
+		out = append(out, here)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// placeOf is the pool and namespace a place key names (poolNS's inverse).
+func placeOf(key string) Image {
+	pool, ns, _ := strings.Cut(key, "/")
+	return Image{Pool: pool, Namespace: ns}
 }
 
 // NoteHold has img listed among this node's holds (add) or no longer (drop) by the next

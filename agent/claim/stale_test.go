@@ -280,3 +280,51 @@ func TestWholeNodeFenceRefusedWhileItsHeartbeatMoves(t *testing.T) {
 		t.Fatalf("a node silent everywhere for a lease was not taken over: %v", anyBlocklisted(m, "10.0.0.1"))
 	}
 }
+
+// TestWholeNodeFenceRefusedWhileItsHeartbeatMovesWhereTheTakerDoesNotWatch is case 4's other half
+// (issue 50): as above, but node-b watches only pool p, where node-a's heartbeat stalled. node-a's
+// heartbeat in p lists the places it heartbeats in (q too), so node-b looks there as well before
+// it fences node-a's whole address, and finds it alive: refused, without listing any pool.
+func TestWholeNodeFenceRefusedWhileItsHeartbeatMovesWhereTheTakerDoesNotWatch(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	m := NewMemory("fsid")
+	a, clkA := addrNode(t, m, "node-a", "10.0.0.1", t0)
+	b, clkB := addrNode(t, m, "node-b", "10.0.0.2", t0)
+	ctx := context.Background()
+	y, z := Image{Pool: "p", Image: "y"}, Image{Pool: "q", Image: "z"}
+	m.AddImage(y, "id-y")
+	m.AddImage(z, "id-z")
+	rz, err := a.Acquire(ctx, Request{Image: z})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.SetMapping(ctx, z, rz.Holder.Epoch, "10.0.0.1:0/7", "/dev/rbd1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Acquire(ctx, Request{Image: y}); err != nil { // no SetMapping: map in progress
+		t.Fatal(err)
+	}
+	advance := func(d time.Duration) { clkA.Advance(d); clkB.Advance(d) }
+	for range 5 { // node-b looks at y alone; node-a renews only in q
+		_, err = takeover(b, y)
+		if fenced := anyBlocklisted(m, "10.0.0.1"); len(fenced) > 0 {
+			t.Fatalf("node-a, renewing in q, was fenced whole: %v (%v)", fenced, err)
+		}
+		advance(lease / 3)
+		if err := a.Heartbeat(ctx, "q", ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var held *HeldError
+	if !errors.As(err, &held) || !strings.Contains(held.Reason, "whole") {
+		t.Fatalf("want a refusal that names the whole-node fence: %v", err)
+	}
+	// node-a stops everywhere: silent for a lease, it may be fenced whole
+	for range 5 {
+		advance(lease / 2)
+		_, _ = takeover(b, y)
+	}
+	if !m.Blocklisted("10.0.0.1:0/0") {
+		t.Fatalf("a node silent everywhere for a lease was not taken over: %v", anyBlocklisted(m, "10.0.0.1"))
+	}
+}
