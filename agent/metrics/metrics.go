@@ -225,6 +225,11 @@ func New(o Options) *Metrics {
 		}
 		m.liveness.WithLabelValues(c, ResultOK)
 		m.fenceRenewals.WithLabelValues(c, ResultOK)
+		for _, kind := range []string{"missing", "short"} {
+			for _, outcome := range []string{"repaired", "not_repaired"} {
+				m.fenceFaults.WithLabelValues(c, kind, outcome) // 0 from the start: increase() sees the first
+			}
+		}
 		m.maps.WithLabelValues(c, ResultOK)
 		m.unmaps.WithLabelValues(c, ResultOK)
 	}
