@@ -195,8 +195,9 @@ func policyKeys() []Key {
 		{Name: "fence_expiry", Type: "duration", Default: FormatDuration(DefaultFenceExpiry.D()), DefaultNote: "ten years",
 			Summary: "how long one blocklist entry lasts; at least `" + FormatDuration(minFenceExpiry) + "`",
 			Doc: "How long one blocklist entry (a fence) lasts in the cluster. A fence whose mapping may still exist " +
-				"is added again every quarter of it, but Ceph 16.2 does not lengthen an entry still listed, so only a " +
-				"long one is safe there.",
+				"is checked against the blocklist at every renew round and lengthened once less than three quarters of " +
+				"it is left, but Ceph does not lengthen an entry that is added again: the agent removes and adds it " +
+				"under a cover, and not while the fenced node is seen alive, so only a long one never needs it.",
 			Rule: fmt.Sprintf("at least `%s` (`%s` with `%s=1` in the agent's environment, for test labs only)",
 				FormatDuration(minFenceExpiry), FormatDuration(minFenceExpiryShort), ShortFencesEnv),
 			See: "claim-record.md#fence-lifetimes"},
