@@ -132,18 +132,25 @@ func (s *Store) fenceCheck() time.Duration {
 // when there is none: the claims checked in one round share one read, and each round reads
 // anew. Callers wait for one read at a time.
 func (s *Store) blocklist(ctx context.Context) ([]BlockEntry, error) {
+	entries, _, err := s.blocklistAt(ctx)
+	return entries, err
+}
+
+// blocklistAt is blocklist, with when (on both clocks) the listing returned was read: a check
+// made on it counts from then.
+func (s *Store) blocklistAt(ctx context.Context) ([]BlockEntry, keptAt, error) {
 	s.listMu.Lock()
 	defer s.listMu.Unlock()
-	if s.list.ok && s.cfg.Mono()-s.list.at < s.fenceCheck()/2 {
-		return s.list.entries, nil
+	mono, wall := s.cfg.Mono(), s.cfg.Now()
+	if s.list.ok && mono-s.list.at < s.fenceCheck()/2 {
+		return s.list.entries, keptAt{mono: s.list.at, wall: wall.Add(s.list.at - mono)}, nil
 	}
-	at := s.cfg.Mono()
 	entries, err := s.b.BlocklistEntries(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read the cluster's blocklist: %w", err)
+		return nil, keptAt{}, fmt.Errorf("read the cluster's blocklist: %w", err)
 	}
-	s.list = listing{entries: entries, at: at, ok: true}
-	return entries, nil
+	s.list = listing{entries: entries, at: mono, ok: true}
+	return entries, keptAt{mono: mono, wall: wall}, nil
 }
 
 // listingChanged forgets the listing: this store just changed the blocklist.
@@ -166,18 +173,10 @@ func (s *Store) monNow() time.Time {
 
 // learnMonClock notes a fresh entry's expiry (added for expire, the call started at Mono
 // before): the monitors' now at the add is until - expire, no earlier than before.
-// The estimate only moves forward: an entry someone else listed just before this add (a listing
-// read a moment earlier did not show it) keeps its older expiry, which would set the estimate
-// back and make entries look longer than they are; set forward, they only look shorter, and are
-// lengthened early.
 func (s *Store) learnMonClock(until time.Time, expire, before time.Duration) {
 	s.listMu.Lock()
 	defer s.listMu.Unlock()
-	base := until.Add(-expire)
-	if s.mon.ok && !base.After(s.mon.base.Add(before-s.mon.at)) {
-		return
-	}
-	s.mon = monClock{base: base, at: before, ok: true}
+	s.mon = monClock{base: until.Add(-expire), at: before, ok: true}
 }
 
 // exactEntry is addr's own entry in entries (not a wider one).
@@ -209,8 +208,8 @@ func (s *Store) judge(entries []BlockEntry, addr string, recorded time.Time) (Bl
 		return e, missing
 	case !recorded.IsZero() && e.Until.Before(recorded.Add(-readdTolerance)):
 		return e, short
-	case e.Until.Sub(s.monNow()) < s.cfg.FenceExpiry*3/4:
-		return e, aging
+	case e.Until.Sub(s.monNow()) <= s.cfg.FenceExpiry*3/4:
+		return e, aging // a quarter of its life gone: lengthened at the first check from then
 	}
 	return e, inForce
 }
@@ -230,10 +229,10 @@ func (s *Store) add(ctx context.Context, addr string, absent bool) (time.Time, e
 	return until.UTC(), nil
 }
 
-// lengthened says whether an expiry is long enough for a fence: three quarters of fence_expiry
-// or more left on the monitors' clock.
+// lengthened says whether an expiry is long enough for a fence: more than three quarters of
+// fence_expiry left on the monitors' clock.
 func (s *Store) lengthened(until time.Time) bool {
-	return until.Sub(s.monNow()) >= s.cfg.FenceExpiry*3/4
+	return until.Sub(s.monNow()) > s.cfg.FenceExpiry*3/4
 }
 
 // errNotLengthened: an entry could not be lengthened without leaving its client uncut.
@@ -380,8 +379,12 @@ func (s *Store) swapCovered(ctx context.Context, addr, cover string, isRange boo
 	if err != nil {
 		return time.Time{}, "", fmt.Errorf("cover %s with %s to add it again for longer: %w", addr, cover, err)
 	}
-	if !cu.After(s.monNow()) {
-		return time.Time{}, "", fmt.Errorf("cover %s with %s to add it again for longer: the cover is not listed", addr, cover)
+	// the cover must be listed before the entry goes: read back, not judged by clocks
+	if entries, err = s.blocklist(ctx); err != nil {
+		return time.Time{}, "", fmt.Errorf("cover %s with %s to add it again for longer: %w", addr, cover, err)
+	}
+	if _, ok := coveringNode(entries, addr); !ok {
+		return time.Time{}, "", fmt.Errorf("cover %s with %s to add it again for longer: the cover is not listed (until %s)", addr, cover, stamp(cu))
 	}
 	how := "removed and added again under a " + coverLife.String() + " entry for its whole node, " + cover + " (the node is not seen alive)"
 	if isRange {

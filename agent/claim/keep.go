@@ -53,9 +53,13 @@ func (s *Store) dueAt(k keptAt, ok bool) bool {
 }
 
 // markKept records that this store just checked (or made) the entry keyed k (keepMu held).
-func (s *Store) markKept(k string) {
+func (s *Store) markKept(k string) { s.markKeptAt(k, s.cfg.Mono(), s.cfg.Now()) }
+
+// markKeptAt records that this store checked the entry keyed k on what it knew at mono and wall
+// (keepMu held): a check counts from the time it read the listing, not from when it ended.
+func (s *Store) markKeptAt(k string, mono time.Duration, wall time.Time) {
 	at := s.kept[k]
-	at.mono, at.wall = s.cfg.Mono(), s.cfg.Now()
+	at.mono, at.wall = mono, wall
 	s.kept[k] = at
 }
 
@@ -213,13 +217,13 @@ func (s *Store) keepDue(ctx context.Context, img Image, cur *Record, rep *KeepRe
 	if len(due)+len(lift) == 0 {
 		return round, nil
 	}
-	entries, err := s.blocklist(ctx)
+	entries, read, err := s.blocklistAt(ctx)
 	if err != nil {
 		return round, []error{fmt.Errorf("check the fences of %s: %w", img, err)}
 	}
 	var errs []error
 	for _, e := range due {
-		if err := s.keepOne(ctx, img, e, entries, &round, rep); err != nil {
+		if err := s.keepOne(ctx, img, e, entries, read, &round, rep); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -239,7 +243,7 @@ func (s *Store) keepDue(ctx context.Context, img Image, cur *Record, rep *KeepRe
 }
 
 // keepOne checks one due entry e against entries and repairs it (see keepDue).
-func (s *Store) keepOne(ctx context.Context, img Image, e entry, entries []BlockEntry, round *keepRound, rep *KeepReport) error {
+func (s *Store) keepOne(ctx context.Context, img Image, e entry, entries []BlockEntry, checked keptAt, round *keepRound, rep *KeepReport) error {
 	k := keepKey(img, e)
 	le, st := s.judge(entries, e.addr, e.expires)
 	down := false
@@ -259,7 +263,7 @@ func (s *Store) keepOne(ctx context.Context, img Image, e entry, entries []Block
 	kf := KeptFence{NodeID: e.node, Addr: e.addr, Expires: e.expires, Intruder: e.intruder}
 	until, how, err := s.ensure(ctx, e.addr, le, st, entries, swapCovered, down)
 	s.keepMu.Lock()
-	s.markKept(k)
+	s.markKeptAt(k, checked.mono, checked.wall)
 	s.pruneKept()
 	s.keepMu.Unlock()
 	fault := EntryFault{Image: img, KeptFence: kf, Kind: "short", Listed: le.Until, Recorded: e.expires, Now: until, How: how}
@@ -393,7 +397,7 @@ func (s *Store) renewDue(ctx context.Context, img Image, rec *Record, done map[s
 	}
 	s.keepMu.Unlock()
 	if len(due) > 0 {
-		entries, err := s.blocklist(ctx)
+		entries, read, err := s.blocklistAt(ctx)
 		if err != nil {
 			return fmt.Errorf("the fences the claim keeps could not be checked first: %w", err)
 		}
@@ -405,7 +409,7 @@ func (s *Store) renewDue(ctx context.Context, img Image, rec *Record, done map[s
 				return fmt.Errorf("node %s's fence %s, which the claim keeps, could not be put in force first: %w", e.node, e.addr, err)
 			}
 			s.keepMu.Lock()
-			s.markKept(k)
+			s.markKeptAt(k, read.mono, read.wall)
 			s.keepMu.Unlock()
 			done[k] = until
 		}
