@@ -44,6 +44,9 @@ const (
 	swapBare enforceMode = iota
 	// swapCovered: a hold may write beside the fenced client: remove only under a cover.
 	swapCovered
+	// swapNeedsMark: before the hold is written, but another claim could land meanwhile: a
+	// bare remove needs the record's swap mark first (errNeedsMark; swapmark.go).
+	swapNeedsMark
 )
 
 // coverLife is the life of the ip:0/0 entry that covers an exact entry while it is removed and
@@ -70,6 +73,9 @@ type EntryFault struct {
 	How string
 	Why string
 }
+
+// Repaired says whether the entry is as the fence needs it now (put back, or lengthened).
+func (f EntryFault) Repaired() bool { return f.How != "" }
 
 // String is the fault as one line for a person.
 func (f EntryFault) String() string {
@@ -262,8 +268,11 @@ func (s *Store) ensure(ctx context.Context, addr string, e BlockEntry, st entryS
 	if s.lengthened(until) {
 		return until, "added again (the cluster lengthened the entry)", nil
 	}
-	if mode == swapBare {
+	switch mode {
+	case swapBare:
 		return s.swap(ctx, addr, "removed and added again, before the hold it protects was written")
+	case swapNeedsMark:
+		return e.Until, "", errNeedsMark{addr: addr}
 	}
 	if cover, ok := coveringNode(entries, addr); ok {
 		return s.swap(ctx, addr, "removed and added again while "+cover.String()+" cut the same client")

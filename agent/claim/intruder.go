@@ -299,7 +299,8 @@ func (c *unmanagedCall) adopt(ctx context.Context, cur *Record) (*Record, error)
 		}
 		return nil, err
 	}
-	if err := s.renewDue(ctx, u.Image, plan.Next, c.renewed); err != nil {
+	// the mapping exists and may write: a short entry is lengthened only under a cover
+	if err := s.renewDue(ctx, u.Image, plan.Next, c.renewed, swapCovered); err != nil {
 		return nil, fmt.Errorf("not adopted: %w", err)
 	}
 	// as in Acquire: this node's liveness, listing the image among its holds, before the

@@ -98,6 +98,18 @@ type KeepReport struct {
 	Unchecked []error
 }
 
+// Unrepaired counts the faults left as found: entries missing or short that could not be put
+// in force (reported at every check until they are, or until their fence ends).
+func (r KeepReport) Unrepaired() int {
+	n := 0
+	for _, f := range r.Faults {
+		if !f.Repaired() {
+			n++
+		}
+	}
+	return n
+}
+
 // KeptFence is one live blocklist entry a record keeps: a fence or an intruder.
 type KeptFence struct {
 	NodeID   string
@@ -378,10 +390,13 @@ func (r *Record) Kept() []KeptFence {
 // the listed expiries into rec. A claim runs it before its compare-and-set (F6 of
 // docs/safety.md): an entry may be gone (lapsed while every keeper was down, or removed by
 // someone), and the claimer must not write a hold beside it. Before that hold is written a
-// short entry may be removed and added again (swapBare). done carries what this call already
+// short entry may be removed and added again as mode allows: bare (swapBare, under this call's
+// swap mark), not before a mark is written (swapNeedsMark: errNeedsMark), or only under a cover
+// where a hold of rec is kept and may write (swapCovered: an entry that cannot be lengthened so
+// stays as listed, in force, and its keepers report it). done carries what this call already
 // checked across its attempts (keepKey → the listed expiry). An entry that cannot be put in
 // force fails the call.
-func (s *Store) renewDue(ctx context.Context, img Image, rec *Record, done map[string]time.Time) error {
+func (s *Store) renewDue(ctx context.Context, img Image, rec *Record, done map[string]time.Time, mode enforceMode) error {
 	if rec == nil {
 		return nil
 	}
@@ -404,7 +419,10 @@ func (s *Store) renewDue(ctx context.Context, img Image, rec *Record, done map[s
 		for _, e := range due {
 			k := keepKey(img, e)
 			le, st := s.judge(entries, e.addr, e.expires)
-			until, _, err := s.ensure(ctx, e.addr, le, st, entries, swapBare, false)
+			until, _, err := s.ensure(ctx, e.addr, le, st, entries, mode, false)
+			if errors.Is(err, errNotLengthened) {
+				until, err = le.Until, nil // listed, in force: short, reported by its keepers
+			}
 			if err != nil {
 				return fmt.Errorf("node %s's fence %s, which the claim keeps, could not be put in force first: %w", e.node, e.addr, err)
 			}

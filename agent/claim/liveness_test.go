@@ -224,7 +224,7 @@ func TestLegacyHolderRenewalsAreLiveness(t *testing.T) {
 		t.Fatalf("the record was not rewritten in format %d: %s", FormatVersion, data)
 	}
 	// a future format is refused, never guessed at
-	future := FormatVersion + 1
+	future := SwapFormat + 1
 	m.Put(img, objectOf(img), fmt.Appendf(nil, `{"format": %d, "pool": "rbd", "image": "old"}`, future))
 	if _, err := b.Inspect(context.Background(), img); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("format %d", future)) {
 		t.Fatalf("a format-%d record was read: %v", future, err)

@@ -60,12 +60,26 @@ func (s *Store) Acquire(ctx context.Context, req Request) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("acquire %s: %w", req.Image, err)
 	}
-	c := &acquireCall{s: s, img: req.Image, in: in, fences: map[string]Fence{}, renewed: map[string]time.Time{}}
-	rec, err := s.updateFrom(ctx, req.Image, &first, func(cur *Record, ver uint64) (*Record, error) {
+	c := &acquireCall{s: s, img: req.Image, in: in, fences: map[string]Fence{}, renewed: map[string]time.Time{}, token: newSwapToken()}
+	decide := func(cur *Record, ver uint64) (*Record, error) {
 		next, err := c.attempt(ctx, cur, ver)
-		c.sent = c.sent || next != nil
+		c.sent = c.sent || (next != nil && !c.marking)
 		return next, err
-	})
+	}
+	rec, err := s.updateFrom(ctx, req.Image, &first, decide)
+	if err == nil && c.marking {
+		// the swap mark is written: the claim on a fresh read, removing and adding under it
+		c.marking, c.marked = false, true
+		rec, err = s.update(ctx, req.Image, decide)
+		if err == nil && c.marking {
+			err = fmt.Errorf("%w: a second swap mark was needed after the first (the record changed under it)", ErrConflict)
+		}
+	}
+	if c.marked && (err != nil || c.marking) {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		s.dropMark(dctx, req.Image, c.token)
+		cancel()
+	}
 	if err != nil {
 		if !c.sent {
 			// no claim was sent: the image goes from this node's list of holds again, unless
@@ -150,6 +164,11 @@ type acquireCall struct {
 	fences  map[string]Fence     // holders this call has blocklisted (see acquireInput.Fenced)
 	renewed map[string]time.Time // the record's live fences this call blocklisted again
 	sent    bool                 // a claim was sent (it may have landed, even if it failed)
+	// the swap mark (swapmark.go): this call's token; marking: the attempt returned the mark to
+	// write, not a claim; marked: the mark was written, at markedAt (Mono, before its write)
+	token           string
+	marking, marked bool
+	markedAt        time.Duration
 }
 
 // attempt is one read-decide-write of Acquire on the record as read (cur, at version ver):
@@ -160,6 +179,21 @@ func (c *acquireCall) attempt(ctx context.Context, cur *Record, ver uint64) (*Re
 	s := c.s
 	c.in.Now = s.cfg.Now().UTC()
 	c.res = Result{}
+	c.marking = false
+	var mark *SwapMark
+	if cur != nil {
+		mark = cur.Swap
+	}
+	ours := mark != nil && mark.Token == c.token
+	if !ours {
+		if busy, left := s.swapBusy(c.img, mark); busy {
+			return nil, swapBusyError(c.img, mark, left)
+		}
+	}
+	var before *Record // the record decided on, to carry a swap mark
+	if cur != nil {
+		before = cur.clone()
+	}
 	leases, err := s.leases(ctx, c.img, cur, ver)
 	if err != nil {
 		return nil, err
@@ -172,28 +206,59 @@ func (c *acquireCall) attempt(ctx context.Context, cur *Record, ver uint64) (*Re
 	if err != nil {
 		return nil, err
 	}
-	if err := c.fenceEvicted(ctx, plan); err != nil {
+	plan.Next.Swap = nil // the claim's write drops this call's mark, or one no longer honoured
+	mode, err := c.swapMode(plan, ours)
+	if err != nil {
 		return nil, err
 	}
-	// the record's live fences, before the claim: their entries may have run out while every
-	// keeper was down (F6 of docs/safety.md)
-	if err := s.renewDue(ctx, c.img, plan.Next, c.renewed); err != nil {
-		return nil, fmt.Errorf("no claim made: %w", err)
+	err = c.fenceEvicted(ctx, plan, mode)
+	if err == nil {
+		// the record's live fences, before the claim: their entries may have run out while every
+		// keeper was down (F6 of docs/safety.md)
+		if err = s.renewDue(ctx, c.img, plan.Next, c.renewed, mode); err != nil {
+			err = fmt.Errorf("no claim made: %w", err)
+		}
+	}
+	if addr, ok := needsMark(err); ok && before != nil {
+		// a bare remove is due: the mark first, on the version decided on (swapmark.go)
+		before.Swap = &SwapMark{Node: s.cfg.Node.ID, Incarnation: s.cfg.Node.Incarnation, Token: c.token, Addrs: []string{addr}, At: c.in.Now}
+		c.marking, c.markedAt = true, s.cfg.Mono()
+		return before, nil
+	}
+	if err != nil {
+		return nil, err
 	}
 	c.res.Holder, c.res.Again = plan.Holder, plan.Again
 	return plan.Next, nil
+}
+
+// swapMode is how this attempt may lengthen a short entry before its claim (enforce.go): only
+// under a cover where the record keeps a hold that may write now (this node's own hold again,
+// other holders of a shared image); else bare, under this call's swap mark written less than
+// half its life ago; else not before the mark is written.
+func (c *acquireCall) swapMode(plan acquirePlan, ours bool) (enforceMode, error) {
+	if len(plan.Next.Holders) > 1 || plan.Again {
+		return swapCovered, nil
+	}
+	if !ours {
+		return swapNeedsMark, nil
+	}
+	if c.s.cfg.Mono()-c.markedAt >= swapMarkLife/2 {
+		return 0, fmt.Errorf("%w: the swap mark of %s was written %s ago, too long to remove an entry under it; retry", ErrConflict, c.img, (c.s.cfg.Mono() - c.markedAt).Round(time.Second))
+	}
+	return swapBare, nil
 }
 
 // fenceEvicted blocklists the holders the plan evicts and adds their fences to the record to
 // write. Fence first, write after: a crash in between leaves the old holder blocklisted and
 // the record unchanged, and the next attempt blocklists again (idempotent) and writes; a
 // holder this call fenced already is not blocklisted again.
-func (c *acquireCall) fenceEvicted(ctx context.Context, plan acquirePlan) error {
+func (c *acquireCall) fenceEvicted(ctx context.Context, plan acquirePlan, mode enforceMode) error {
 	for _, h := range plan.Evict {
 		f, done := c.fences[fenceKey(h)]
 		if !done {
 			var err error
-			if f, err = c.s.fence(ctx, c.img, h, c.in.Now); err != nil {
+			if f, err = c.s.fence(ctx, c.img, h, c.in.Now, mode); err != nil {
 				return fmt.Errorf("takeover of %s from node %s: %w", c.img, h.NodeID, err)
 			}
 			c.fences[fenceKey(h)], c.in.Fenced[fenceKey(h)] = f, true
@@ -271,20 +336,23 @@ func (s *Store) refresh(h *Holder, now time.Time) {
 
 // fence blocklists holder h's mapping of img (its client address, else its whole node), in force
 // for a whole fence_expiry before the hold it protects is written (an entry listed already for
-// less is removed and added again: fenceEntry), and returns the fence to record: with the
-// expiry as listed, the boot id h recorded, and counted as kept by this store.
-func (s *Store) fence(ctx context.Context, img Image, h Holder, now time.Time) (Fence, error) {
+// less is removed and added again as mode allows: fenceEntry), and returns the fence to record:
+// with the expiry as listed, the boot id h recorded, and counted as kept by this store when it
+// is listed for long enough (else it is due at once).
+func (s *Store) fence(ctx context.Context, img Image, h Holder, now time.Time, mode enforceMode) (Fence, error) {
 	addr := h.fenceAddr()
 	if addr == "" {
 		return Fence{}, fmt.Errorf("node %s recorded no address to fence", h.NodeID)
 	}
-	until, made, err := s.fenceEntry(ctx, addr, swapBare, false)
+	until, made, err := s.fenceEntry(ctx, addr, mode, false)
 	if err != nil {
 		return Fence{}, err
 	}
-	s.keepMu.Lock()
-	s.markKept(keepKey(img, entry{node: h.NodeID, addr: addr}))
-	s.keepMu.Unlock()
+	if s.lengthened(until) { // else due at once: the keepers' next check lengthens it
+		s.keepMu.Lock()
+		s.markKept(keepKey(img, entry{node: h.NodeID, addr: addr}))
+		s.keepMu.Unlock()
+	}
 	if s.afterFence != nil {
 		s.afterFence()
 	}
@@ -604,7 +672,9 @@ func (s *Store) fenceHolders(ctx context.Context, img Image, node string) (*Fenc
 			if node != "" && cur.Holders[i].NodeID != node {
 				continue
 			}
-			f, err := s.fence(ctx, img, cur.Holders[i], now)
+			// not a bare remove: it is not guarded by the record (a taker of the fenced hold
+			// may claim and map between it and its add); a short entry stays as listed, due
+			f, err := s.fence(ctx, img, cur.Holders[i], now, swapCovered)
 			if err != nil {
 				return nil, err
 			}

@@ -12,13 +12,19 @@ import (
 
 // FormatVersion is the version of the claim record's JSON layout. Each format is refused by the
 // agents that read only older ones, so that a cluster mixing old and new agents fails closed:
+//
 //   - format 2: liveness by heartbeats, judged on the observer's clock (format-1 agents would
 //     take an image from a new one by reading a timestamp it no longer renews);
+//
 //   - format 3: claims are indexed (index.go). An agent from before the index would create and
 //     remove claim objects without their keys, so it may not write an indexed claim: it reads a
 //     format-3 record as "format 3, this agent reads 1 and 2" and refuses the map.
 //
-// This agent reads formats 1 to 3 and writes 3 (indexing the claim first, I1 of index.go).
+//   - format 4 (SwapFormat): format 3 with a claimer's swap mark (swapmark.go), for the seconds
+//     in which it removes and adds a fence's entry before its claim; written only then.
+//
+// This agent reads formats 1 to 4 and writes 3, or 4 while it marks a swap (indexing the claim
+// first, I1 of index.go).
 const FormatVersion = 3
 
 // legacyFormat is the format of agents from before heartbeats: each holder renews its claim
@@ -183,7 +189,10 @@ type Record struct {
 	Fences  []Fence  `json:"fences,omitempty"`
 	// Intruders are mappings made outside rbd-owner that were fenced (see Intruder).
 	Intruders []Intruder `json:"intruders,omitempty"`
-	UpdatedAt time.Time  `json:"updated_at"`
+	// Swap is a claimer's mark while it removes and adds a fence's entry before its claim
+	// (swapmark.go); nil otherwise.
+	Swap      *SwapMark `json:"swap,omitempty"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // Holder returns node's holder entry, or nil.
@@ -253,6 +262,11 @@ func (r *Record) clone() *Record {
 	c.Holders = append([]Holder(nil), r.Holders...)
 	c.Fences = append([]Fence(nil), r.Fences...)
 	c.Intruders = append([]Intruder(nil), r.Intruders...)
+	if r.Swap != nil {
+		m := *r.Swap
+		m.Addrs = append([]string(nil), r.Swap.Addrs...)
+		c.Swap = &m
+	}
 	return &c
 }
 
@@ -264,8 +278,8 @@ func decode(data []byte) (*Record, error) {
 	if err := json.Unmarshal(data, &r); err != nil {
 		return nil, fmt.Errorf("claim record is not valid JSON: %w", err)
 	}
-	if r.Format < legacyFormat || r.Format > FormatVersion {
-		return nil, fmt.Errorf("claim record has format %d, this agent reads %d to %d (upgrade the agent that reads it)", r.Format, legacyFormat, FormatVersion)
+	if r.Format < legacyFormat || r.Format > SwapFormat {
+		return nil, fmt.Errorf("claim record has format %d, this agent reads %d to %d (upgrade the agent that reads it)", r.Format, legacyFormat, SwapFormat)
 	}
 	return &r, nil
 }

@@ -86,9 +86,11 @@ type Store struct {
 	afterFence func()
 	obs        *Observer
 	// kept is when (Mono) this store last checked each live fence (see KeepFences)
-	keepMu sync.Mutex
-	kept   map[string]keptAt
-	silent map[string]markSeen // fenced nodes' heartbeat marks, by place and node (silentFor)
+	swapMu   sync.Mutex
+	swapSeen map[Image]swapSighting // the swap marks of other calls seen, by image (swapmark.go)
+	keepMu   sync.Mutex
+	kept     map[string]keptAt
+	silent   map[string]markSeen // fenced nodes' heartbeat marks, by place and node (silentFor)
 	// list is the cluster's blocklist as last read, mon the monitors' clock as estimated from
 	// this store's fresh entries (enforce.go)
 	listMu sync.Mutex
@@ -150,7 +152,7 @@ func NewStoreOn(b Backend, cfg Config) (*Store, error) {
 		start := time.Now()
 		cfg.Mono = func() time.Duration { return time.Since(start) } // monotonic reading
 	}
-	return &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver(), kept: map[string]keptAt{}, silent: map[string]markSeen{}, hbLast: map[string]hbWritten{},
+	return &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver(), kept: map[string]keptAt{}, swapSeen: map[Image]swapSighting{}, silent: map[string]markSeen{}, hbLast: map[string]hbWritten{},
 		hbEdits: map[string]map[string]bool{}, hbGates: map[string]*hbGate{}, ids: map[Image]string{}, recs: map[Image]readResult{}}, nil
 }
 
@@ -219,6 +221,9 @@ func (s *Store) lastSeen(img Image) *readResult {
 func (s *Store) cas(ctx context.Context, img Image, ver uint64, rec *Record) error {
 	rec.UpdatedAt = s.cfg.Now().UTC()
 	rec.Format = FormatVersion // a legacy record is rewritten in this agent's format
+	if rec.Swap != nil {
+		rec.Format = SwapFormat // agents before the mark refuse it (swapmark.go)
+	}
 	data, err := encode(rec)
 	if err != nil {
 		return fmt.Errorf("write claim of %s: %w", img, err)

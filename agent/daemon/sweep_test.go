@@ -185,6 +185,38 @@ func TestASweepThatCouldNotKeepAFenceIsNotMarked(t *testing.T) {
 	}
 }
 
+// TestASweepThatLeftAFenceShortIsNotMarked: a sweep that found a live fence's entry listed
+// shorter than recorded and could not lengthen it (its node was not seen down, so no cover of
+// it may be listed) reports it and does not record itself: the other nodes sweep the place at
+// their next look (one of them may see the node down and lengthen the entry) instead of
+// skipping it for a period on the word of a sweep that left a fence short.
+func TestASweepThatLeftAFenceShortIsNotMarked(t *testing.T) {
+	m := claim.NewMemory("00000000-0000-4000-8000-00000000000b")
+	a, _ := roundDaemonAs(t, m, "node-c", 0, 0)
+	ctx := context.Background()
+	freeFencedClaim(t, m)
+	if err := m.Unblocklist(ctx, "10.0.0.5:0/5"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Blocklist(ctx, "10.0.0.5:0/5", 10*time.Minute); err != nil { // as librbd's lock break, say
+		t.Fatal(err)
+	}
+	pool := state.Pool{Cluster: "c1", Pool: "rbd"}
+	if _, err := a.sweepPool(ctx, pool); err == nil {
+		t.Fatal("a sweep that left a fence short reported no error")
+	}
+	if until, ok := m.BlocklistedUntil("10.0.0.5:0/5"); !ok || time.Until(until) > 11*time.Minute {
+		t.Fatalf("the entry of a node not seen down was changed: listed %v until %v", ok, until)
+	}
+	store, err := a.clusters["c1"].Claims(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seq, err := store.SweptMark(ctx, "rbd", ""); seq != 0 || err != nil {
+		t.Fatalf("the sweep that left a fence short was recorded: mark %d, %v", seq, err)
+	}
+}
+
 // freeFencedClaim makes, on m, a free claim that keeps a live fence: another node held the image
 // "fenced" with a mapping, an admin fenced it and force-released the claim.
 func freeFencedClaim(t *testing.T, m *claim.Memory) claim.Image {

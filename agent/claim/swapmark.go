@@ -1,0 +1,114 @@
+package claim
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// A swap mark guards the one bare remove of the protocol. Before the hold a fence protects is
+// written, a short entry of that fence may be removed and added again with nothing else cutting
+// its client (swapBare in enforce.go): nobody writes beside the fenced client yet. That holds only
+// while no other claim of the image lands between the remove and the add: two claimers of a free
+// record (or two takers of one dead hold) may both decide to remove, and the second's remove may
+// land after the first claimed and mapped (model/fence.pml, swap-after-claim). So an Acquire that
+// would remove an entry first writes a SwapMark into the record with a compare-and-set on the
+// version it decided on, then removes and adds, then claims (the claim's write drops the mark):
+//   - a claim decided on an older version loses its compare-and-set to the mark;
+//   - a claimer that reads the mark refuses (busy, retry) while the mark lives;
+//   - a record with a mark is written in format SwapFormat, which agents from before the mark
+//     refuse to read (they fail closed for those seconds).
+//
+// Recovery: a claimer that stops between its mark and its claim leaves the mark and, perhaps,
+// the entry removed with no claim written (the state before the fence: no second writer). Each
+// other node judges the mark on its own monotonic clock from its first sight of it, and after
+// swapMarkLife decides over it as if there were none (a missing entry is then added whole, by
+// renewDue, before any claim); the next write of the record drops it. The marker itself removes
+// only within swapMarkLife/2 of writing the mark, on its own clock, and drops a mark it leaves
+// behind when its Acquire fails.
+
+// SwapMark is the note of a claimer that is removing and adding again a fence's entry before
+// its claim (see above).
+type SwapMark struct {
+	Node        string    `json:"node"`
+	Incarnation string    `json:"incarnation,omitempty"`
+	Token       string    `json:"token"` // the Acquire call's, so that its own attempts know it
+	Addrs       []string  `json:"addrs"` // the entries it removes and adds again
+	At          time.Time `json:"at"`    // on the marker's clock (for people; never judged)
+}
+
+// SwapFormat is the claim record's format while it carries a SwapMark (format 3 otherwise):
+// agents that read only formats 1 to 3 refuse it, rather than claim beside the swap.
+const SwapFormat = FormatVersion + 1
+
+// swapMarkLife is how long a mark is honoured, from each observer's first sight of it.
+const swapMarkLife = 2 * time.Minute
+
+// errNeedsMark: a bare remove is needed, and this call has no mark in the record for it.
+type errNeedsMark struct{ addr string }
+
+func (e errNeedsMark) Error() string {
+	return fmt.Sprintf("the entry %s must be removed and added again before the claim, under a swap mark", e.addr)
+}
+
+// swapSighting is this store's first sight (Mono) of an image's mark, by token.
+type swapSighting struct {
+	token string
+	first time.Duration
+}
+
+// swapBusy says whether m, another call's mark read in img's record, is still honoured, and
+// for how long. nil: no mark (what was remembered of img is forgotten).
+func (s *Store) swapBusy(img Image, m *SwapMark) (bool, time.Duration) {
+	s.swapMu.Lock()
+	defer s.swapMu.Unlock()
+	if m == nil {
+		delete(s.swapSeen, img)
+		return false, 0
+	}
+	now := s.cfg.Mono()
+	seen, ok := s.swapSeen[img]
+	if !ok || seen.token != m.Token {
+		seen = swapSighting{token: m.Token, first: now}
+		s.swapSeen[img] = seen
+	}
+	left := swapMarkLife - (now - seen.first)
+	return left > 0, left
+}
+
+// swapBusyError is the refusal of a claim beside another claimer's swap.
+func swapBusyError(img Image, m *SwapMark, left time.Duration) error {
+	return fmt.Errorf("%w: node %s is adding the blocklist entry %v again before its claim of %s (a removal and an add); retry in a few seconds (its mark is honoured for %s more)",
+		ErrBusy, m.Node, m.Addrs, img, left.Round(time.Second))
+}
+
+// newSwapToken is a random token for one Acquire call's mark.
+func newSwapToken() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// needsMark finds, in err, the bare remove an attempt needed (see errNeedsMark).
+func needsMark(err error) (string, bool) {
+	var nm errNeedsMark
+	if errors.As(err, &nm) {
+		return nm.addr, true
+	}
+	return "", false
+}
+
+// dropMark removes this call's mark from img's record if it is still there (best effort: a
+// mark left behind lapses after swapMarkLife).
+func (s *Store) dropMark(ctx context.Context, img Image, token string) {
+	_, _ = s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
+		if cur == nil || cur.Swap == nil || cur.Swap.Token != token {
+			return nil, nil
+		}
+		cur.Swap = nil
+		return cur, nil
+	})
+}
