@@ -142,10 +142,7 @@ func (a *Admin) removeOrphan(ctx context.Context, cluster string, store *claim.S
 			return
 		}
 		if ok {
-			out.Removed = append(out.Removed, o.Ref.String())
-			a.Audit.Record(audit.Entry{Event: audit.Release, Cluster: cluster, Pool: o.Pool, Namespace: o.Namespace, Image: o.Image,
-				Epoch: o.Epoch, HasPeer: peer != nil, UID: peercred.UID(peer), PID: peercred.PID(peer),
-				Message: fmt.Sprintf("removed the claim of deleted image %s", o.Ref)})
+			a.removed(cluster, o, peer, false, fmt.Sprintf("removed the claim of deleted image %s", o.Ref), out)
 			return
 		}
 		// the claim changed since it was listed (taken, fenced, or removed): judge it as it is now
@@ -166,14 +163,18 @@ func (a *Admin) removeOrphan(ctx context.Context, cluster string, store *claim.S
 		return
 	}
 	if ok {
-		out.Removed = append(out.Removed, rec.Ref.String())
-		a.Audit.Record(audit.Entry{Event: audit.Release, Cluster: cluster, Pool: rec.Pool, Namespace: rec.Namespace, Image: rec.Image,
-			Epoch: rec.Epoch, HasPeer: peer != nil, UID: peercred.UID(peer), PID: peercred.PID(peer), Warning: true,
-			Message: fmt.Sprintf("FORCED (claims --remove-orphans --force): removed the claim of deleted image %s, which %s; "+
-				"its holds and fence records are dropped: a holder's agent finds its claim gone, and the blocklist entries of its fences "+
-				"stay until they expire, no longer kept or lifted by rbd-owner (`ceph osd blocklist ls`; `ceph osd blocklist rm ADDR` once "+
-				"that mapping is gone)", rec.Ref, what)})
+		a.removed(cluster, rec, peer, true, fmt.Sprintf("FORCED (claims --remove-orphans --force): removed the claim of deleted image %s, which %s; "+
+			"its holds and fence records are dropped: a holder's agent finds its claim gone, and the blocklist entries of its fences "+
+			"stay until they expire, no longer kept or lifted by rbd-owner (`ceph osd blocklist ls`; `ceph osd blocklist rm ADDR` once "+
+			"that mapping is gone)", rec.Ref, what), out)
 	}
+}
+
+// removed lists rec's claim as removed in out and audits it (forced: at warning priority).
+func (a *Admin) removed(cluster string, rec *claim.Record, peer *peercred.Cred, forced bool, msg string, out *api.OrphansResponse) {
+	out.Removed = append(out.Removed, rec.Ref.String())
+	a.Audit.Record(audit.Entry{Event: audit.Release, Cluster: cluster, Pool: rec.Pool, Namespace: rec.Namespace, Image: rec.Image,
+		Epoch: rec.Epoch, HasPeer: peer != nil, UID: peercred.UID(peer), PID: peercred.PID(peer), Warning: forced, Message: msg})
 }
 
 // sweepable says whether the automatic sweep would remove r's claim, its image gone: no holder,

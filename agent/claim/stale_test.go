@@ -26,6 +26,20 @@ func addrNode(t *testing.T, m *Memory, id, addr string, wall time.Time) (*Store,
 	return s, clk
 }
 
+// staleScene is node-a (10.0.0.1) and node-b (10.0.0.2) on one in-memory cluster, each on its own
+// clock from the same instant, with the given images created.
+func staleScene(t *testing.T, imgs ...Image) (m *Memory, a, b *Store, clkA, clkB *nodeClock) {
+	t.Helper()
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	m = NewMemory("fsid")
+	a, clkA = addrNode(t, m, "node-a", "10.0.0.1", t0)
+	b, clkB = addrNode(t, m, "node-b", "10.0.0.2", t0)
+	for _, img := range imgs {
+		m.AddImage(img, "id-"+img.Image)
+	}
+	return m, a, b, clkA, clkB
+}
+
 // anyBlocklisted returns the entries of m's blocklist that cut the host addr (its whole node,
 // or any of its clients).
 func anyBlocklisted(m *Memory, host string) []string {
@@ -46,14 +60,9 @@ func anyBlocklisted(m *Memory, host string) []string {
 // of it at every step of node-a's acquire. node-a is live throughout: it must never be fenced,
 // least of all its whole address (10.0.0.1:0/0: every mapping of that host, and its agent).
 func TestIdleHolderClaimsWhileTakeoverRetries(t *testing.T) {
-	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	m := NewMemory("fsid")
-	a, clkA := addrNode(t, m, "node-a", "10.0.0.1", t0)
-	b, clkB := addrNode(t, m, "node-b", "10.0.0.2", t0)
-	ctx := context.Background()
 	x, y := Image{Pool: "rbd", Image: "x"}, Image{Pool: "rbd", Image: "y"}
-	m.AddImage(x, "id-x")
-	m.AddImage(y, "id-y")
+	m, a, b, clkA, clkB := staleScene(t, x, y)
+	ctx := context.Background()
 	// node-a holds x; node-b asks for it and so watches node-a's heartbeat in rbd
 	rx, err := a.Acquire(ctx, Request{Image: x})
 	if err != nil {
@@ -231,14 +240,9 @@ func TestObservationNotRefreshedForALeaseExpires(t *testing.T) {
 // while its heartbeat in pool q keeps changing. node-b may judge the lease in p expired, but
 // fencing 10.0.0.1:0/0 would cut a node it has just seen alive: refused.
 func TestWholeNodeFenceRefusedWhileItsHeartbeatMoves(t *testing.T) {
-	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	m := NewMemory("fsid")
-	a, clkA := addrNode(t, m, "node-a", "10.0.0.1", t0)
-	b, clkB := addrNode(t, m, "node-b", "10.0.0.2", t0)
-	ctx := context.Background()
 	y, z := Image{Pool: "p", Image: "y"}, Image{Pool: "q", Image: "z"}
-	m.AddImage(y, "id-y")
-	m.AddImage(z, "id-z")
+	m, a, b, clkA, clkB := staleScene(t, y, z)
+	ctx := context.Background()
 	if _, err := a.Acquire(ctx, Request{Image: y}); err != nil { // no SetMapping: map in progress
 		t.Fatal(err)
 	}
@@ -286,14 +290,9 @@ func TestWholeNodeFenceRefusedWhileItsHeartbeatMoves(t *testing.T) {
 // heartbeat in p lists the places it heartbeats in (q too), so node-b looks there as well before
 // it fences node-a's whole address, and finds it alive: refused, without listing any pool.
 func TestWholeNodeFenceRefusedWhileItsHeartbeatMovesWhereTheTakerDoesNotWatch(t *testing.T) {
-	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	m := NewMemory("fsid")
-	a, clkA := addrNode(t, m, "node-a", "10.0.0.1", t0)
-	b, clkB := addrNode(t, m, "node-b", "10.0.0.2", t0)
-	ctx := context.Background()
 	y, z := Image{Pool: "p", Image: "y"}, Image{Pool: "q", Image: "z"}
-	m.AddImage(y, "id-y")
-	m.AddImage(z, "id-z")
+	m, a, b, clkA, clkB := staleScene(t, y, z)
+	ctx := context.Background()
 	rz, err := a.Acquire(ctx, Request{Image: z})
 	if err != nil {
 		t.Fatal(err)
