@@ -124,6 +124,13 @@
  *                         Without FIX_SWEEP_MARK a sweep is recorded even when a renewal it owed
  *                         failed (its blocklist calls fail)
  *   FIX_SWEEP_MARK        (with FLEET) a sweep is recorded only once it made every renewal it owed
+ *   FIX_SWEEP_SHORT       (with FIX_SWEEP_MARK, FIX_RECONCILE) nor once it left an entry short that
+ *                         it could not lengthen (its node seen alive): the others sweep at their
+ *                         next look (daemon/sweep.go)
+ *   FIX_SWAP_MARK         (with CLAIM_RACES) an Acquire's decision to remove an entry before its
+ *                         claim writes a swap mark into the record (claim/swapmark.go); no other
+ *                         Acquire claims while it is there; it goes with the marker's claim or
+ *                         failure, or lapses once the marker no longer acts under it
  *   HOLDER_SILENT         the holder of record never renews in its renew round: its claim check
  *                         (what feeds keepFences the record) never comes (no notice, the slow check
  *                         not yet due); its Acquire, its sweeps and its other calls work
@@ -263,6 +270,16 @@ bool mine[3];           /* n listed the cover for its swap (it removes it after 
 byte pre[3];            /* B, C: an Acquire's swap before its claim (swapBare): 1 decided
                            (CLAIM_RACES: its remove to come), 2 its entry removed (its add and its
                            compare-and-set to come) */
+#ifdef FIX_SWAP_MARK
+byte smark;             /* the record's swap mark (claim/swapmark.go): 0 none, else its marker
+                           n + 1, written with the decision to remove (a compare-and-set on the
+                           record decided on); no other Acquire claims while it is there */
+#define MARK_LETS(n) (smark == 0 || smark == (n) + 1)
+#define MARK_DROP(n) if :: smark == (n) + 1 -> smark = 0 :: else fi
+#else
+#define MARK_LETS(n) 1
+#define MARK_DROP(n) skip
+#endif
 bool xgap;              /* REMOVALS: R removed an entry that cut a1, and no keeper has checked or
                            added since: a1's writes are not counted meanwhile */
 bool prel;              /* AFTER_FENCE, PRELIST: R listed the fence's address before the fence */
@@ -429,7 +446,12 @@ byte waived;            /* FLEET: a sweep of the pool was recorded since the las
 /* n may record its sweep (the "/swept" sequence in the pool's index): with FIX_SWEEP_MARK only
    once its sweep made every renewal it owed; without, also after a renewal that failed (its
    blocklist calls fail) */
-#ifdef FIX_SWEEP_MARK
+#if defined(FIX_SWEEP_MARK) && defined(FIX_RECONCILE) && defined(FIX_SWEEP_SHORT)
+/* FIX_SWEEP_SHORT: nor once it left an entry short that it could not lengthen (its node seen
+   alive; daemon/sweep.go): the others sweep at their next look */
+#define SW_LEFT(n) (f_live && blk && age >= HALF && !LENGTHENABLE(n) && (SR(n) || BACKSTOP))
+#define MAY_MARK(n) (!SW_OWES(n) && !SW_LEFT(n))
+#elif defined(FIX_SWEEP_MARK)
 #define MAY_MARK(n) (!SW_OWES(n))
 #else
 #define MAY_MARK(n) (!SW_OWES(n) || nobl[n])
@@ -659,7 +681,7 @@ end:
 #endif
   :: atomic { CAN(n) && RESP(n) && f_live && HB_GONE -> MARK_GONE(n) }
   :: atomic {
-       st[n] == UP && !acq[n] && !PEND(n) && pre[n] == 0 && (holder == n || st[holder] == DOWN) ->
+       st[n] == UP && !acq[n] && !PEND(n) && pre[n] == 0 && MARK_LETS(n) && (holder == n || st[holder] == DOWN) ->
 #ifdef FIX_CLAIM_RENEWS
        if
 #ifdef FIX_RECONCILE
@@ -688,6 +710,9 @@ end:
             READD
 #else
             pre[n] = PRE_DECIDED;
+#ifdef FIX_SWAP_MARK
+            smark = n + 1; printf("%c: writes its swap mark into the record first\n", NM(n));
+#endif
             if
             :: pre[n] == 2 -> blk = 0; printf("%c: REMOVES the fence's entry, before its claim\n", NM(n)); CHECK
             :: else
@@ -711,7 +736,7 @@ refused: skip
   :: atomic {
        st[n] == UP && pre[n] == 1 ->
        if
-       :: nobl[n] -> pre[n] = 0; printf("%c: its remove FAILS: no claim\n", NM(n))
+       :: nobl[n] -> pre[n] = 0; MARK_DROP(n); printf("%c: its remove FAILS: no claim\n", NM(n))
        :: else -> blk = 0; pre[n] = 2; printf("%c: REMOVES the fence's entry, before its claim\n", NM(n))
        fi;
        CHECK
@@ -727,7 +752,7 @@ refused: skip
             :: else -> printf("%c: its compare-and-set fails: the record changed\n", NM(n))
             fi
        fi;
-       pre[n] = 0;
+       pre[n] = 0; MARK_DROP(n);
        CHECK
      }
 #endif
@@ -752,13 +777,18 @@ refused: skip
        printf("%c: DIES (its kernel and any mapping with it)\n", NM(n))
      }
   :: atomic { st[n] == DOWN -> st[n] = UP; printf("%c: boots again: up, nothing mapped\n", NM(n)) }
+#ifdef FIX_SWAP_MARK
+  /* a mark its marker no longer acts under (it stopped, or its Acquire ended) lapses: the others
+     honour it for 2 minutes from their first sight; the marker removes only in the first of them */
+  :: atomic { smark == n + 1 && pre[n] == 0 -> smark = 0; printf("%c's swap mark lapses\n", NM(n)) }
+#endif
 #ifdef FLEET
   :: atomic { st[n] == UP && waived == 0 && MAY_MARK(n) -> MARK(n) }
 #endif
 #ifdef AFTER_FENCE
   /* a takeover of A's live hold (after-fence): decide on the listing, blocklist, write */
   :: atomic {
-       st[n] == UP && !acq[n] && !PEND(n) && pre[n] == 0 && holder == A && COVERED ->
+       st[n] == UP && !acq[n] && !PEND(n) && pre[n] == 0 && MARK_LETS(n) && holder == A && COVERED ->
 #ifdef COVER_ANY
        printf("%c: Acquire: A holds it (alive); it takes it over whatever the listing shows", NM(n));
 #else

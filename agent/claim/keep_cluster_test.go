@@ -2,8 +2,10 @@ package claim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -196,5 +198,49 @@ func TestAWholeNodeFenceIsLengthenedUnderARangeOnTheRealCluster(t *testing.T) {
 		if e.Range.IsValid() && e.Range.String() == "127.0.0.8/32" {
 			t.Fatalf("the range cover %s is still listed", e)
 		}
+	}
+}
+
+// TestASwapMarkLeftBehindLapsesOnTheRealCluster: the swap mark on a real cluster. nodeB released
+// the image it took over; a claimer (nodeC) wrote its swap mark and stopped after removing the
+// fence's entry, as TestAMarkLeftByAStoppedClaimerLapses has it. The record, in format 4, goes
+// through RADOS: nodeD is refused (busy, naming nodeC) while the mark lives on its clock, then
+// claims: the entry is added whole before its claim, and its write drops the mark (format 3).
+func TestASwapMarkLeftBehindLapsesOnTheRealCluster(t *testing.T) {
+	_, b, clk, img, addr := realFenceScene(t, "127.0.0.9", true)
+	rec, err := b.Inspect(ctx(t), img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.Release(ctx(t), img, rec.Epoch); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if _, err := b.update(ctx(t), img, func(cur *Record, _ uint64) (*Record, error) {
+		cur.Swap = &SwapMark{Node: "nodeC", Token: "t-stopped", Addrs: []string{addr}, At: clk.Now()}
+		return cur, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	adminBlocklist(t, "rm", addr, 0) // nodeC's remove, its add never sent
+	d := newNode(t, "nodeD", clk)
+	for _, after := range []time.Duration{0, swapMarkLife - time.Second} {
+		clk.Advance(after)
+		if _, err := d.Acquire(ctx(t), Request{Image: img}); !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "nodeC") {
+			t.Fatalf("nodeD's claim %s after its first sight of the mark: %v; want busy, naming nodeC", after, err)
+		}
+	}
+	clk.Advance(time.Second)
+	if _, err := d.Acquire(ctx(t), Request{Image: img}); err != nil {
+		t.Fatalf("nodeD's claim once the mark lapsed: %v", err)
+	}
+	if until, ok := listedUntil(t, d.Store, addr); !ok || time.Until(until) < 50*time.Minute {
+		t.Fatalf("after nodeD's claim: listed %v until %s; want added whole before it", ok, until)
+	}
+	data, _, err := d.b.Read(ctx(t), img, objectOf(img))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := decode(data); err != nil || got.Swap != nil || got.Format != FormatVersion {
+		t.Fatalf("nodeD's claim left %s", data)
 	}
 }
