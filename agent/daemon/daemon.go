@@ -104,6 +104,7 @@ type Daemon struct {
 	watches    takeoverWatches // images waiting to be taken over (watch.go)
 	checks     claimChecks     // when each claim held is next read (checks.go)
 	sweepMarks sweepMarks      // the sweeps of each place seen (sweep.go)
+	unsettled  unsettledHolds  // holds the rebuild could not settle (unsettled.go)
 	renewed    atomic.Int64    // successful heartbeats (tests)
 	judging    atomic.Int64    // judgements of devices under way off the executor (judgeAtOnce)
 	// rebootedBefore: the node rebooted after the state was last written, and before this

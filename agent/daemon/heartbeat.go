@@ -55,6 +55,11 @@ func (d *Daemon) held(clusterID string) map[place][]state.Key {
 // acquire writes its own heartbeat first, so a new place is covered until its loop starts).
 func (h *heartbeats) sync(ctx context.Context) {
 	want := h.d.held(h.cl.cfg.ID)
+	for p := range h.d.unsettled.places(h.cl.cfg.ID) {
+		if _, ok := want[p]; !ok {
+			want[p] = nil // a hold the rebuild could not settle: still this node's
+		}
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for p, cancel := range h.places {
@@ -120,7 +125,7 @@ func (h *heartbeats) beat(ctx context.Context, p place) {
 	hctx, cancel := context.WithTimeout(ctx, h.d.heartbeatTimeout())
 	defer cancel()
 	keys := h.d.held(h.cl.cfg.ID)[p]
-	if len(keys) == 0 {
+	if len(keys) == 0 && !h.d.unsettled.places(h.cl.cfg.ID)[p] {
 		return // released meanwhile; sync stops this loop
 	}
 	start := time.Now()

@@ -215,7 +215,8 @@ func (d *Daemon) renewRound(ctx context.Context, cl *cluster) {
 		held[m.Key] = true
 	}
 	d.checks.keep(held)
-	if len(ms) == 0 && len(d.watches.due(cl.cfg.ID, time.Now())) == 0 {
+	unsettled := d.unsettled.pending(cl.cfg.ID)
+	if len(ms) == 0 && !unsettled && len(d.watches.due(cl.cfg.ID, time.Now())) == 0 {
 		return
 	}
 	cctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
@@ -226,6 +227,9 @@ func (d *Daemon) renewRound(ctx context.Context, cl *cluster) {
 			d.setProblem(m.Key, "claim not checked: "+err.Error())
 		}
 		return
+	}
+	if unsettled {
+		d.resettle(ctx, cl, store)
 	}
 	d.watchRound(ctx, cl, store)
 	nctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())

@@ -111,61 +111,85 @@ func listText(items []string) string {
 }
 
 // settleListedHolds finds, after a rebuild, the holds this node's own heartbeats list in every
-// place of every connected cluster (claim.Store.ListedHolds) that the rebuilt state does not
-// name, and releases each one whose image has no device on this node (a map killed between its
-// claim and the kernel, a device unmapped while the state was lost): kept, nobody would renew
-// or release it, and its place's heartbeat would stop. A hold with a device here (one the rebuild
-// could not adopt) is left for a person. It returns the images released and those not settled,
-// with why.
+// place of every connected cluster, and settles each that the rebuilt state does not name
+// (settleHold). The ones it cannot settle stay listed and their places' heartbeats go on
+// (unsettled.go) until a later round settles them: this node still holds those claims.
 func (d *Daemon) settleListedHolds(ctx context.Context) (released, unsettled []string) {
-	devs, err := d.kernel.List()
-	if err != nil {
-		return nil, []string{"(the rbd devices could not be listed: " + err.Error() + ")"}
-	}
 	for _, cl := range d.clusters {
-		store, _, ok := cl.connected()
-		if !ok {
-			unsettled = append(unsettled, "(cluster "+cl.cfg.ID+" not connected)")
-			continue
-		}
-		lctx, cancel := context.WithTimeout(ctx, 2*d.cfg.RenewInterval.D())
-		listed, errs := store.ListedHolds(lctx, d.cfg.NodeID)
-		for _, err := range errs {
-			unsettled = append(unsettled, "("+err.Error()+")")
-		}
-		for _, img := range listed {
-			key := state.Key{Cluster: cl.cfg.ID, Ref: img}
-			if named := d.names(cl.cfg.ID, img); named || hasDevice(devs, store.FSID(), img) {
-				if !named {
-					unsettled = append(unsettled, key.String()+" (mapped here, not adopted)")
-				}
-				continue
-			}
-			rec, err := store.Inspect(lctx, img)
-			if err != nil {
-				if !errors.Is(err, claim.ErrNoClaim) {
-					unsettled = append(unsettled, key.String()+" ("+err.Error()+")")
-				}
-				continue
-			}
-			h := rec.Holder(d.cfg.NodeID)
-			if h == nil {
-				continue // listed, not held: the next heartbeat drops it
-			}
-			if ok, err := store.Release(lctx, img, h.Epoch); err != nil {
-				unsettled = append(unsettled, key.String()+" (release failed: "+err.Error()+")")
-			} else if ok {
-				released = append(released, key.String())
-				d.audit.Record(audit.Entry{Event: audit.Release, Result: audit.OK, Cluster: cl.cfg.ID, Pool: img.Pool, Namespace: img.Namespace,
-					Image: img.Image, Epoch: h.Epoch, OwnerNode: d.cfg.NodeID,
-					Message: fmt.Sprintf("state rebuilt: released this node's claim on %s at epoch %d, which its heartbeat listed and no device here accounts for", key, h.Epoch)})
-			}
-		}
-		cancel()
+		r, u := d.settleCluster(ctx, cl)
+		released, unsettled = append(released, r...), append(unsettled, u...)
 	}
 	sort.Strings(released)
 	sort.Strings(unsettled)
 	return released, unsettled
+}
+
+// settleCluster is settleListedHolds on one cluster, connecting to it if need be (a rebuilt state
+// with no mapping of it has not connected yet). When its holds cannot be listed, the renew round
+// tries again (unsettledHolds.unread).
+func (d *Daemon) settleCluster(ctx context.Context, cl *cluster) (released, unsettled []string) {
+	lctx, cancel := context.WithTimeout(ctx, 2*d.cfg.RenewInterval.D())
+	defer cancel()
+	devs, err := d.kernel.List()
+	if err != nil {
+		d.unsettled.unlisted(cl.cfg.ID, true)
+		return nil, []string{"(the rbd devices could not be listed: " + err.Error() + ")"}
+	}
+	store, err := cl.Claims(lctx)
+	if err != nil {
+		d.unsettled.unlisted(cl.cfg.ID, true)
+		return nil, []string{"(cluster " + cl.cfg.ID + " not reached: " + err.Error() + ")"}
+	}
+	listed, errs := store.ListedHolds(lctx, d.cfg.NodeID)
+	for _, err := range errs {
+		unsettled = append(unsettled, "("+err.Error()+")")
+	}
+	d.unsettled.unlisted(cl.cfg.ID, len(errs) > 0)
+	for _, img := range listed {
+		key := state.Key{Cluster: cl.cfg.ID, Ref: img}
+		if rel, why := d.settleHold(lctx, cl, store, devs, img); rel {
+			released = append(released, key.String())
+		} else if why != "" {
+			unsettled = append(unsettled, key.String()+" ("+why+")")
+		}
+	}
+	return released, unsettled
+}
+
+// settleHold settles one hold of img that this node's heartbeat lists: nothing to do when the
+// state names a mapping of it, or the claim names no hold of this node; released when no device
+// here accounts for it; else why it is not settled (a device mapped here that was not adopted, a
+// read or a release that failed), and it is kept listed, its place's heartbeat going on.
+func (d *Daemon) settleHold(ctx context.Context, cl *cluster, store *claim.Store, devs []krbd.Device, img claim.Image) (released bool, why string) {
+	defer func() { d.unsettled.note(cl.cfg.ID, img, why, store) }()
+	if d.names(cl.cfg.ID, img) {
+		return false, ""
+	}
+	if hasDevice(devs, store.FSID(), img) {
+		return false, "mapped here, not adopted"
+	}
+	rec, err := store.Inspect(ctx, img)
+	if err != nil {
+		if errors.Is(err, claim.ErrNoClaim) {
+			return false, ""
+		}
+		return false, err.Error()
+	}
+	h := rec.Holder(d.cfg.NodeID)
+	if h == nil {
+		return false, "" // listed, not held: the next heartbeat drops it
+	}
+	ok, err := store.Release(ctx, img, h.Epoch)
+	if err != nil {
+		return false, "release failed: " + err.Error()
+	}
+	if ok {
+		key := state.Key{Cluster: cl.cfg.ID, Ref: img}
+		d.audit.Record(audit.Entry{Event: audit.Release, Result: audit.OK, Cluster: cl.cfg.ID, Pool: img.Pool, Namespace: img.Namespace,
+			Image: img.Image, Epoch: h.Epoch, OwnerNode: d.cfg.NodeID,
+			Message: fmt.Sprintf("state rebuilt: released this node's claim on %s at epoch %d, which its heartbeat listed and no device here accounts for", key, h.Epoch)})
+	}
+	return ok, ""
 }
 
 // hasDevice says whether a device of img (its head or a snapshot) on the cluster of fsid is

@@ -7,12 +7,14 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
+	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/image"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
@@ -378,4 +380,63 @@ func TestARebuildReleasesTheHoldsItsHeartbeatListsWithoutADevice(t *testing.T) {
 	if len(es) != 1 || !strings.Contains(es[0].Message, "1 released: c1:rbd/img2") {
 		t.Fatalf("state_rebuilt audit entries: %+v", es)
 	}
+}
+
+// TestAHoldTheRebuildCannotSettleKeepsItsPlaceBeating is case 4's other half (issue 50: the
+// rebuild "never stops heartbeating a place where it still holds a claim"): img's device was
+// unmapped behind the agent's back while it was down and its state lost, and the release of
+// img's hold fails at the restart. The hold is still this node's: its place's heartbeat goes on
+// (before, it stopped with the state's last mapping there, and a watcher would take the image
+// over from a live node), and the renew round settles it once the cluster lets it.
+func TestAHoldTheRebuildCannotSettleKeepsItsPlaceBeating(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000038")
+	stateDir := t.TempDir()
+	a := startMemDaemonWith(t, func(o *Options) { o.Config.StateDir = stateDir; o.BootID = "boot-1" }, c)
+	addImage(a, c, "img")
+	r, err := a.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: "img"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.stop(t)
+	id := strings.TrimPrefix(filepath.Base(r.Device), "rbd")
+	if err := a.k.WriteControl(a.k.Sysfs+"/bus/rbd/remove_single_major", []byte(id)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stateDir, "mappings.json"), []byte(`{"format": 1, "mapp`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var refuse atomic.Bool
+	refuse.Store(true)
+	c.m.SetHook(func(_ context.Context, call string, img claim.Image) error {
+		if call == "write" && img.Image == "img" && refuse.Load() {
+			return errors.New("claim write refused (test)")
+		}
+		return nil
+	})
+	b, al := restarted(t, a, c, stateDir, "boot-1", nil)
+	if rec := inspectMem(t, c, claimRef(c, "img")); rec.Holder(b.d.cfg.NodeID) == nil {
+		t.Fatalf("img's holders after the failed release: %+v; want still this node's", rec.Holders)
+	}
+	es := al.find(audit.StateRebuilt, "")
+	if len(es) != 1 || !strings.Contains(es[0].Message, "1 not settled: c1:rbd/img (release failed") {
+		t.Fatalf("state_rebuilt audit entries: %+v", es)
+	}
+	beat := func() uint64 {
+		_, v, err := c.m.Read(context.Background(), claim.Image{Pool: c.pool}, claim.HeartbeatPrefix+b.d.cfg.NodeID)
+		if err != nil {
+			return 0
+		}
+		return v
+	}
+	for range 3 {
+		prev := beat()
+		waitFor(t, "this node's heartbeat in rbd, written again while it holds img", func() bool { return beat() > prev })
+	}
+	refuse.Store(false)
+	waitFor(t, "img's hold released by a renew round", func() bool { return inspectMem(t, c, claimRef(c, "img")).Free() })
+	waitFor(t, "the place's heartbeat stopped", func() bool {
+		prev := beat()
+		time.Sleep(5 * b.d.cfg.RenewInterval.D())
+		return beat() == prev
+	})
 }
