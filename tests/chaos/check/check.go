@@ -22,6 +22,7 @@ const (
 	InvLiveKept    = "live-holder-kept"     // no node fenced while its agent was live
 	InvIntact      = "blocks-intact"        // every block is zeros or a whole stamp
 	InvRenewed     = "live-lease-renewed"   // a live holder's heartbeat changes within every lease
+	InvFenceListed = "live-fence-listed"    // a live fence's entry is listed (or put back within the bound after a fault removed it)
 )
 
 // Violation is one broken invariant.
@@ -216,7 +217,7 @@ type Fault struct {
 // stalled) impairs anyone: the node they are about must keep its leases through them.
 func (f Fault) impairs(node string) bool {
 	switch f.Kind {
-	case "freeze", "cut", "long-cut", "kill", "reboot":
+	case "freeze", "cut", "long-cut", "kill", "reboot", "pre-short", "old-fences":
 		return f.Node == node
 	case "pause-osd", "pause-mon", "kill-mon":
 		return true

@@ -25,6 +25,8 @@ func main() {
 	lease := flag.Float64("lease", 15, "lease seconds")
 	slack := flag.Float64("slack", 8, "seconds of slack around a lease (renew interval, sampling)")
 	nodeList := flag.String("nodes", "", "NODE=IP,…: whose address each blocklist entry covers")
+	backHeld := flag.Float64("back-held", 10, "seconds within which a held claim's live fence removed by a fault must be listed again (renew interval + margin)")
+	backFree := flag.Float64("back-free", 14, "the same for a free claim's (kept by the pools' sweeps: sweep period + margin)")
 	flag.Parse()
 	if *dir == "" {
 		fmt.Fprintln(os.Stderr, "check: -dir is required")
@@ -42,7 +44,7 @@ func main() {
 		}
 		nodes[ip] = n
 	}
-	n, err := run(*dir, *lease, *slack, nodes, os.Stdout)
+	n, err := run(*dir, *lease, *slack, nodes, *backHeld, *backFree, os.Stdout)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "check:", err)
 		os.Exit(2)
@@ -52,7 +54,7 @@ func main() {
 	}
 }
 
-func run(dir string, lease, slack float64, nodes map[string]string, out io.Writer) (int, error) {
+func run(dir string, lease, slack float64, nodes map[string]string, backHeld, backFree float64, out io.Writer) (int, error) {
 	r := round{}
 	var err error
 	if r.logs, err = readLogs(dir); err != nil {
@@ -82,6 +84,9 @@ func run(dir string, lease, slack float64, nodes map[string]string, out io.Write
 	if err := r.checkHeartbeats(dir, lease); err != nil {
 		return 0, err
 	}
+	if err := r.checkWatches(dir, backHeld, backFree); err != nil {
+		return 0, err
+	}
 	r.report(out)
 	return len(r.vs), nil
 }
@@ -96,7 +101,38 @@ type round struct {
 	takeovers []Takeover
 	entries   []BlockEntry
 	gaps      []HBGap
+	watch     *WatchSummary // nil: no fence watch this round
 	vs        []Violation
+}
+
+// checkWatches checks dir/fencewatch.jsonl (the fence watch) against dir/blops.txt (the
+// faults' own removals), when the round has a fence watch.
+func (r *round) checkWatches(dir string, backHeld, backFree float64) error {
+	wf, err := os.Open(filepath.Join(dir, "fencewatch.jsonl"))
+	if os.IsNotExist(err) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	ws, err := ReadWatches(wf)
+	wf.Close()
+	if err != nil {
+		return err
+	}
+	var ops []BlOp
+	if of, err := os.Open(filepath.Join(dir, "blops.txt")); err == nil {
+		ops, err = ReadBlOps(of)
+		of.Close()
+		if err != nil {
+			return err
+		}
+	} else if !os.IsNotExist(err) {
+		return err
+	}
+	sum, v := CheckWatches(ws, ops, r.faults, backHeld, backFree)
+	r.watch = &sum
+	r.vs = append(r.vs, v...)
+	return nil
 }
 
 // readLogs reads every log in dir/logs.
@@ -212,6 +248,30 @@ func (r *round) report(out io.Writer) {
 	for _, g := range r.gaps {
 		fmt.Fprintf(out, "check: slow-pool t=%.1f-%.1f: %s's heartbeat in %s: longest unchanged %.1f s (%d changes, %d looks, %d unreadable)\n",
 			g.Fault.Start, g.Fault.End, g.Fault.Node, g.Pool, g.Gap, g.Changes, g.Samples, g.Unreadable)
+	}
+	if w := r.watch; w != nil {
+		excused, missing, up := 0, 0, 0
+		var backs []string
+		for _, g := range w.Gaps {
+			switch {
+			case g.Op != nil && g.Back >= 0:
+				excused++
+				backs = append(backs, fmt.Sprintf("%.1f", g.Back))
+			case g.Op == nil && !g.Down:
+				up++
+			default:
+				missing++
+			}
+		}
+		fmt.Fprintf(out, "check: fence watch: %d looks over %.0f s (longest step %.1f s), %d entry checks of %d live fences, %d times not listed after a fault's removal (back after %s s), %d missing otherwise while the node was down, %d while it was up (alive-short: not judged)\n",
+			w.Looks, w.Span, w.MaxStep, w.Checks, w.Fences, excused, strings.Join(append(backs, "-")[:max(len(backs), 1)], ","), missing, up)
+		for _, g := range w.Gaps {
+			how := "no fault removed it"
+			if g.Op != nil {
+				how = fmt.Sprintf("removed by the fault (%s) at t=%.1f, back after %.1f s", g.Op.Kind, g.Op.T, g.Back)
+			}
+			fmt.Fprintf(out, "check: fence not listed t=%.1f-%.1f %s %s (node %s, held %v, node down %v, %d looks): %s\n", g.Start, g.End, g.Image, g.Addr, g.Node, g.Held, g.Down, g.Looks, how)
+		}
 	}
 	for _, v := range r.vs {
 		fmt.Fprintf(out, "VIOLATION %s: %s\n", v.Invariant, v.Detail)
