@@ -168,6 +168,14 @@ func (s *Store) listingChanged() {
 
 // monNow is the monitors' clock as this store estimates it (this node's wall clock until it has
 // added a fresh entry).
+// monKnown says whether this store has read the monitors' clock (from a fresh add of its own);
+// until it has, monNow is this node's wall clock, which may be minutes off theirs.
+func (s *Store) monKnown() bool {
+	s.listMu.Lock()
+	defer s.listMu.Unlock()
+	return s.mon.ok
+}
+
 func (s *Store) monNow() time.Time {
 	s.listMu.Lock()
 	defer s.listMu.Unlock()
@@ -250,6 +258,15 @@ var errNotLengthened = errors.New("not lengthened")
 // own). It returns the expiry as listed afterwards and what was done; errNotLengthened (joined)
 // when the entry was left as it was.
 func (s *Store) ensure(ctx context.Context, addr string, e BlockEntry, st entryState, entries []BlockEntry, mode enforceMode, down bool) (time.Time, string, error) {
+	// before the hold is written an entry's life is not judged on this node's own clock: with
+	// no fresh add of this store's to read the monitors' clock from, a node minutes behind them
+	// would take a short entry for a whole one (the chaos campaign, seed 20261206); the swap
+	// is safe there, and its fresh add reads their clock
+	preClaim := mode == swapBare || mode == swapNeedsMark
+	blind := preClaim && !s.monKnown()
+	if st == inForce && blind {
+		st = aging
+	}
 	if st == inForce {
 		return e.Until, "", nil
 	}
@@ -265,7 +282,7 @@ func (s *Store) ensure(ctx context.Context, addr string, e BlockEntry, st entryS
 	if err != nil {
 		return time.Time{}, "", err
 	}
-	if s.lengthened(until) {
+	if s.lengthened(until) && !blind {
 		return until, "added again (the cluster lengthened the entry)", nil
 	}
 	switch mode {
@@ -300,7 +317,7 @@ func (s *Store) fenceEntry(ctx context.Context, addr string, mode enforceMode, d
 		if aerr != nil {
 			return time.Time{}, false, aerr
 		}
-		if s.lengthened(until) {
+		if s.lengthened(until) && s.monKnown() {
 			return until, false, nil
 		}
 		entries = []BlockEntry{{Addr: bareAddr(addr), Until: until}}

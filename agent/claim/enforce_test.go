@@ -365,3 +365,27 @@ func TestAnotherPartysNodeEntryCoversTheSwapAndStays(t *testing.T) {
 		t.Fatalf("node-a's fence: listed %v until %s", ok, until)
 	}
 }
+
+// TestATakeoverByANodeBehindTheMonitorsLengthensAShortEntry is what the chaos campaign found
+// (seed 20261206, rounds 5 and 9): the taker's clock was minutes behind the monitors' (a frozen
+// guest's clock stops), and node-a's address was listed already for less than three quarters of
+// fence_expiry. Judged on the taker's own clock, the entry seemed to have enough left, and the
+// takeover recorded the short entry as its fence. With no add of its own yet to read the
+// monitors' clock from, a taker does not trust its own before its claim: it removes and adds
+// the entry (under its swap mark), and the fresh add gives the whole life.
+func TestATakeoverByANodeBehindTheMonitorsLengthensAShortEntry(t *testing.T) {
+	ks := newKeepSceneWith(t, func(ks *keepScene) {
+		ks.m.SetClock(func() time.Time { return ks.clk.Now().Add(10 * time.Minute) }) // the monitors, ahead
+		if _, err := ks.m.Blocklist(context.Background(), ks.addr, 40*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	})
+	monNow := ks.clk.Now().Add(10 * time.Minute)
+	until, ok := ks.m.BlocklistedUntil(ks.addr)
+	if !ok || until.Sub(monNow) < keepExpiry-time.Second {
+		t.Fatalf("after the takeover: listed %v until %s, %s from the monitors' now; want the whole fence_expiry (%s)", ok, until, until.Sub(monNow), keepExpiry)
+	}
+	if f := ks.record(t).Fences[0]; !f.Expires.Equal(until) {
+		t.Fatalf("fence %+v; want expires %s", f, until)
+	}
+}
