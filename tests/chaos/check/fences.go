@@ -209,18 +209,7 @@ func CheckWatches(ws []Watch, ops []BlOp, faults []Fault, backHeld, backFree flo
 		if g.Held {
 			bound = backHeld
 		}
-		// the latest removal of its entry (or clear) before the first look that missed it
-		for i := range ops {
-			o := ops[i]
-			if (o.Kind == "rm" && o.Addr == g.Addr) || o.Kind == "clear" {
-				if o.T <= g.Start && (g.Op == nil || o.T > g.Op.T) {
-					g.Op = &o
-				}
-			}
-		}
-		if g.Op != nil && g.Start-g.Op.T > bound {
-			g.Op = nil // an older removal: this gap is not its
-		}
+		g.Op = removalOf(g, ops, bound)
 		if g.Op != nil && g.End >= 0 {
 			g.Back = g.End - g.Op.T
 		}
@@ -248,4 +237,20 @@ func CheckWatches(ws []Watch, ops []BlOp, faults []Fault, backHeld, backFree flo
 		}
 	}
 	return sum, vs
+}
+
+// removalOf is the fault's removal of g's entry (or clear) that explains g: the latest before
+// the first look that missed it, no more than bound before it (nil when none).
+func removalOf(g *FenceGap, ops []BlOp, bound float64) *BlOp {
+	var op *BlOp
+	for i := range ops {
+		o := ops[i]
+		if ((o.Kind == "rm" && o.Addr == g.Addr) || o.Kind == "clear") && o.T <= g.Start && (op == nil || o.T > op.T) {
+			op = &o
+		}
+	}
+	if op != nil && g.Start-op.T > bound {
+		return nil // an older removal: this gap is not its
+	}
+	return op
 }
