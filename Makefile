@@ -53,7 +53,7 @@ unit: deps
 	@tests/go-test
 
 # The claim protocol's Promela models, checked exhaustively with spin (docs/safety.md): a table
-# of states, memory and time; every check must end as expected (88 checks, one per core side by side:
+# of states, memory and time; every check must end as expected (87 checks, one per core side by side:
 # about 10 minutes on 2 cores).
 model: deps
 	@model/check
