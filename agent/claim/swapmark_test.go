@@ -153,3 +153,47 @@ func TestAHoldAgainNeverRemovesAnEntryBesideItsOwnMapping(t *testing.T) {
 		t.Fatalf("listed %v until %s; want the entry left as listed", ok, until)
 	}
 }
+
+// TestAnAdminFenceOverAShortEntryLengthensItUnderTheMark: node-a's mapping was listed for ten
+// minutes (librbd's lock break) when an admin on node-b fences the image: the entry is removed and
+// added again whole before the fenced mark is written, under the swap mark (a taker of the fenced
+// hold could otherwise claim and map between the remove and the add), and the mark is gone after.
+func TestAnAdminFenceOverAShortEntryLengthensItUnderTheMark(t *testing.T) {
+	ks := &keepScene{m: NewMemory("fsid"), clk: &nodeClock{wall: time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)},
+		img: Image{Pool: "rbd", Image: "img"}, addr: "10.0.0.1:0/1001", bootA: "boot-a-1"}
+	ks.m.SetClock(ks.clk.Now)
+	ks.m.AddImage(ks.img, "id-img")
+	ks.a, ks.b = ks.store(t, "node-a", ks.bootA), ks.store(t, "node-b", "boot-b-1")
+	ctx := context.Background()
+	r, err := ks.a.Acquire(ctx, Request{Image: ks.img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ks.a.SetMapping(ctx, ks.img, r.Holder.Epoch, ks.addr, "/dev/rbd0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ks.m.Blocklist(ctx, ks.addr, 10*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var marked bool
+	ks.m.SetHook(func(_ context.Context, call string, _ Image) error {
+		if call == "unblocklist" {
+			rec, err := ks.a.Inspect(context.Background(), ks.img)
+			marked = err == nil && rec.Swap != nil && rec.Swap.Node == "node-b"
+		}
+		return nil
+	})
+	res, err := ks.b.Fence(ctx, ks.img)
+	if err != nil || len(res.Fences) != 1 {
+		t.Fatalf("fence: %+v %v", res, err)
+	}
+	if !marked {
+		t.Fatal("the entry was removed without node-b's swap mark in the record")
+	}
+	if until, ok := ks.m.BlocklistedUntil(ks.addr); !ok || until.Sub(ks.clk.Now()) < keepExpiry-time.Second {
+		t.Fatalf("after the fence: listed %v until %s; want the whole fence_expiry", ok, until)
+	}
+	if rec := ks.record(t); rec.Swap != nil || rec.Format != FormatVersion || !rec.Holders[0].Fenced {
+		t.Fatalf("record after the fence: %+v", rec)
+	}
+}
