@@ -31,6 +31,31 @@ func newKeepScene(t *testing.T) *keepScene { t.Helper(); return newKeepSceneWith
 // newKeepSceneWith is newKeepScene with before run on the cluster just before node-b's takeover.
 func newKeepSceneWith(t *testing.T, before func(*keepScene)) *keepScene {
 	t.Helper()
+	ks := newHeldScene(t)
+	ctx := context.Background()
+	// node-b watches node-a's heartbeat, unchanged for a lease: it takes over
+	for _, d := range []time.Duration{lease / 2, lease/2 + time.Second} {
+		if _, err := ks.b.Acquire(ctx, Request{Image: ks.img, Takeover: true}); err == nil {
+			t.Fatal("takeover before node-a's lease ran out")
+		}
+		ks.clk.Advance(d)
+	}
+	if before != nil {
+		before(ks)
+	}
+	if _, err := ks.b.Acquire(ctx, Request{Image: ks.img, Takeover: true}); err != nil {
+		t.Fatalf("takeover: %v", err)
+	}
+	if !ks.m.Blocklisted(ks.addr) {
+		t.Fatal("node-a's mapping was not fenced")
+	}
+	return ks
+}
+
+// newHeldScene is the scene before the takeover: node-a holds the image with its mapping
+// recorded (and watching it), node-b has not looked yet.
+func newHeldScene(t *testing.T) *keepScene {
+	t.Helper()
 	ks := &keepScene{m: NewMemory("fsid"), clk: &nodeClock{wall: time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)},
 		img: Image{Pool: "rbd", Image: "img"}, addr: "10.0.0.1:0/1001", bootA: "boot-a-1"}
 	ks.m.SetClock(ks.clk.Now)
@@ -52,22 +77,6 @@ func newKeepSceneWith(t *testing.T, before func(*keepScene)) *keepScene {
 		t.Fatal(err)
 	}
 	ks.m.SetWatchers(ks.img, ks.addr)
-	// node-b watches node-a's heartbeat, unchanged for a lease: it takes over
-	for _, d := range []time.Duration{lease / 2, lease/2 + time.Second} {
-		if _, err := ks.b.Acquire(ctx, Request{Image: ks.img, Takeover: true}); err == nil {
-			t.Fatal("takeover before node-a's lease ran out")
-		}
-		ks.clk.Advance(d)
-	}
-	if before != nil {
-		before(ks)
-	}
-	if _, err := ks.b.Acquire(ctx, Request{Image: ks.img, Takeover: true}); err != nil {
-		t.Fatalf("takeover: %v", err)
-	}
-	if !ks.m.Blocklisted(ks.addr) {
-		t.Fatal("node-a's mapping was not fenced")
-	}
 	return ks
 }
 

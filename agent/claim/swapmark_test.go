@@ -159,19 +159,8 @@ func TestAHoldAgainNeverRemovesAnEntryBesideItsOwnMapping(t *testing.T) {
 // added again whole before the fenced mark is written, under the swap mark (a taker of the fenced
 // hold could otherwise claim and map between the remove and the add), and the mark is gone after.
 func TestAnAdminFenceOverAShortEntryLengthensItUnderTheMark(t *testing.T) {
-	ks := &keepScene{m: NewMemory("fsid"), clk: &nodeClock{wall: time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)},
-		img: Image{Pool: "rbd", Image: "img"}, addr: "10.0.0.1:0/1001", bootA: "boot-a-1"}
-	ks.m.SetClock(ks.clk.Now)
-	ks.m.AddImage(ks.img, "id-img")
-	ks.a, ks.b = ks.store(t, "node-a", ks.bootA), ks.store(t, "node-b", "boot-b-1")
+	ks := newHeldScene(t)
 	ctx := context.Background()
-	r, err := ks.a.Acquire(ctx, Request{Image: ks.img})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ks.a.SetMapping(ctx, ks.img, r.Holder.Epoch, ks.addr, "/dev/rbd0"); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := ks.m.Blocklist(ctx, ks.addr, 10*time.Minute); err != nil {
 		t.Fatal(err)
 	}

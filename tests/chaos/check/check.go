@@ -503,8 +503,12 @@ func CheckHeartbeats(hbs []HBSample, faults []Fault, lease float64) (gaps []HBGa
 
 // ReadSamples parses the sampler's JSON lines (blank and non-JSON lines are skipped: the
 // sampler may have been stopped in the middle of one).
-func ReadSamples(r io.Reader) ([]Sample, error) {
-	var out []Sample
+func ReadSamples(r io.Reader) ([]Sample, error) { return readJSONLines[Sample](r) }
+
+// readJSONLines parses one JSON object per line, skipping lines that are not one (a writer
+// stopped in the middle of a line).
+func readJSONLines[T any](r io.Reader) ([]T, error) {
+	var out []T
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -512,11 +516,11 @@ func ReadSamples(r io.Reader) ([]Sample, error) {
 		if !strings.HasPrefix(line, "{") {
 			continue
 		}
-		var s Sample
-		if err := json.Unmarshal([]byte(line), &s); err != nil {
+		var v T
+		if err := json.Unmarshal([]byte(line), &v); err != nil {
 			continue
 		}
-		out = append(out, s)
+		out = append(out, v)
 	}
 	return out, sc.Err()
 }

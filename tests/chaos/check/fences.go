@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
@@ -48,22 +47,9 @@ type BlOp struct {
 // ReadWatches parses fencewatch.jsonl (lines that do not parse are skipped: the watcher may
 // have been stopped in the middle of one).
 func ReadWatches(r io.Reader) ([]Watch, error) {
-	var out []Watch
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if !strings.HasPrefix(line, "{") {
-			continue
-		}
-		var w Watch
-		if err := json.Unmarshal([]byte(line), &w); err != nil {
-			continue
-		}
-		out = append(out, w)
-	}
+	out, err := readJSONLines[Watch](r)
 	sort.SliceStable(out, func(i, j int) bool { return out[i].T < out[j].T })
-	return out, sc.Err()
+	return out, err
 }
 
 // ReadBlOps parses blops.txt.
