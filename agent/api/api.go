@@ -302,6 +302,16 @@ type Device struct {
 	ProblemSince *time.Time `json:"problem_since,omitempty"`
 	// FencedUntil is set on a device mapped outside rbd-owner that the agent fenced.
 	FencedUntil *time.Time `json:"fenced_until,omitempty"`
+	// Options are the kernel options the mapping was made with, each with where it came from
+	// (the caller, the agent's map_options, the cluster's rbd_default_map_options and its
+	// level, the agent's msgr2 default); cluster defaults the agent did not apply say why.
+	Options []MapOption `json:"options,omitempty"`
+}
+
+// MapOption is one kernel option of a mapping and where it came from.
+type MapOption struct {
+	Option string `json:"option"`
+	From   string `json:"from"`
 }
 
 // ClusterStatus is the agent's view of one configured cluster.

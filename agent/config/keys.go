@@ -113,9 +113,10 @@ func clusterKeys() []Key {
 		{Name: ClustersPrefix + "monitors", Type: "list of strings", DefaultNote: "required",
 			Doc: "The cluster's monitor addresses, `host:port` (`[10.0.0.1:6789, 10.0.0.2:6789]`), or as Ceph " +
 				"writes them in `mon_host` (`v2:10.0.0.1:3300`, `[v2:10.0.0.1:3300/0,v1:10.0.0.1:6789/0]`). On a " +
-				"msgr2-only cluster list the v2 addresses (port 3300) and set `map_options: [ms_mode=secure]` (or " +
-				"`crc`, `prefer-crc`, `prefer-secure`): the kernel is given the v2 addresses under an `ms_mode`, " +
-				"the v1 ones without. A request that names monitors instead of a cluster (as the CSI plugin's " +
+				"msgr2-only cluster list the v2 addresses (port 3300): the kernel is given the v2 addresses under an " +
+				"`ms_mode`, the v1 ones without. Where the monitors offer v2 and the node's kernel speaks it (Linux " +
+				"5.11 on), a mapping that no option gives an `ms_mode` gets `ms_mode=prefer-crc`, as Ceph's own `rbd " +
+				"device map` does since Tentacle. A request that names monitors instead of a cluster (as the CSI plugin's " +
 				"`rbd -m` does) is matched to the cluster by them.",
 			Rule: "at least one; each an IP address or host name, with an optional port (IPv6 in brackets), typed (`v1:`, `v2:`) or not, or an address vector; a list in one string is split at commas, semicolons and spaces"},
 		{Name: ClustersPrefix + "user", Type: "string", DefaultNote: "required",
@@ -219,7 +220,10 @@ func mapKeys() []Key {
 			Summary: "extra krbd options for every mapping (`noshare` and the key are always set; never `exclusive`)",
 			Doc: "Extra krbd map options for every mapping of every cluster, one per entry (`[ms_mode=prefer-crc]`, " +
 				"`[queue_depth=256]`). The agent always adds `noshare`, so that each mapping has a client of its own " +
-				"that can be fenced alone, and passes the key from the kernel keyring.",
+				"that can be fenced alone, and passes the key from the kernel keyring. The cluster's own " +
+				"`rbd_default_map_options` (the image's, else the pool's, else the monitors' config store's, as " +
+				"Ceph's `rbd device map` reads it) apply to every option that neither these nor the caller set; " +
+				"where they ask for `ms_mode=secure`, a mapping in any other mode is refused.",
 			Rule: optionsRule()},
 	}
 }

@@ -10,7 +10,9 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/image"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
+	"github.com/rbd-owner/rbd-owner/agent/mapdefault"
 	"github.com/rbd-owner/rbd-owner/agent/version"
 )
 
@@ -20,6 +22,9 @@ type Connection struct {
 	Backend claim.Backend
 	Secret  string
 	Close   func()
+	// MapDefaults reads the cluster's rbd_default_map_options for an image (nil: none, as
+	// the in-memory cluster of the tests has).
+	MapDefaults func(image.Ref) (krbd.ClusterDefaults, error)
 }
 
 // connectRados is the default Options.Connect: the cluster's keyring and a RADOS connection.
@@ -40,7 +45,8 @@ func connectRados(ctx context.Context, c config.Cluster) (Connection, error) {
 		conn.Shutdown()
 		return Connection{}, err
 	}
-	return Connection{Backend: b, Secret: secret, Close: conn.Shutdown}, nil
+	read := func(ref image.Ref) (krbd.ClusterDefaults, error) { return mapdefault.Read(conn, ref) }
+	return Connection{Backend: b, Secret: secret, Close: conn.Shutdown, MapDefaults: read}, nil
 }
 
 // cluster is one configured cluster: its connection and claim store, made on first use. No
@@ -174,6 +180,17 @@ func (c *cluster) secret() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.conn.Secret
+}
+
+// mapDefaults is the cluster's rbd_default_map_options for ref, on the connection Claims made.
+func (c *cluster) mapDefaults(ref image.Ref) (krbd.ClusterDefaults, error) {
+	c.mu.Lock()
+	read := c.conn.MapDefaults
+	c.mu.Unlock()
+	if read == nil {
+		return krbd.ClusterDefaults{}, nil
+	}
+	return read(ref)
 }
 
 func (c *cluster) close() {

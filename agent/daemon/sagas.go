@@ -6,6 +6,7 @@ import (
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/image"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/saga"
@@ -78,6 +79,9 @@ func (c *cluster) ID() string { return c.cfg.ID }
 func (c *cluster) MapOptions() krbd.MapOptions {
 	return krbd.MapOptions{Monitors: c.cfg.Monitors, User: c.cfg.User, Extra: append([]string(nil), c.cfg.MapOptions...)}
 }
+
+// MapDefaults is the cluster's rbd_default_map_options for an image (saga.Cluster).
+func (c *cluster) MapDefaults(ref image.Ref) (krbd.ClusterDefaults, error) { return c.mapDefaults(ref) }
 
 // Secret is the agent's cephx key for the cluster, known once it has connected (saga.Cluster).
 func (c *cluster) Secret() string { return c.secret() }

@@ -24,6 +24,9 @@ func (d *Daemon) Status() api.Status {
 		ad := api.Device{Device: m.Device, Link: saga.LinkOf(m.Ref, m.FSID), Cluster: m.Cluster, FSID: m.FSID,
 			Pool: m.Pool, Namespace: m.Namespace, Image: m.Image, Snapshot: m.Snap, ClientAddr: m.ClientAddr, Managed: true,
 			Epoch: m.Epoch}
+		for _, o := range m.Options {
+			ad.Options = append(ad.Options, api.MapOption{Option: o.Option, From: o.From})
+		}
 		var since time.Time
 		if ad.Problem, since = d.node.Problem(m.Key); ad.Problem != "" && !since.IsZero() {
 			ad.ProblemSince = &since

@@ -856,7 +856,7 @@ func TestUnmapOfAMountedDeviceNamesItsMountPoints(t *testing.T) {
 }
 
 // TestMergeExtra: the caller's options after the configured ones; one both give with the same
-// value kept once, with another value refused by name only.
+// value kept once, with another value (crc and nocrc are one option) refused by name only.
 func TestMergeExtra(t *testing.T) {
 	for _, tc := range []struct {
 		configured, asked, want []string
@@ -868,16 +868,120 @@ func TestMergeExtra(t *testing.T) {
 		{[]string{"ms_mode=secure", "queue_depth=64"}, []string{"queue_depth=128"}, nil, `option "queue_depth"`},
 		{[]string{"ms_mode=secure"}, []string{"ms_mode=crc"}, nil, `option "ms_mode"`},
 		{[]string{"notrim"}, []string{"notrim"}, []string{"notrim"}, ""},
+		{[]string{"crc"}, []string{"nocrc"}, nil, `option "crc"`},
 	} {
-		got, err := krbd.MergeExtra(tc.configured, tc.asked)
+		got, _, err := krbd.Compose(krbd.Layers{Agent: tc.configured, Caller: tc.asked})
 		if tc.err != "" {
-			if !errors.Is(err, krbd.ErrInvalid) || !strings.Contains(err.Error(), tc.err) || strings.Contains(err.Error(), "crc") || strings.Contains(err.Error(), "=") {
+			if !errors.Is(err, krbd.ErrInvalid) || !strings.Contains(err.Error(), tc.err) || strings.Contains(err.Error(), "=") {
 				t.Errorf("%v + %v: error %v, want one naming %s and no value", tc.configured, tc.asked, err, tc.err)
 			}
 			continue
 		}
 		if err != nil || !slices.Equal(got, tc.want) {
 			t.Errorf("%v + %v: %v, %v; want %v", tc.configured, tc.asked, got, err, tc.want)
+		}
+	}
+}
+
+// TestTheClustersMapOptionsApplyUnlessTheCallerOrTheAgentSetTheOption: rbd_default_map_options
+// of the most specific level fill in every option the caller and map_options leave out (as
+// Ceph's rbd does); options the agent decides itself are listed as not applied; each option
+// says where it came from.
+func TestTheClustersMapOptionsApplyUnlessTheCallerOrTheAgentSetTheOption(t *testing.T) {
+	got, src, err := krbd.Compose(krbd.Layers{
+		Caller:  []string{"queue_depth=128"},
+		Agent:   []string{"notrim"},
+		Cluster: krbd.ClusterDefaults{Options: "queue_depth=64, alloc_size=65536,share,exclusive,nocrc", Level: krbd.LevelPool},
+	})
+	want := []string{"notrim", "queue_depth=128", "alloc_size=65536", "nocrc"}
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("options %v, %v; want %v", got, err, want)
+	}
+	from := map[string]string{}
+	for _, s := range src {
+		from[s.Option] = s.From
+	}
+	for opt, f := range map[string]string{
+		"notrim": krbd.FromAgent, "queue_depth=128": krbd.FromCaller,
+		"alloc_size=65536": krbd.FromCluster + " (pool)", "nocrc": krbd.FromCluster + " (pool)",
+	} {
+		if from[opt] != f {
+			t.Errorf("%s from %q, want %q", opt, from[opt], f)
+		}
+	}
+	for _, opt := range []string{"share", "exclusive"} {
+		if !strings.HasPrefix(from[opt], krbd.FromCluster+" (pool), not applied: ") {
+			t.Errorf("the cluster's %s: %q, want listed as not applied", opt, from[opt])
+		}
+	}
+	if _, ok := from["queue_depth=64"]; ok {
+		t.Errorf("the cluster's queue_depth=64 listed as applied beside the caller's: %v", src)
+	}
+	_, _, err = krbd.Compose(krbd.Layers{Cluster: krbd.ClusterDefaults{Options: "ms_mode=secure,bogus", Level: krbd.LevelConfig}})
+	if !errors.Is(err, krbd.ErrInvalid) || !strings.Contains(err.Error(), `"bogus"`) || !strings.Contains(err.Error(), "rbd_default_map_options (config level)") {
+		t.Errorf("an unknown option in the cluster's defaults: %v, want refused naming it and the level", err)
+	}
+}
+
+// TestAClusterThatAsksForSecureNeverGetsAClearTextMapping: with the cluster's defaults at
+// ms_mode=secure, a caller or map_options asking for any other mode is refused (naming where it
+// came from), and secure from either is fine.
+func TestAClusterThatAsksForSecureNeverGetsAClearTextMapping(t *testing.T) {
+	secure := krbd.ClusterDefaults{Options: "ms_mode=secure", Level: krbd.LevelImage}
+	for _, tc := range []struct {
+		l    krbd.Layers
+		want string // the error's source, or "" for a secure mapping
+	}{
+		{krbd.Layers{Cluster: secure}, ""},
+		{krbd.Layers{Cluster: secure, Caller: []string{"ms_mode=secure"}}, ""},
+		{krbd.Layers{Cluster: secure, Caller: []string{"ms_mode=crc"}}, krbd.FromCaller},
+		{krbd.Layers{Cluster: secure, Caller: []string{"ms_mode=prefer-secure"}}, krbd.FromCaller},
+		{krbd.Layers{Cluster: secure, Agent: []string{"ms_mode=legacy"}}, krbd.FromAgent},
+		{krbd.Layers{Cluster: secure, Agent: []string{"ms_mode=prefer-crc"}, Monitors: []string{"v2:10.0.0.1:3300"}, KernelMsgr2: true}, krbd.FromAgent},
+	} {
+		got, _, err := krbd.Compose(tc.l)
+		if tc.want == "" {
+			if err != nil || !slices.Contains(got, "ms_mode=secure") {
+				t.Errorf("%+v: %v, %v; want ms_mode=secure", tc.l, got, err)
+			}
+			continue
+		}
+		if !errors.Is(err, krbd.ErrInvalid) || !strings.Contains(err.Error(), "ask for ms_mode=secure and the "+tc.want+"'s") {
+			t.Errorf("%+v: %v, %v; want refused, naming the %s", tc.l, got, err, tc.want)
+		}
+	}
+}
+
+// TestMonitorsThatOfferMsgr2GetPreferCrcByDefault: no layer naming an ms_mode, monitors with
+// an msgr2 address and a kernel from 5.11 give ms_mode=prefer-crc (as Tentacle's rbd device map
+// does); v1-only monitors, an older kernel or any layer's ms_mode leave it out.
+func TestMonitorsThatOfferMsgr2GetPreferCrcByDefault(t *testing.T) {
+	vec := []string{"[v2:10.0.0.1:3300/0,v1:10.0.0.1:6789/0]"}
+	for _, tc := range []struct {
+		l    krbd.Layers
+		want string // the ms_mode option, or ""
+	}{
+		{krbd.Layers{Monitors: vec, KernelMsgr2: true}, "ms_mode=prefer-crc"},
+		{krbd.Layers{Monitors: []string{"10.0.0.1:3300"}, KernelMsgr2: true}, "ms_mode=prefer-crc"},
+		{krbd.Layers{Monitors: vec}, ""},
+		{krbd.Layers{Monitors: []string{"v1:10.0.0.1:6789", "10.0.0.2:6789"}, KernelMsgr2: true}, ""},
+		{krbd.Layers{Monitors: vec, KernelMsgr2: true, Cluster: krbd.ClusterDefaults{Options: "ms_mode=legacy", Level: krbd.LevelConfig}}, "ms_mode=legacy"},
+		{krbd.Layers{Monitors: vec, KernelMsgr2: true, Caller: []string{"ms_mode=secure"}}, "ms_mode=secure"},
+	} {
+		got, src, err := krbd.Compose(tc.l)
+		i := slices.IndexFunc(got, func(o string) bool { return strings.HasPrefix(o, "ms_mode=") })
+		switch {
+		case err != nil:
+			t.Errorf("%+v: %v", tc.l, err)
+		case tc.want == "" && i >= 0, tc.want != "" && (i < 0 || got[i] != tc.want):
+			t.Errorf("%+v: %v, want ms_mode %q", tc.l, got, tc.want)
+		case tc.want == "ms_mode=prefer-crc" && src[i].From != krbd.FromDefault:
+			t.Errorf("%+v: prefer-crc from %q, want the agent's default", tc.l, src[i].From)
+		}
+	}
+	for rel, want := range map[string]bool{"6.12.48+deb13-amd64": true, "5.11.0": true, "5.10.0-32-amd64": false, "4.18.0-553.el8": false, "7.2.0": true, "": false} {
+		if got := krbd.KernelSpeaksMsgr2(rel); got != want {
+			t.Errorf("KernelSpeaksMsgr2(%q) = %v, want %v", rel, got, want)
 		}
 	}
 }

@@ -115,7 +115,7 @@ func ValidateExtraOption(o string) error {
 	if hasVal && !optValueRE.MatchString(val) {
 		return fmt.Errorf("%w: option %q: value has characters other than letters, digits and _.:+-", ErrInvalid, name)
 	}
-	return nil
+	return validateMsMode(o)
 }
 
 // msgr2 says whether the options make the kernel speak msgr2 to the cluster: an ms_mode other
@@ -183,7 +183,7 @@ func (o MapOptions) Validate() error {
 		if err := ValidateExtraOption(e); err != nil {
 			return err
 		}
-		n, _, _ := strings.Cut(e, "=")
+		n := family(e)
 		if seen[n] {
 			return fmt.Errorf("%w: option %q given twice", ErrInvalid, n)
 		}
@@ -249,21 +249,20 @@ func buildAddString(spec Spec, o MapOptions, nonce string) (string, error) {
 	return add, nil
 }
 
-// MergeExtra adds a caller's kernel options (Requested.Extra) to the configured ones (the
+// mergeExtra adds a caller's kernel options (Requested.Extra) to the configured ones (the
 // config's and the cluster's map_options). An option both give with the same value is kept
 // once: a StorageClass's mapOptions often repeat what the cluster needs (ms_mode=secure). One
-// given with another value is refused, naming the option only (never a value): which one is
-// meant is not the agent's to guess.
-func MergeExtra(configured, asked []string) ([]string, error) {
+// given with another value (crc and nocrc are one option) is refused, naming the option only
+// (never a value): which one is meant is not the agent's to guess.
+func mergeExtra(configured, asked []string) ([]string, error) {
 	out := append([]string(nil), configured...)
 	for _, a := range asked {
-		name, _, _ := strings.Cut(a, "=")
-		i := slices.IndexFunc(out, func(c string) bool { n, _, _ := strings.Cut(c, "="); return n == name })
+		i := slices.IndexFunc(out, func(c string) bool { return family(c) == family(a) })
 		switch {
 		case i < 0:
 			out = append(out, a)
 		case out[i] != a:
-			return nil, fmt.Errorf("%w: option %q: the caller's map options give it another value than the agent's map_options for this cluster; make them agree, or leave it to one of them", ErrInvalid, name)
+			return nil, fmt.Errorf("%w: option %q: the caller's map options give it another value than the agent's map_options for this cluster; make them agree, or leave it to one of them", ErrInvalid, family(a))
 		}
 	}
 	return out, nil

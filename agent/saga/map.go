@@ -22,8 +22,9 @@ type mapRun struct {
 	req      api.MapRequest
 	c        Caller
 	access   claim.Access
-	asked    krbd.Requested  // what the caller's options ask of the kernel
-	opts     krbd.MapOptions // how the kernel maps it, but for the secret: built and checked before the claim
+	asked    krbd.Requested      // what the caller's options ask of the kernel
+	opts     krbd.MapOptions     // how the kernel maps it, but for the secret: built and checked before the claim
+	sources  []krbd.OptionSource // where each of opts.Extra came from (and cluster defaults not applied)
 	t        target
 	readOnly bool
 	store    *claim.Store
@@ -134,7 +135,9 @@ func (r *mapRun) validate() error {
 		return refuse(err)
 	}
 	r.readOnly = req.ReadOnly || r.asked.ReadOnly || r.access == claim.ROX || r.t.spec.Snap != ""
-	if r.opts, err = r.s.mapOptions(r.t.cl, r.readOnly, r.asked); err != nil {
+	// checked without the cluster's defaults first: a request the kernel would refuse anyway
+	// is refused before the agent connects
+	if r.opts, r.sources, err = r.s.mapOptions(r.t.cl, r.readOnly, r.asked, krbd.ClusterDefaults{}); err != nil {
 		return refuse(fmt.Errorf("map %s: %w", req.Ref(), err))
 	}
 	return nil
@@ -159,9 +162,16 @@ func (r *mapRun) resolve(ctx context.Context) (*api.MapResponse, bool, error) {
 		return nil, true, refuse(fmt.Errorf("%w: %s is already mapped on this node as %s, outside rbd-owner; unmap it first",
 			claim.ErrBusy, t.spec, others[0].DevNode))
 	}
+	defaults, err := t.cl.MapDefaults(t.spec)
+	if err != nil {
+		return nil, true, refuse(fmt.Errorf("map %s: reading the cluster's %s: %w", t.spec, "rbd_default_map_options", err))
+	}
+	if r.opts, r.sources, err = r.s.mapOptions(t.cl, r.readOnly, r.asked, defaults); err != nil {
+		return nil, true, refuse(fmt.Errorf("map %s: %w", t.spec, err))
+	}
 	r.steps.mark("resolve")
 	r.m = state.Mapping{Key: t.key, FSID: r.store.FSID(), Access: string(r.access), ReadOnly: r.readOnly, VolumeID: r.req.VolumeID,
-		Claimed: t.spec.Snap == "", Phase: state.Claiming}
+		Claimed: t.spec.Snap == "", Phase: state.Claiming, Options: r.sources}
 	return nil, false, nil
 }
 
@@ -329,17 +339,24 @@ func (r *mapRun) reply() *api.MapResponse {
 }
 
 // mapOptions is how the kernel maps an image of cl (but for the secret): the cluster's
-// monitors and user, the config's timeouts and global map options, then the cluster's own, then what the caller
-// asked (krbd.MergeExtra). They are checked whole here, before any claim: a map the kernel
-// would be refused (an ms_mode the cluster's monitors do not speak, say) claims nothing.
-func (s *Sagas) mapOptions(cl Cluster, readOnly bool, asked krbd.Requested) (krbd.MapOptions, error) {
+// monitors and user, the config's timeouts, and the kernel options krbd.Compose makes of what
+// the caller asked, the config's global and the cluster's map_options, and the cluster's own
+// rbd_default_map_options, with where each came from. They are checked whole here, before any
+// claim: a map the kernel would refuse (an ms_mode the cluster's monitors do not speak, say)
+// claims nothing.
+func (s *Sagas) mapOptions(cl Cluster, readOnly bool, asked krbd.Requested, defaults krbd.ClusterDefaults) (krbd.MapOptions, []krbd.OptionSource, error) {
 	opts := cl.MapOptions()
 	opts.ReadOnly, opts.NoUdev = readOnly, asked.NoUdev
 	opts.MountTimeout, opts.Timeout = s.Config.MountTimeout.D(), s.Config.MapTimeout.D()
-	extra, err := krbd.MergeExtra(append(append([]string(nil), s.Config.MapOptions...), opts.Extra...), asked.Extra)
+	extra, sources, err := krbd.Compose(krbd.Layers{
+		Caller:   asked.Extra,
+		Agent:    append(append([]string(nil), s.Config.MapOptions...), opts.Extra...),
+		Cluster:  defaults,
+		Monitors: opts.Monitors, KernelMsgr2: s.KernelMsgr2,
+	})
 	if err != nil {
-		return krbd.MapOptions{}, err
+		return krbd.MapOptions{}, nil, err
 	}
 	opts.Extra = extra
-	return opts, opts.Validate()
+	return opts, sources, opts.Validate()
 }

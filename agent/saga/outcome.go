@@ -7,6 +7,7 @@ import (
 
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
@@ -71,7 +72,7 @@ func (r *mapRun) recordMapped() {
 	r.s.Audit.Record(audit.Entry{Event: audit.Map, Cluster: t.key.Cluster, Pool: t.spec.Pool, Namespace: t.spec.Namespace,
 		Image: t.spec.Image, Device: r.dev.DevNode, Epoch: m.Epoch, OwnerNode: r.s.Config.NodeID, HasPeer: peer != nil,
 		UID: peercred.UID(peer), PID: peercred.PID(peer),
-		Message: mappedMessage(t.spec.String(), r.dev.DevNode, m.Epoch, r.dev.ClientAddr, r.req.Requester, r.req.VolumeID)})
+		Message: mappedMessage(t.spec.String(), r.dev.DevNode, m.Epoch, r.dev.ClientAddr, r.req.Requester, r.req.VolumeID) + krbd.DescribeSources(r.sources)})
 	r.s.Log.WithField("image", t.key.String()).WithField("requester", r.req.Requester).WithFields(r.steps.fields()).Info("map steps")
 }
 

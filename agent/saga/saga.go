@@ -37,6 +37,9 @@ type Cluster interface {
 	MapOptions() krbd.MapOptions
 	// Secret is the agent's cephx key for it, known once Claims has connected.
 	Secret() string
+	// MapDefaults is the cluster's rbd_default_map_options for an image (mapdefault.Read),
+	// read once Claims has connected.
+	MapDefaults(ref image.Ref) (krbd.ClusterDefaults, error)
 }
 
 // Agent is what the sagas use of the running agent beyond the parts in Sagas.
@@ -76,6 +79,9 @@ type Sagas struct {
 	Audit   *audit.Log
 	Metrics *metrics.Metrics
 	Log     *logrus.Logger
+	// KernelMsgr2 says whether this node's kernel speaks msgr2 (krbd.KernelSpeaksMsgr2): a
+	// cluster whose monitors offer it is then mapped with ms_mode=prefer-crc by default.
+	KernelMsgr2 bool
 	// Fault, when set, is called before every step; an error fails the step, and ErrCrash
 	// makes the saga stop dead as if the process had been killed (tests).
 	Fault func(saga, step string) error

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/image"
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
 )
 
 // Phase is where a mapping's saga stands; each names what recovery must finish.
@@ -65,6 +66,9 @@ type Mapping struct {
 	ClientAddr string    `json:"client_addr"`
 	VolumeID   string    `json:"volume_id,omitempty"`
 	UpdatedAt  time.Time `json:"updated_at"`
+	// Options are the kernel options the mapping was made with and where each came from
+	// (krbd.Compose); absent in a state an older agent wrote.
+	Options []krbd.OptionSource `json:"options,omitempty"`
 }
 
 type file struct {

@@ -78,8 +78,9 @@ SLOW_POOL=
 case $LAB_TOPOLOGY in small|prod) ;; *) echo "lab: LAB_TOPOLOGY=$LAB_TOPOLOGY: use small or prod" >&2; exit 2 ;; esac
 # the topology's monitors and OSDs: MON_IPS (named a, b, c in order), the monitor addresses as
 # ceph-csi passes them to rbd -m (MONS) and the agents' config lists them (MON_CONF), the guests' mon_host,
-# the kernel's map options beyond the agent's own (MAP_OPTS), the OSDs of pool rbd (RBD_OSDS) and
-# of the slow pool (SLOW_OSDS); set again by lab_load from the lab's own lab.env
+# the kernel's map options beyond the agent's own (MAP_OPTS: prod sets them as Rook does, in the
+# cluster's rbd_default_map_options, and the agents' config has no map_options), the OSDs of pool
+# rbd (RBD_OSDS) and of the slow pool (SLOW_OSDS); set again by lab_load from the lab's own lab.env
 lab_topology() {
 if [ "$LAB_TOPOLOGY" = prod ]; then
   MON_IPS=(203.0.113.1 203.0.113.2 203.0.113.3)
@@ -461,7 +462,6 @@ clusters:
     monitors: [$(m=${MON_CONF[*]}; echo "${m// /, }")]
     user: rbdowner
     keyring: /etc/ceph/ceph.client.rbdowner.keyring
-$([ -z "$MAP_OPTS" ] || echo "    map_options: [$MAP_OPTS]")
 lease_duration: $LEASE
 renew_interval: $RENEW
 $([ "$LAB_TOPOLOGY" = prod ] || printf '%s\n' "# the small topology's pool rbd has one OSD: nothing fails over; the longest stall the lab" \
@@ -500,6 +500,11 @@ EOF
   # (the small topology only: in prod a replica takes over, and Ceph's own lease is what users get)
   if [ "$LAB_TOPOLOGY" = small ]; then
     ceph config set osd osd_pool_default_read_lease_ratio 5 || die "ceph config set osd osd_pool_default_read_lease_ratio"
+  fi
+  # prod: the kernel's msgr2 mode where Rook puts it, in the monitors' config store; the agents
+  # (which connect after this) take it from there
+  if [ "$LAB_TOPOLOGY" = prod ]; then
+    ceph config set client rbd_default_map_options "$MAP_OPTS" || die "ceph config set client rbd_default_map_options"
   fi
   if [ "$LAB_SLOW_POOL" = 1 ]; then lab_slow_pool || die "the slow pool (LAB_SLOW_POOL=1): osd.1 or pool slow failed"; fi
   lab_save_env

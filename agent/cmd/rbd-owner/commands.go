@@ -262,6 +262,11 @@ func printStatus(out io.Writer, st *api.Status, problems []string) {
 		}
 		tw.Flush()
 	}
+	for _, d := range st.Devices {
+		if len(d.Options) > 0 {
+			fmt.Fprintf(out, "%s options: %s\n", d.Device, optionsText(d.Options))
+		}
+	}
 	for _, p := range problems {
 		fmt.Fprintf(out, "problem: %s\n", p)
 	}
@@ -397,4 +402,14 @@ func printClaims(out io.Writer, claims []api.Claim) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// optionsText renders a mapping's kernel options with where each came from:
+// "ms_mode=secure (cluster rbd_default_map_options (config)), queue_depth=128 (caller)".
+func optionsText(opts []api.MapOption) string {
+	parts := make([]string, len(opts))
+	for i, o := range opts {
+		parts[i] = o.Option + " (" + o.From + ")"
+	}
+	return strings.Join(parts, ", ")
 }

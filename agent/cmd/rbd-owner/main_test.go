@@ -561,3 +561,16 @@ func TestReleaseOwnAndForced(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusSaysWhereEachMapOptionCameFrom: a mapping's kernel options are printed under the
+// devices, each with its source.
+func TestStatusSaysWhereEachMapOptionCameFrom(t *testing.T) {
+	d := api.Device{Device: "/dev/rbd0", Cluster: "c1", Pool: "rbd", Image: "img1", Managed: true, Epoch: 3,
+		Options: []api.MapOption{{Option: "ms_mode=secure", From: "cluster rbd_default_map_options (config)"}, {Option: "queue_depth=128", From: "caller"}}}
+	sock, _ := serve(t, 200, statusWith([]api.Device{d}))
+	code, out, _ := cli("--socket", sock, "status")
+	want := "/dev/rbd0 options: ms_mode=secure (cluster rbd_default_map_options (config)), queue_depth=128 (caller)\n"
+	if code != exitOK || !strings.Contains(out, want) {
+		t.Errorf("exit %d, want %d and the line %q in:\n%s", code, exitOK, want, out)
+	}
+}
