@@ -49,14 +49,16 @@ func TestTheClustersMapOptionsAreReadAsRbdReadsThem(t *testing.T) {
 	pool := cephtest.TempPool(t)
 	name := cephtest.ImageIn(t, admin, pool, "")
 	ref := image.Ref{Pool: pool, Image: name}
-	who := "client." + cephtest.Options(t).User
+	// set for client.admin and read as it: the agent's user is the other packages' daemons',
+	// which connect to this cluster meanwhile and must not map with this test's options
+	who := "client.admin"
 
-	readWithin(t, cephtest.Conn(t), ref, krbd.ClusterDefaults{Level: krbd.LevelConfig})
+	readWithin(t, cephtest.AdminConn(t), ref, krbd.ClusterDefaults{Level: krbd.LevelConfig})
 	t.Cleanup(func() { configSet(t, admin, who, "") })
 	configSet(t, admin, who, "ms_mode=secure")
 	// librados takes the monitors' configuration when it connects (a connection made before
 	// the change keeps the old value: docs/configuration.md says so)
-	conn := cephtest.Conn(t)
+	conn := cephtest.AdminConn(t)
 	readWithin(t, conn, ref, krbd.ClusterDefaults{Options: "ms_mode=secure", Level: krbd.LevelConfig})
 
 	io, err := admin.OpenIOContext(pool)
@@ -78,6 +80,8 @@ func TestTheClustersMapOptionsAreReadAsRbdReadsThem(t *testing.T) {
 	}
 	_ = im.Close()
 	readWithin(t, conn, ref, krbd.ClusterDefaults{Options: "alloc_size=65536", Level: krbd.LevelImage})
+	// the agent's own user (osd 'profile rbd') reads the pool's and the image's levels too
+	readWithin(t, cephtest.Conn(t), ref, krbd.ClusterDefaults{Options: "alloc_size=65536", Level: krbd.LevelImage})
 
 	gone := image.Ref{Pool: pool, Image: "no-such-image"}
 	readWithin(t, conn, gone, krbd.ClusterDefaults{Options: "queue_depth=64", Level: krbd.LevelPool})
