@@ -730,6 +730,32 @@ func TestRequestOptions(t *testing.T) {
 	}
 }
 
+// TestTodaysCephCSIOptionsPass: the options newer ceph-csi releases pass to rbd map reach the
+// kernel as given: read affinity (read_from_replica=localize with a CRUSH location of several
+// type:name pairs joined by '|', as its ConstructReadAffinityMapOption builds it) and each
+// ms_mode; values the kernel would not take are refused.
+func TestTodaysCephCSIOptionsPass(t *testing.T) {
+	affinity := "read_from_replica=localize,crush_location=region:east|zone:east-1|host:worker-01.example"
+	r, err := krbd.RequestOptions([]string{"noudev", affinity, "ms_mode=prefer-crc"})
+	want := "read_from_replica=localize,crush_location=region:east|zone:east-1|host:worker-01.example,ms_mode=prefer-crc"
+	if err != nil || strings.Join(r.Extra, ",") != want {
+		t.Fatalf("got %+v %v, want Extra %s", r, err, want)
+	}
+	long := "crush_location=" + strings.Repeat("rack:r-0123456789|", 12) + "host:h"
+	for _, ok := range []string{"read_from_replica=balance", "read_from_replica=no", long,
+		"ms_mode=legacy", "ms_mode=crc", "ms_mode=secure", "ms_mode=prefer-crc", "ms_mode=prefer-secure"} {
+		if err := krbd.ValidateExtraOption(ok); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"read_from_replica=everywhere", "crush_location=host", "crush_location=host:", "crush_location=|host:a",
+		"crush_location=host:a|", "crush_location=host:a b", "ms_mode=fast", "queue_depth=1|2"} {
+		if err := krbd.ValidateExtraOption(bad); !errors.Is(err, krbd.ErrInvalid) {
+			t.Errorf("%s: %v, want invalid", bad, err)
+		}
+	}
+}
+
 // TestMapWaitsForUdev: a map returns once udevd has handled the new device (its link exists),
 // not merely once the kernel made it; with NoUdev (rbd's -o noudev, what ceph-csi passes) it
 // returns at the kernel's device; a udevd that never answers delays the map by UdevTimeout,

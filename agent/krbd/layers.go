@@ -52,9 +52,6 @@ type Layers struct {
 	KernelMsgr2 bool
 }
 
-// msModes are the kernel's ms_mode values; only secure never sends data in clear text.
-var msModes = []string{"legacy", "crc", "secure", "prefer-crc", "prefer-secure"}
-
 // negatable are the kernel options that have a "no" form: crc and nocrc are one option.
 var negatable = map[string]bool{"crc": true, "tcp_nodelay": true, "cephx_require_signatures": true, "cephx_sign_messages": true}
 
@@ -142,16 +139,6 @@ func agentSets(o string) (string, bool) {
 	}
 	why, ok := ownedByAgent[name]
 	return why, ok
-}
-
-// validateMsMode refuses an ms_mode the kernel does not have (naming the option, never the
-// value, as every option error).
-func validateMsMode(o string) error {
-	v, ok := strings.CutPrefix(o, "ms_mode=")
-	if ok && !slices.Contains(msModes, v) {
-		return fmt.Errorf("%w: option \"ms_mode\": not one of %s", ErrInvalid, strings.Join(msModes, ", "))
-	}
-	return nil
 }
 
 // splitOptions splits a map options string as Ceph's rbd does: at commas and spaces.

@@ -79,6 +79,20 @@ var refusedOptions = map[string]string{
 	"mon_addr": "use Monitors",
 }
 
+// valueRules are the options whose values have a form of their own (the error says it, never
+// the value given).
+var valueRules = map[string]struct {
+	re   *regexp.Regexp
+	want string
+}{
+	// the kernel's CRUSH location: type:name pairs joined by '|' (ceph-csi's read affinity
+	// passes one pair per topology label)
+	"crush_location": {regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}:[A-Za-z0-9_.-]{1,64}(\|[A-Za-z0-9_.-]{1,64}:[A-Za-z0-9_.-]{1,64}){0,15}$`),
+		"want TYPE:NAME pairs joined by '|' (host:node-1|zone:z1), each of letters, digits and _.-"},
+	"read_from_replica": {regexp.MustCompile(`^(no|balance|localize)$`), "want no, balance or localize"},
+	"ms_mode":           {regexp.MustCompile(`^(legacy|crc|secure|prefer-crc|prefer-secure)$`), "want legacy, crc, secure, prefer-crc or prefer-secure"},
+}
+
 var (
 	optValueRE = regexp.MustCompile(`^[A-Za-z0-9_.:+-]{1,64}$`)
 	userRE     = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
@@ -112,10 +126,16 @@ func ValidateExtraOption(o string) error {
 		}
 		return fmt.Errorf("%w: option %q: takes no value", ErrInvalid, name)
 	}
+	if rule, ok := valueRules[name]; ok && hasVal {
+		if !rule.re.MatchString(val) {
+			return fmt.Errorf("%w: option %q: %s", ErrInvalid, name, rule.want)
+		}
+		return nil
+	}
 	if hasVal && !optValueRE.MatchString(val) {
 		return fmt.Errorf("%w: option %q: value has characters other than letters, digits and _.:+-", ErrInvalid, name)
 	}
-	return validateMsMode(o)
+	return nil
 }
 
 // msgr2 says whether the options make the kernel speak msgr2 to the cluster: an ms_mode other

@@ -93,6 +93,21 @@ func TestCephCSIMap(t *testing.T) {
 	}
 }
 
+// TestTodaysCephCSIMapOptions: what newer ceph-csi releases add to their map (read affinity
+// with a CRUSH location of several labels, an ms_mode) reaches the agent as given.
+func TestTodaysCephCSIMapOptions(t *testing.T) {
+	a := &fakeAgent{}
+	affinity := "read_from_replica=localize,crush_location=zone:east-1|host:worker-01"
+	r := run(t, a, "--id", "csi-rbd-node", "-m", "10.0.0.1:3300", "--keyfile=/tmp/csi/keys/keyfile-1",
+		"map", "replicapool/csi-vol-2", "--device-type", "krbd", "--options", "noudev", "--options", "ms_mode=secure", "--options", affinity)
+	if r.code != 0 || r.stdout != "/dev/rbd3\n" || r.stderr != "" {
+		t.Fatalf("map: %+v", r)
+	}
+	if got := strings.Join(a.maps[0].Options, ","); got != "noudev,ms_mode=secure,"+affinity {
+		t.Fatalf("the map request's options: %s", got)
+	}
+}
+
 func TestCephCSIRefusalIsOneLineNamingTheOwner(t *testing.T) {
 	// the agent's own words under takeover_policy: after-lease-expiry: the time is said once
 	held := "acquire rbd/img: rbd/img is held (rwo) by node node-a (host host-a, addr 10.0.0.1) at epoch 3 since 2026-01-02T03:04:05Z " +
