@@ -328,6 +328,9 @@ type ClusterStatus struct {
 	// pool of the cluster where it holds claims (the metric rbd_owner_liveness_write_age_seconds);
 	// absent when it holds none there.
 	LivenessWriteAge *float64 `json:"liveness_write_age_seconds,omitempty"`
+	// PriorKeyMappings counts this node's mappings of the cluster made with a key its keyring no
+	// longer holds (the prior key of a rotation): once 0 on every node, the prior key can go.
+	PriorKeyMappings int `json:"prior_key_mappings,omitempty"`
 }
 
 // Status is the answer to GET /v1/status.

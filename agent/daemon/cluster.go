@@ -13,6 +13,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/image"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/mapdefault"
+	"github.com/rbd-owner/rbd-owner/agent/state"
 	"github.com/rbd-owner/rbd-owner/agent/version"
 )
 
@@ -25,6 +26,9 @@ type Connection struct {
 	// MapDefaults reads the cluster's rbd_default_map_options for an image (nil: none, as
 	// the in-memory cluster of the tests has).
 	MapDefaults func(image.Ref) (krbd.ClusterDefaults, error)
+	// Key reads the agent's key from its keyring now (nil: Secret is the key): a map uses the
+	// key the keyring holds at that moment, so that a rotated key needs no restart.
+	Key func() (string, error)
 }
 
 // connectRados is the default Options.Connect: the cluster's keyring and a RADOS connection.
@@ -46,7 +50,8 @@ func connectRados(ctx context.Context, c config.Cluster) (Connection, error) {
 		return Connection{}, err
 	}
 	read := func(ref image.Ref) (krbd.ClusterDefaults, error) { return mapdefault.Read(conn, ref) }
-	return Connection{Backend: b, Secret: secret, Close: conn.Shutdown, MapDefaults: read}, nil
+	key := func() (string, error) { return krbd.ReadKeyringFile(c.Keyring, "client."+c.User) }
+	return Connection{Backend: b, Secret: secret, Close: conn.Shutdown, MapDefaults: read, Key: key}, nil
 }
 
 // cluster is one configured cluster: its connection and claim store, made on first use. No
@@ -175,11 +180,33 @@ func (c *cluster) connected() (*claim.Store, Connection, bool) {
 	return c.store, c.conn, c.store != nil
 }
 
-// secret is the agent's cephx secret for this cluster ("" before the first connection).
-func (c *cluster) secret() string {
+// secret is the agent's cephx secret for this cluster as its keyring holds it now (the one
+// read at the connection where it is not read again; "" before the first connection).
+func (c *cluster) secret() (string, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.conn.Secret
+	conn := c.conn
+	c.mu.Unlock()
+	if conn.Key == nil {
+		return conn.Secret, nil
+	}
+	return conn.Key()
+}
+
+// priorKeyMappings counts this node's mappings of the cluster made with a key its keyring no
+// longer holds (a rotation's prior key): 0 when the keyring cannot be read.
+func (c *cluster) priorKeyMappings() int {
+	s, err := c.secret()
+	cur := krbd.KeyID(s)
+	if err != nil || cur == "" {
+		return 0
+	}
+	n := 0
+	for _, m := range c.d.state.All() {
+		if m.Cluster == c.cfg.ID && m.Phase == state.Mapped && m.KeyID != "" && m.KeyID != cur {
+			n++
+		}
+	}
+	return n
 }
 
 // mapDefaults is the cluster's rbd_default_map_options for ref, on the connection Claims made.

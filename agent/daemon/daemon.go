@@ -35,6 +35,9 @@ type Options struct {
 	Config *config.Config
 	Log    *logrus.Logger
 	Audit  *audit.Log
+	// KernelRelease is this node's kernel release (uname -r; krbd.KernelRelease when ""): which
+	// key types and protocols its libceph speaks.
+	KernelRelease string
 	// Kernel maps and unmaps (a krbd client on a fake kernel in tests).
 	Kernel *krbd.Client
 	// Listener is the main API socket; nil: socket activation, else the daemon creates it.
@@ -147,6 +150,12 @@ func New(opts Options) (*Daemon, error) {
 	if opts.BootID == "" {
 		opts.BootID = readBootID()
 	}
+	if opts.KernelRelease == "" {
+		opts.KernelRelease = krbd.KernelRelease()
+	}
+	if err := config.CheckKeys(opts.Config, opts.KernelRelease); err != nil {
+		return nil, err
+	}
 	st, err := state.OpenAt(opts.Config.StateDir, opts.BootID)
 	if err != nil {
 		return nil, err
@@ -163,7 +172,7 @@ func New(opts Options) (*Daemon, error) {
 	d.metrics = d.newMetrics()
 	d.locks = &saga.Locks{}
 	d.sagas = &saga.Sagas{Agent: sagaAgent{d}, Config: d.cfg, Kernel: d.kernel, State: st, Node: d.node, Locks: d.locks,
-		Audit: d.audit, Metrics: d.metrics, Log: d.log, Fault: opts.Fault, KernelMsgr2: krbd.KernelSpeaksMsgr2(krbd.KernelRelease())}
+		Audit: d.audit, Metrics: d.metrics, Log: d.log, Fault: opts.Fault, KernelRelease: opts.KernelRelease}
 	d.admin = &admin.Admin{Agent: adminAgent{d}, NodeID: d.cfg.NodeID, Kernel: d.kernel, State: st, Audit: d.audit, Metrics: d.metrics, Log: d.log}
 	d.watchState()
 	if opts.Peers != nil {

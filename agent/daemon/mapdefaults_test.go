@@ -3,9 +3,15 @@ package daemon
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
@@ -92,5 +98,94 @@ func TestAMapWhoseClusterDefaultsCannotBeReadClaimsNothing(t *testing.T) {
 	}
 	if st := n.d.Status(); st.ClaimsHeld != 0 || len(st.Devices) != 0 {
 		t.Errorf("after the refused map: %d claims held, devices %+v; want none", st.ClaimsHeld, st.Devices)
+	}
+}
+
+// TestARotatedKeyIsUsedAtTheNextMapAndStatusCountsMappingsOfThePriorKey: the keyring is read at
+// every map, so a key rotated in the keyring (the cluster keeping the prior one) maps the next
+// image with no restart; status and the metric count the mappings made with the prior key until
+// they are unmapped; a key rotated to aes256k on a kernel before 7.0 refuses the map, claiming
+// nothing.
+func TestARotatedKeyIsUsedAtTheNextMapAndStatusCountsMappingsOfThePriorKey(t *testing.T) {
+	mc := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000001")
+	const newKey = "AQBzXHxlAAAAABAAAQIDBAUGBwgJCgsMDQ4PEA=="                      // aes, another secret
+	const aes256k = "AgAAAAAAAAAAACAAAQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=" // type 2, 32 bytes
+	var mu sync.Mutex
+	key := memSecret
+	n := startMemDaemonWith(t, func(o *Options) {
+		o.KernelRelease = "6.12.48+deb13-amd64"
+		o.Connect = func(context.Context, config.Cluster) (Connection, error) {
+			return Connection{Backend: mc.m, Secret: memSecret, Key: func() (string, error) { mu.Lock(); defer mu.Unlock(); return key, nil }}, nil
+		}
+	}, mc)
+	defer n.stop(t)
+	if err := n.k.AddUser("u", newKey); err != nil {
+		t.Fatal(err)
+	}
+	prior := func() int {
+		for _, c := range n.d.Status().Clusters {
+			if c.ID == "c1" {
+				return c.PriorKeyMappings
+			}
+		}
+		return -1
+	}
+	n.mapImage(t, mc, "k1")
+	if p := prior(); p != 0 {
+		t.Fatalf("before the rotation: %d mappings of a prior key, want 0", p)
+	}
+	mu.Lock()
+	key = newKey
+	mu.Unlock()
+	n.mapImage(t, mc, "k2") // the fake kernel takes it only with a key it knows: the new one
+	if p := prior(); p != 1 {
+		t.Errorf("after the rotation: %d mappings of a prior key, want 1 (k1)", p)
+	}
+	if !strings.Contains(metricsText(t, n.d), `rbd_owner_prior_key_mappings{cluster="c1"} 1`) {
+		t.Errorf("the metric does not count k1's mapping")
+	}
+	if _, err := n.d.Unmap(context.Background(), api.UnmapRequest{Cluster: "c1", Pool: "rbd", Image: "k1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if p := prior(); p != 0 {
+		t.Errorf("after k1's unmap: %d mappings of a prior key, want 0", p)
+	}
+	mu.Lock()
+	key = aes256k
+	mu.Unlock()
+	mc.m.AddImage(claim.Image{Pool: "rbd", Image: "k3"}, "id-k3")
+	n.k.AddImage("rbd", "", "k3", 16<<20)
+	_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "k3"}, nil)
+	if err == nil || !strings.Contains(err.Error(), "aes256k") || !strings.Contains(err.Error(), "6.12.48+deb13-amd64") {
+		t.Fatalf("a map with an aes256k key on 6.12: %v, want refused naming the type and the kernel", err)
+	}
+	if st := n.d.Status(); st.ClaimsHeld != 1 {
+		t.Errorf("%d claims held after the refused map, want 1 (k2)", st.ClaimsHeld)
+	}
+}
+
+// metricsText is what the daemon's /metrics serves now.
+func metricsText(t *testing.T, d *Daemon) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	d.metrics.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "http://rbd-owner/metrics", nil))
+	return rec.Body.String()
+}
+
+// TestTheAgentRefusesToStartWithAKeyItsKernelCannotUse: an aes256k key in a cluster's keyring
+// on a kernel before Linux 7.0 stops the start with the one line check-config gives; on 7.0 the
+// agent starts.
+func TestTheAgentRefusesToStartWithAKeyItsKernelCannotUse(t *testing.T) {
+	kr := filepath.Join(t.TempDir(), "keyring")
+	if err := os.WriteFile(kr, []byte("[client.u]\n\tkey = AgAAAAAAAAAAACAAAQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, "node-k", time.Second, config.Cluster{ID: "c1", Monitors: []string{"203.0.113.1:6789"}, User: "u", Keyring: kr})
+	_, err := New(Options{Config: cfg, Log: quietLog(), KernelRelease: "6.1.0-40-amd64"})
+	if err == nil || !strings.Contains(err.Error(), "aes256k") || !strings.Contains(err.Error(), kr) || !strings.Contains(err.Error(), "6.1.0-40-amd64") {
+		t.Fatalf("New on 6.1 with an aes256k key: %v, want refused naming the key type, the keyring and the kernel", err)
+	}
+	if _, err := New(Options{Config: cfg, Log: quietLog(), KernelRelease: "7.2.0"}); err != nil {
+		t.Fatalf("New on 7.2 with an aes256k key: %v", err)
 	}
 }

@@ -88,7 +88,7 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 	sort.Strings(ids)
 	for _, id := range ids {
 		_, _, ok := d.clusters[id].connected()
-		c := metrics.Cluster{ID: id, Connected: ok}
+		c := metrics.Cluster{ID: id, Connected: ok, PriorKeyMappings: d.clusters[id].priorKeyMappings()}
 		for p := range places[id] {
 			c.Places = append(c.Places, p)
 		}

@@ -84,4 +84,4 @@ func (c *cluster) MapOptions() krbd.MapOptions {
 func (c *cluster) MapDefaults(ref image.Ref) (krbd.ClusterDefaults, error) { return c.mapDefaults(ref) }
 
 // Secret is the agent's cephx key for the cluster, known once it has connected (saga.Cluster).
-func (c *cluster) Secret() string { return c.secret() }
+func (c *cluster) Secret() (string, error) { return c.secret() }

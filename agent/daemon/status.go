@@ -98,6 +98,7 @@ func (d *Daemon) clusterStatuses() []api.ClusterStatus {
 			cs.Connecting = true
 		}
 		c.mu.Unlock()
+		cs.PriorKeyMappings = c.priorKeyMappings()
 		var err error
 		if cs.NodeAddr, err = d.addrs.SourceFor(c.cfg.Monitors); err != nil {
 			msg := "node address toward the monitors unknown: " + err.Error()

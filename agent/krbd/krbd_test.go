@@ -2,6 +2,8 @@ package krbd_test
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -1051,5 +1053,48 @@ func TestMonitorsAsCephWritesThem(t *testing.T) {
 		if err != nil || !strings.HasPrefix(s, tc.want+" ") {
 			t.Errorf("%v %v: %q, %v; want monitors %q", tc.mons, tc.extra, s, err, tc.want)
 		}
+	}
+}
+
+// keyOf builds a base64 cephx secret of Ceph's form: type, created, length, key bytes.
+func keyOf(typ uint16, n int, fill byte) string {
+	b := make([]byte, 12+n)
+	binary.LittleEndian.PutUint16(b, typ)
+	binary.LittleEndian.PutUint16(b[10:], uint16(n))
+	for i := range n {
+		b[12+i] = fill + byte(i)
+	}
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+// TestAnAes256kKeyNeedsLinux7: the key type is read from the key itself; an aes256k key on a
+// kernel before 7.0 is refused in one line naming the type, the kernel, what it needs and what
+// to do; aes keys pass everywhere; key ids differ between keys and never show the key.
+func TestAnAes256kKeyNeedsLinux7(t *testing.T) {
+	aes, aes256k := keyOf(1, 16, 1), keyOf(2, 32, 1)
+	for key, want := range map[string]string{aes: krbd.KeyAES, aes256k: krbd.KeyAES256K, keyOf(7, 16, 1): "type 7"} {
+		if got, err := krbd.KeyType(key); err != nil || got != want {
+			t.Errorf("KeyType: %q, %v; want %q", got, err, want)
+		}
+	}
+	for _, tc := range []struct {
+		typ, release string
+		ok           bool
+	}{
+		{krbd.KeyAES, "4.18.0-553.el8", true}, {krbd.KeyAES256K, "7.0.0", true}, {krbd.KeyAES256K, "7.2.1-amd64", true},
+		{krbd.KeyAES256K, "6.12.48+deb13-amd64", false}, {krbd.KeyAES256K, "6.1.0-40-amd64", false}, {krbd.KeyAES256K, "", false},
+	} {
+		err := krbd.CheckKernelKey(tc.typ, tc.release)
+		if tc.ok != (err == nil) {
+			t.Errorf("%s on %q: %v, want ok %v", tc.typ, tc.release, err, tc.ok)
+		}
+		if err != nil && (!errors.Is(err, krbd.ErrInvalid) || strings.Contains(err.Error(), "\n") ||
+			!strings.Contains(err.Error(), "aes256k") || !strings.Contains(err.Error(), tc.release) || !strings.Contains(err.Error(), "Linux 7.0") ||
+			!strings.Contains(err.Error(), "keep this user's key aes")) {
+			t.Errorf("%s on %q: %v; want one line naming the type, the kernel, what it needs and what to do", tc.typ, tc.release, err)
+		}
+	}
+	if a, b := krbd.KeyID(aes), krbd.KeyID(keyOf(1, 16, 2)); a == "" || a == b || strings.Contains(aes, a) {
+		t.Errorf("KeyID: %q and %q", a, b)
 	}
 }

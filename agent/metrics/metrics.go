@@ -89,6 +89,8 @@ type Cluster struct {
 	// Places are the pools (and namespaces: "pool/ns") where this node holds claims now, so
 	// where its liveness record must be kept written.
 	Places []string
+	// PriorKeyMappings are this node's mappings made with a key the keyring no longer holds.
+	PriorKeyMappings int
 }
 
 // Claim is one claim this node has, in one of the states held, lost, claiming.
@@ -476,11 +478,13 @@ var (
 		[]string{labelCluster}, nil)
 	descClaimInfo = prometheus.NewDesc(ns+"_claim_info", "One series per claim this node has (only with per_image_metrics: true).",
 		[]string{labelCluster, "pool", "namespace", "image", "device", labelState}, nil)
+	descPriorKey = prometheus.NewDesc(ns+"_prior_key_mappings", "This node's mappings of the cluster made with a key its keyring no longer holds (a rotation's prior key): the prior key can be dropped once this is 0 on every node.",
+		[]string{labelCluster}, nil)
 	descStateFailing = prometheus.NewDesc(ns+"_state_write_failing", "1 while the last write of the state file failed (maps and unmaps are refused), else 0.", nil, nil)
 )
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descClaims, descUnmanaged, descConnected, descLivenessAge, descExpiring, descClaimInfo, descStateFailing} {
+	for _, d := range []*prometheus.Desc{descClaims, descUnmanaged, descConnected, descLivenessAge, descExpiring, descClaimInfo, descStateFailing, descPriorKey} {
 		ch <- d
 	}
 }
@@ -498,6 +502,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 			unmanaged[[2]string{k.ID, v}] = 0
 		}
 		ch <- prometheus.MustNewConstMetric(descConnected, prometheus.GaugeValue, b2f(k.Connected), k.ID)
+		ch <- prometheus.MustNewConstMetric(descPriorKey, prometheus.GaugeValue, float64(k.PriorKeyMappings), k.ID)
 	}
 	for _, x := range s.Claims {
 		claims[[2]string{x.Cluster, x.State}]++

@@ -25,6 +25,7 @@ type mapRun struct {
 	asked    krbd.Requested      // what the caller's options ask of the kernel
 	opts     krbd.MapOptions     // how the kernel maps it, but for the secret: built and checked before the claim
 	sources  []krbd.OptionSource // where each of opts.Extra came from (and cluster defaults not applied)
+	secret   string              // the agent's key as the keyring holds it at this map
 	t        target
 	readOnly bool
 	store    *claim.Store
@@ -169,9 +170,12 @@ func (r *mapRun) resolve(ctx context.Context) (*api.MapResponse, bool, error) {
 	if r.opts, r.sources, err = r.s.mapOptions(t.cl, r.readOnly, r.asked, defaults); err != nil {
 		return nil, true, refuse(fmt.Errorf("map %s: %w", t.spec, err))
 	}
+	if r.secret, err = r.s.key(t.cl); err != nil {
+		return nil, true, refuse(fmt.Errorf("map %s: %w", t.spec, err))
+	}
 	r.steps.mark("resolve")
 	r.m = state.Mapping{Key: t.key, FSID: r.store.FSID(), Access: string(r.access), ReadOnly: r.readOnly, VolumeID: r.req.VolumeID,
-		Claimed: t.spec.Snap == "", Phase: state.Claiming, Options: r.sources}
+		Claimed: t.spec.Snap == "", Phase: state.Claiming, Options: r.sources, KeyID: krbd.KeyID(r.secret)}
 	return nil, false, nil
 }
 
@@ -245,7 +249,7 @@ func (r *mapRun) kernel(ctx context.Context) error {
 		return err
 	}
 	opts := r.opts
-	opts.Secret = r.t.cl.Secret() // known now: resolve connected
+	opts.Secret = r.secret // read by resolve
 	dev, err := r.s.Kernel.Map(ctx, r.t.spec, opts)
 	if err != nil {
 		if errors.Is(err, krbd.ErrLeftMapped) {
@@ -352,11 +356,28 @@ func (s *Sagas) mapOptions(cl Cluster, readOnly bool, asked krbd.Requested, defa
 		Caller:   asked.Extra,
 		Agent:    append(append([]string(nil), s.Config.MapOptions...), opts.Extra...),
 		Cluster:  defaults,
-		Monitors: opts.Monitors, KernelMsgr2: s.KernelMsgr2,
+		Monitors: opts.Monitors, KernelMsgr2: krbd.KernelSpeaksMsgr2(s.KernelRelease),
 	})
 	if err != nil {
 		return krbd.MapOptions{}, nil, err
 	}
 	opts.Extra = extra
 	return opts, sources, opts.Validate()
+}
+
+// key is the agent's key for cl as its keyring holds it now, checked against this node's
+// kernel: a key rotated to a type the kernel cannot read refuses the map before any claim.
+func (s *Sagas) key(cl Cluster) (string, error) {
+	secret, err := cl.Secret()
+	if err != nil {
+		return "", fmt.Errorf("%w: the agent's key: %w", fault.ErrInvalid, err)
+	}
+	typ, err := krbd.KeyType(secret)
+	if err != nil {
+		return "", fmt.Errorf("the agent's key: %w", err)
+	}
+	if err := krbd.CheckKernelKey(typ, s.KernelRelease); err != nil {
+		return "", fmt.Errorf("the agent's key: %w", err)
+	}
+	return secret, nil
 }

@@ -35,8 +35,9 @@ type Cluster interface {
 	// MapOptions is how the kernel reaches it: monitors, user and the cluster's own map
 	// options (after the config's global ones); not the secret.
 	MapOptions() krbd.MapOptions
-	// Secret is the agent's cephx key for it, known once Claims has connected.
-	Secret() string
+	// Secret is the agent's cephx key for it as its keyring holds it now, known once Claims
+	// has connected.
+	Secret() (string, error)
 	// MapDefaults is the cluster's rbd_default_map_options for an image (mapdefault.Read),
 	// read once Claims has connected.
 	MapDefaults(ref image.Ref) (krbd.ClusterDefaults, error)
@@ -79,9 +80,10 @@ type Sagas struct {
 	Audit   *audit.Log
 	Metrics *metrics.Metrics
 	Log     *logrus.Logger
-	// KernelMsgr2 says whether this node's kernel speaks msgr2 (krbd.KernelSpeaksMsgr2): a
-	// cluster whose monitors offer it is then mapped with ms_mode=prefer-crc by default.
-	KernelMsgr2 bool
+	// KernelRelease is this node's kernel release (uname -r): whether it speaks msgr2 (a
+	// cluster whose monitors offer it is then mapped with ms_mode=prefer-crc by default) and
+	// which key types it reads.
+	KernelRelease string
 	// Fault, when set, is called before every step; an error fails the step, and ErrCrash
 	// makes the saga stop dead as if the process had been killed (tests).
 	Fault func(saga, step string) error

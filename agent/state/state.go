@@ -69,6 +69,9 @@ type Mapping struct {
 	// Options are the kernel options the mapping was made with and where each came from
 	// (krbd.Compose); absent in a state an older agent wrote.
 	Options []krbd.OptionSource `json:"options,omitempty"`
+	// KeyID names the agent's key the mapping was made with (krbd.KeyID): status counts the
+	// mappings made with a key the keyring no longer holds. Absent from older agents' states.
+	KeyID string `json:"key_id,omitempty"`
 }
 
 type file struct {

@@ -8,7 +8,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
 )
+
+// kernelRelease is this node's kernel release (a test's own).
+var kernelRelease = krbd.KernelRelease
 
 func (a *app) checkConfigCommand() *cobra.Command {
 	var path string
@@ -18,8 +22,9 @@ func (a *app) checkConfigCommand() *cobra.Command {
 		Short:   "Say whether the agent would start with a config (exit 0 or 1)",
 		Long: `Load a config as the agent does at start (every key, the defaults, the lease bound) and say
 whether the agent would start with it: exit 0 with one line that sums it up, or exit 1 with the
-agent's own error (one line naming the file, the line and the key). It needs no agent and no
-cluster; the packages run it before they restart the agent on an upgrade.`,
+agent's own error (one line naming the file, the line and the key). Each cluster's keyring is
+read, when it can be, for a key this node's kernel cannot map with (an aes256k key before Linux
+7.0). It needs no agent and no cluster; the packages run it before they restart the agent on an upgrade.`,
 		Example: `  # after an edit of /etc/rbd-owner/config.yaml
   rbd-owner check-config && systemctl restart rbd-owner
 
@@ -54,6 +59,9 @@ func runCheckConfig(path string, stdout io.Writer) error {
 			return fmt.Errorf("%w; %s", err, note)
 		}
 		return err
+	}
+	if err := config.CheckKeys(c, kernelRelease()); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
 	}
 	ids := make([]string, len(c.Clusters))
 	for i, cl := range c.Clusters {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"encoding/base64"
+	"encoding/binary"
 	"os"
 	"path/filepath"
 	"strings"
@@ -99,6 +101,49 @@ func TestCheckConfigSaysWhenTheAgentsEnvironmentDecides(t *testing.T) {
 		}
 		if code, _, errs := cli("check-config", "--config", tooShort); code != exitFailed || strings.Contains(errs, config.ShortFencesEnv) {
 			t.Errorf("30s, switch %q: exit %d stderr %q", env, code, errs)
+		}
+	}
+}
+
+// TestCheckConfigRefusesAKeyTheKernelCannotMapWith: an aes256k key in a cluster's keyring on a
+// kernel before Linux 7.0 is refused in one line naming the cluster, the keyring, the key type,
+// the kernel and what to do; on Linux 7.0, or with an aes key, the config is accepted.
+func TestCheckConfigRefusesAKeyTheKernelCannotMapWith(t *testing.T) {
+	dir := t.TempDir()
+	key := func(typ uint16, n int) string {
+		b := make([]byte, 12+n)
+		binary.LittleEndian.PutUint16(b, typ)
+		binary.LittleEndian.PutUint16(b[10:], uint16(n))
+		return base64.StdEncoding.EncodeToString(b)
+	}
+	write := func(name, doc string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	defer func(old func() string) { kernelRelease = old }(kernelRelease)
+	for _, tc := range []struct {
+		typ     uint16
+		release string
+		code    int
+	}{
+		{2, "6.12.48+deb13-amd64", exitFailed}, {2, "7.2.0-1-amd64", exitOK}, {1, "6.1.0-40-amd64", exitOK},
+	} {
+		kr := write("keyring", "[client.rbdowner]\n\tkey = "+key(tc.typ, 16*int(tc.typ))+"\n")
+		cfg := write("c.yaml", "node_id: node-a\nclusters:\n  - id: lab\n    monitors: [203.0.113.1:6789]\n    user: rbdowner\n    keyring: "+kr+"\n")
+		kernelRelease = func() string { return tc.release }
+		code, _, errs := cli("check-config", "--config", cfg)
+		if code != tc.code {
+			t.Errorf("key type %d on %s: exit %d (%s), want %d", tc.typ, tc.release, code, errs, tc.code)
+		}
+		if tc.code == exitFailed {
+			for _, want := range []string{"clusters[0] (lab)", kr, "aes256k", tc.release, "Linux 7.0", "keep this user's key aes"} {
+				if !strings.Contains(errs, want) || strings.Count(errs, "\n") != 1 {
+					t.Errorf("key type %d on %s: %q, want one line naming %q", tc.typ, tc.release, errs, want)
+				}
+			}
 		}
 	}
 }

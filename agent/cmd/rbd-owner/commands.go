@@ -245,6 +245,9 @@ func printStatus(out io.Writer, st *api.Status, problems []string) {
 				state += ": " + cl.Error
 			}
 		}
+		if cl.PriorKeyMappings > 0 {
+			state += fmt.Sprintf("; %d mappings made with a prior key (keep it until 0 on every node)", cl.PriorKeyMappings)
+		}
 		if cl.LivenessWriteAge != nil {
 			state += fmt.Sprintf("; last liveness write %.0fs ago", *cl.LivenessWriteAge)
 		}
