@@ -965,6 +965,7 @@ func TestAClusterThatAsksForSecureNeverGetsAClearTextMapping(t *testing.T) {
 		{krbd.Layers{Cluster: secure, Caller: []string{"ms_mode=crc"}}, krbd.FromCaller},
 		{krbd.Layers{Cluster: secure, Caller: []string{"ms_mode=prefer-secure"}}, krbd.FromCaller},
 		{krbd.Layers{Cluster: secure, Agent: []string{"ms_mode=legacy"}}, krbd.FromAgent},
+		{krbd.Layers{Cluster: krbd.ClusterDefaults{Options: "share,exclusive,ms_mode=secure", Level: krbd.LevelPool}, Caller: []string{"ms_mode=crc"}}, krbd.FromCaller},
 		{krbd.Layers{Cluster: secure, Agent: []string{"ms_mode=prefer-crc"}, Monitors: []string{"v2:10.0.0.1:3300"}, KernelMsgr2: true}, krbd.FromAgent},
 	} {
 		got, _, err := krbd.Compose(tc.l)

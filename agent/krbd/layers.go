@@ -109,8 +109,10 @@ func Compose(l Layers) ([]string, []OptionSource, error) {
 	i := slices.IndexFunc(out, func(c string) bool { return family(c) == "ms_mode" })
 	switch {
 	case secure && i >= 0 && out[i] != "ms_mode=secure":
+		// the other mode is the caller's or map_options' (the cluster's own gave way to it)
+		from := src[slices.IndexFunc(src, func(o OptionSource) bool { return o.Option == out[i] })].From
 		return nil, nil, fmt.Errorf("%w: option \"ms_mode\": the cluster's rbd_default_map_options (%s level) ask for ms_mode=secure and the %s's %s could map in clear text; drop it, or make it ms_mode=secure",
-			ErrInvalid, l.Cluster.Level, src[i].From, out[i])
+			ErrInvalid, l.Cluster.Level, from, out[i])
 	case i < 0 && l.KernelMsgr2 && offersMsgr2(l.Monitors):
 		out = append(out, "ms_mode=prefer-crc")
 		src = append(src, OptionSource{Option: "ms_mode=prefer-crc", From: FromDefault})
