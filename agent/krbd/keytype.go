@@ -57,6 +57,6 @@ func CheckKernelKey(keyType, release string) error {
 	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err == nil && major >= 7 {
 		return nil
 	}
-	return fmt.Errorf("%w: the key is %s, which the kernel's libceph reads from Linux %s on (librados from Ceph 19.2.6 and 20.2.4), and this node runs kernel %q: keep this user's key %s until the nodes run Linux %s (ceph auth rotate with --key-type %s, or Rook's CSI key type)",
+	return fmt.Errorf("%w: the key is %s, which the kernel's libceph reads from Linux %s on (librados from Ceph 19.2.6 and 20.2.4), and this node runs kernel %q: keep this user's key %s until the nodes run Linux %s (Rook: its CSI key type; by hand: a new %s key for the user)",
 		ErrInvalid, KeyAES256K, aes256kKernel, release, KeyAES, aes256kKernel, KeyAES)
 }
