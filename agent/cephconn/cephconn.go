@@ -15,6 +15,7 @@ import (
 
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
+	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/monaddr"
 )
 
@@ -87,9 +88,31 @@ func Connect(o Options) (*rados.Conn, error) {
 		}
 	}
 	if err := conn.Connect(); err != nil {
+		if why := unreadableKey(o, err); why != "" {
+			conn.Shutdown()
+			return nil, fmt.Errorf("connect as client.%s: %s: %w", o.User, why, err)
+		}
 		return fail("connect", err)
 	}
 	return conn, nil
+}
+
+// unreadableKey explains a connection refused at once because this node's librados cannot read
+// the user's key (an aes256k key before Ceph 19.2.6 and 20.2.4: librados logs "keyring not found"
+// and returns EIO before it reaches a monitor); "" for any other failure.
+func unreadableKey(o Options, err error) string {
+	if o.Keyring == "" || Code(err) != -int(syscall.EIO) {
+		return ""
+	}
+	secret, kerr := krbd.ReadKeyringFile(o.Keyring, "client."+o.User)
+	if kerr != nil {
+		return ""
+	}
+	if typ, _ := krbd.KeyType(secret); typ != krbd.KeyAES256K {
+		return ""
+	}
+	return fmt.Sprintf("this node's librados cannot read the user's %s key in %s (it needs Ceph 19.2.6 or 20.2.4 libraries; the kernel needs Linux 7.0): upgrade the node's Ceph libraries, or keep this user's key %s",
+		krbd.KeyAES256K, o.Keyring, krbd.KeyAES)
 }
 
 // monHost joins monitor addresses for librados. A plain "ip:port" is the kernel's (msgr1)
