@@ -6,6 +6,7 @@ package cephconn
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -194,24 +195,55 @@ func Classify(err error, op, need string) error {
 const BlocklistCap = `mon 'allow command "osd blocklist"'`
 
 // Blocklist adds addr ("ip:port/nonce", or "ip:0/0" for every client of a host) to the
-// cluster's blocklist for expire, through the monitors, and returns when the entry ends.
-// Adding an address that is already listed only moves its expiry: it is safe to repeat.
+// cluster's blocklist for expire, through the monitors, and returns when the entry ends as this
+// node estimates it. It is safe to repeat.
 func Blocklist(conn *rados.Conn, addr string, expire time.Duration) (time.Time, error) {
+	until, _, err := BlocklistAdd(conn, addr, expire)
+	return until, err
+}
+
+// addAnswerRE reads the monitors' answer to an add: "blocklisting ADDR until TIME (N sec)".
+var addAnswerRE = regexp.MustCompile(`until (\S+) \((\d+(?:\.\d+)?) sec\)`)
+
+// MonNowOfAdd is the monitors' clock when they answered an add, from its answer ("blocklisting
+// 10.0.0.1:0/1 until 2026-12-06T20:25:48.038326+0000 (600 sec)": their now is the until less
+// the seconds). They compute it even where the add changes nothing (an address listed already
+// keeps its expiry). Zero when the answer says no time.
+func MonNowOfAdd(status string) time.Time {
+	m := addAnswerRE.FindStringSubmatch(status)
+	if m == nil {
+		return time.Time{}
+	}
+	until, err := time.Parse("2006-01-02T15:04:05.999999-0700", m[1])
+	if err != nil {
+		return time.Time{}
+	}
+	secs, err := strconv.ParseFloat(m[2], 64)
+	if err != nil {
+		return time.Time{}
+	}
+	return until.Add(-time.Duration(secs * float64(time.Second)))
+}
+
+// BlocklistAdd is Blocklist, with the monitors' clock as their answer names it (MonNowOfAdd;
+// zero when it names none).
+func BlocklistAdd(conn *rados.Conn, addr string, expire time.Duration) (time.Time, time.Time, error) {
 	if addr == "" || strings.ContainsAny(addr, "\"\\ \t\n") {
-		return time.Time{}, fmt.Errorf("blocklist %q: not a client address", addr)
+		return time.Time{}, time.Time{}, fmt.Errorf("blocklist %q: not a client address", addr)
 	}
 	if expire < time.Second {
-		return time.Time{}, fmt.Errorf("blocklist %s: expiry %s is too short", addr, expire)
+		return time.Time{}, time.Time{}, fmt.Errorf("blocklist %s: expiry %s is too short", addr, expire)
 	}
 	// The monitor wants expire as a JSON float: "600" is refused with EINVAL, "600.0" accepted.
 	cmd := fmt.Sprintf(`{"prefix":"osd blocklist","blocklistop":"add","addr":%q,"expire":%.1f}`,
 		addr, expire.Seconds())
 	until := time.Now().Add(expire)
-	if _, status, err := conn.MonCommand([]byte(cmd)); err != nil {
-		return time.Time{}, Classify(fmt.Errorf("blocklist %s: %w (%s)", addr, err, strings.TrimSpace(status)),
+	_, status, err := conn.MonCommand([]byte(cmd))
+	if err != nil {
+		return time.Time{}, time.Time{}, Classify(fmt.Errorf("blocklist %s: %w (%s)", addr, err, strings.TrimSpace(status)),
 			"blocklist "+addr, BlocklistCap)
 	}
-	return until, nil
+	return until, MonNowOfAdd(status), nil
 }
 
 // BlocklistRange adds a range of ips (a CIDR) to the cluster's blocklist for expire (`osd

@@ -69,3 +69,10 @@ type Backend interface {
 
 // ErrConflict means the compare of a compare-and-set failed: someone else wrote first.
 var ErrConflict = errors.New("claim changed concurrently")
+
+// clockedAdder is a backend whose blocklist add also tells the monitors' clock as they
+// answered it (zero when they did not say): a store learns their time from its first add, even
+// one that changes nothing.
+type clockedAdder interface {
+	BlocklistClocked(ctx context.Context, addr string, expire time.Duration) (until, monNow time.Time, err error)
+}

@@ -79,6 +79,16 @@ func (c *counted) Blocklist(ctx context.Context, addr string, expire time.Durati
 	return c.Backend.Blocklist(ctx, addr, expire)
 }
 
+// BlocklistClocked counts as Blocklist does, and tells the monitors' clock where the backend can.
+func (c *counted) BlocklistClocked(ctx context.Context, addr string, expire time.Duration) (time.Time, time.Time, error) {
+	c.count("blocklist", "none")
+	if ca, ok := c.Backend.(clockedAdder); ok {
+		return ca.BlocklistClocked(ctx, addr, expire)
+	}
+	until, err := c.Backend.Blocklist(ctx, addr, expire)
+	return until, time.Time{}, err
+}
+
 func (c *counted) BlocklistEntries(ctx context.Context) ([]BlockEntry, error) {
 	c.count("blocklist-ls", "none")
 	return c.Backend.BlocklistEntries(ctx)

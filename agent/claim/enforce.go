@@ -232,12 +232,22 @@ func (s *Store) judge(entries []BlockEntry, addr string, recorded time.Time) (Bl
 // (then its expiry also sets the monitors' clock estimate). It returns the expiry as listed.
 func (s *Store) add(ctx context.Context, addr string, absent bool) (time.Time, error) {
 	before := s.cfg.Mono()
-	until, err := s.b.Blocklist(ctx, addr, s.cfg.FenceExpiry)
+	var until, monNow time.Time
+	var err error
+	if ca, ok := s.b.(clockedAdder); ok {
+		until, monNow, err = ca.BlocklistClocked(ctx, addr, s.cfg.FenceExpiry)
+	} else {
+		until, err = s.b.Blocklist(ctx, addr, s.cfg.FenceExpiry)
+	}
 	s.listingChanged()
 	if err != nil {
 		return time.Time{}, err
 	}
-	if absent {
+	switch {
+	case !monNow.IsZero():
+		// the monitors named their time: an add that changed nothing tells it too
+		s.learnMonClock(monNow, 0, before)
+	case absent:
 		s.learnMonClock(until, s.cfg.FenceExpiry, before)
 	}
 	return until.UTC(), nil
@@ -263,10 +273,24 @@ func (s *Store) ensure(ctx context.Context, addr string, e BlockEntry, st entryS
 	// would take a short entry for a whole one (the chaos campaign, seed 20261206); the swap
 	// is safe there, and its fresh add reads their clock
 	preClaim := mode == swapBare || mode == swapNeedsMark
-	blind := preClaim && !s.monKnown()
-	if st == inForce && blind {
-		st = aging
+	probed := false
+	if st == inForce && !s.monKnown() {
+		// nor by a keeper: a restarted agent behind the monitors took an older agent's short
+		// entry for a whole one and let it lapse (the campaign again, round 10). An add of the
+		// listed entry, which changes nothing, has them name their time.
+		until, err := s.add(ctx, addr, false)
+		if err != nil {
+			return time.Time{}, "", err
+		}
+		probed = true
+		if s.monKnown() && s.lengthened(until) {
+			return until, "", nil
+		}
+		if s.monKnown() || preClaim {
+			st = aging
+		}
 	}
+	blind := preClaim && !s.monKnown()
 	if st == inForce {
 		return e.Until, "", nil
 	}
@@ -277,13 +301,16 @@ func (s *Store) ensure(ctx context.Context, addr string, e BlockEntry, st entryS
 		}
 		return until, "added again", nil
 	}
-	// a re-add, in case this cluster lengthens entries (none measured does)
-	until, err := s.add(ctx, addr, false)
-	if err != nil {
-		return time.Time{}, "", err
-	}
-	if s.lengthened(until) && !blind {
-		return until, "added again (the cluster lengthened the entry)", nil
+	// a re-add, in case this cluster lengthens entries (none measured does); the probe above
+	// was one
+	if !probed {
+		until, err := s.add(ctx, addr, false)
+		if err != nil {
+			return time.Time{}, "", err
+		}
+		if s.lengthened(until) && !blind {
+			return until, "added again (the cluster lengthened the entry)", nil
+		}
 	}
 	switch mode {
 	case swapBare:

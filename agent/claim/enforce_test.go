@@ -389,3 +389,36 @@ func TestATakeoverByANodeBehindTheMonitorsLengthensAShortEntry(t *testing.T) {
 		t.Fatalf("fence %+v; want expires %s", f, until)
 	}
 }
+
+// TestARestartedKeeperBehindTheMonitorsReadsTheirClockBeforeJudgingAnEntry is the chaos
+// campaign's round 10 (seed 20261206): node-b's agent, restarted with its clock minutes behind
+// the monitors', keeps node-a's fence whose entry an older agent listed for less than a fence's
+// life. On its own clock the entry had plenty left, so it was judged in force and lapsed. The
+// keeper reads the monitors' clock first (an add's answer names their time, even where the add
+// changes nothing), finds the entry aging, and lengthens it once node-a has been silent for a
+// lease on its own clock.
+func TestARestartedKeeperBehindTheMonitorsReadsTheirClockBeforeJudgingAnEntry(t *testing.T) {
+	ks := newKeepScene(t)
+	ctx := context.Background()
+	ks.m.SetClock(func() time.Time { return ks.clk.Now().Add(30 * time.Minute) }) // the monitors, ahead
+	if err := ks.m.Unblocklist(ctx, ks.addr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ks.m.Blocklist(ctx, ks.addr, 20*time.Minute); err != nil { // an older agent's entry
+		t.Fatal(err)
+	}
+	short, _ := ks.m.BlocklistedUntil(ks.addr)
+	restarted := ks.store(t, "node-b", "boot-b-1") // node-b's agent restarted: it has added nothing
+	for _, d := range []time.Duration{0, lease / 2, lease/2 + time.Second, time.Second} {
+		ks.clk.Advance(d)
+		if _, err := restarted.KeepFences(ctx, ks.img); err != nil {
+			t.Fatal(err)
+		}
+	}
+	monNow := ks.clk.Now().Add(30 * time.Minute)
+	until, ok := ks.m.BlocklistedUntil(ks.addr)
+	if !ok || !until.After(short) || until.Sub(monNow) < keepExpiry*3/4 {
+		t.Fatalf("after a lease of checks: listed %v until %s, %s left on the monitors' clock (it was listed until %s); want it lengthened to a whole fence_expiry",
+			ok, until, until.Sub(monNow), short)
+	}
+}

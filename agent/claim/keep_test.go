@@ -148,7 +148,9 @@ func TestKeepFencesSendsNothingWhileTheEntryIsInForce(t *testing.T) {
 }
 
 // TestAStoreThatNeverCheckedAFenceChecksItAtOnce: another agent (a sweep after a restart, say)
-// that has not checked a fence itself does so at its first look, and finds it in force.
+// that has not checked a fence itself does so at its first look, and finds it in force. Its
+// first look adds the listed entry once, which changes nothing but has the monitors name their
+// clock (an entry's life is not judged on this node's own); later looks add nothing.
 func TestAStoreThatNeverCheckedAFenceChecksItAtOnce(t *testing.T) {
 	ks := newKeepScene(t)
 	c := ks.store(t, "node-c", "boot-c")
@@ -156,9 +158,21 @@ func TestAStoreThatNeverCheckedAFenceChecksItAtOnce(t *testing.T) {
 		t.Fatal("a fence node-c never checked is not due for it")
 	}
 	before := ks.blocks.Load()
+	listed, _ := ks.m.BlocklistedUntil(ks.addr)
 	rep, err := c.KeepFences(context.Background(), ks.img)
-	if err != nil || len(rep.Faults) != 0 || ks.blocks.Load() != before || c.Due(ks.img, ks.record(t)) {
-		t.Fatalf("faults %+v, %v, %d blocklist calls", rep.Faults, err, ks.blocks.Load()-before)
+	if err != nil || len(rep.Faults) != 0 || ks.blocks.Load() != before+1 || c.Due(ks.img, ks.record(t)) {
+		t.Fatalf("faults %+v, %v, %d blocklist calls; want none but the one that reads the monitors' clock", rep.Faults, err, ks.blocks.Load()-before)
+	}
+	if until, _ := ks.m.BlocklistedUntil(ks.addr); !until.Equal(listed) {
+		t.Fatalf("the entry's expiry moved from %s to %s", listed, until)
+	}
+	ks.clk.Advance(keepExpiry / 8) // due again, far from aging
+	before = ks.blocks.Load()
+	if !c.Due(ks.img, ks.record(t)) {
+		t.Fatal("not due again after an eighth of fence_expiry")
+	}
+	if rep, err := c.KeepFences(context.Background(), ks.img); err != nil || len(rep.Faults) != 0 || ks.blocks.Load() != before {
+		t.Fatalf("the next look: faults %+v, %v, %d blocklist calls; want none", rep.Faults, err, ks.blocks.Load()-before)
 	}
 }
 

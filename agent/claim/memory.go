@@ -469,18 +469,26 @@ func (m *Memory) ImageID(ctx context.Context, img Image) (string, bool, error) {
 // 16.2, 18.2 and 20.2: OSDMap::apply_incremental inserts new entries without replacing one
 // that is there). It returns the expiry as listed afterwards.
 func (m *Memory) Blocklist(ctx context.Context, addr string, expire time.Duration) (time.Time, error) {
+	until, _, err := m.BlocklistClocked(ctx, addr, expire)
+	return until, err
+}
+
+// BlocklistClocked is Blocklist, with the monitors' clock (this cluster's) at the add, which
+// their answer names whether or not the add changed the entry.
+func (m *Memory) BlocklistClocked(ctx context.Context, addr string, expire time.Duration) (time.Time, time.Time, error) {
 	if err := m.hook(ctx, "blocklist", Image{}); err != nil {
-		return time.Time{}, err
+		return time.Time{}, time.Time{}, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if until, ok := m.blocklisted[addr]; ok && m.now().Before(until) {
-		return until, nil
+	now := m.now()
+	if until, ok := m.blocklisted[addr]; ok && now.Before(until) {
+		return until, now, nil
 	}
-	until := m.now().Add(expire)
+	until := now.Add(expire)
 	m.blocklisted[addr] = until
 	m.dropWatchers()
-	return until, nil
+	return until, now, nil
 }
 
 // AddRange adds a range entry for expire, as `osd blocklist range add CIDR EXPIRE` does: a range

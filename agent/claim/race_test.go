@@ -126,7 +126,10 @@ func TestRaceRandomInterleavings(t *testing.T) {
 						} else {
 							t.Errorf("set mapping: %v", err)
 						}
-					} else if !errors.Is(err, ErrClaimedElsewhere) && !errors.Is(err, ErrFenced) {
+					} else if !errors.Is(err, ErrClaimedElsewhere) && !errors.Is(err, ErrFenced) && !errors.Is(err, ErrBusy) {
+						// busy: another claimer's swap mark (it is adding a fence's entry again
+						// before its claim); the claimers' clocks jump here while the monitors'
+						// does not, so entries often look aging to them
 						t.Errorf("acquire: %v", err)
 					}
 				case op == 1 || op == 2:

@@ -405,17 +405,23 @@ func readImageID(io *rados.IOContext, img Image) (string, bool, error) {
 // and returns when its entry ends as the monitors recorded it (`osd blocklist ls`), on their
 // clock, not this node's; this node's estimate only when the list cannot be read.
 func (r *Rados) Blocklist(ctx context.Context, addr string, expire time.Duration) (time.Time, error) {
+	until, _, err := r.BlocklistClocked(ctx, addr, expire)
+	return until, err
+}
+
+// BlocklistClocked is Blocklist, with the monitors' clock as their answer named it.
+func (r *Rados) BlocklistClocked(ctx context.Context, addr string, expire time.Duration) (time.Time, time.Time, error) {
 	if err := ctx.Err(); err != nil {
-		return time.Time{}, err
+		return time.Time{}, time.Time{}, err
 	}
-	until, err := cephconn.Blocklist(r.conn, addr, expire)
+	until, monNow, err := cephconn.BlocklistAdd(r.conn, addr, expire)
 	if err != nil {
-		return time.Time{}, err
+		return time.Time{}, time.Time{}, err
 	}
 	if mon, ok, err := r.blocklistExpiry(addr); err == nil && ok {
-		return mon, nil
+		return mon, monNow, nil
 	}
-	return until, nil
+	return until, monNow, nil
 }
 
 // blocklistExpiry reads addr's entry from the monitors' blocklist (false when it has none).
