@@ -182,10 +182,11 @@ func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 		return rep, err
 	}
 	round, errs := s.keepDue(ctx, img, cur, &rep)
-	if round.changes() {
+	if round.changes() || len(round.added) > 0 {
 		now := s.cfg.Now().UTC()
+		var latest *Record // the record as the last attempt read it
 		rec, err := s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
-			rep.Renewed, rep.Gone = nil, nil
+			rep.Renewed, rep.Gone, latest = nil, nil, cur
 			if cur == nil || !round.record(img, cur, now, s.cfg.Node.ID, &rep) {
 				return nil, nil
 			}
@@ -193,16 +194,41 @@ func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 		})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("keep fences of %s: blocklist entries checked, but the claim could not record it: %w", img, err))
-		} else if rec != nil {
-			cur = rec
+		} else {
+			if rec != nil {
+				cur = rec
+			}
+			errs = append(errs, s.unaddEnded(ctx, img, latest, round.added, &rep)...)
 		}
 	}
 	rep.Live = cur.Kept()
 	return rep, errors.Join(errs...)
 }
 
+// unaddEnded removes again the entries this round put back (they were missing) whose fences
+// the record no longer keeps: their fence ended meanwhile (the fenced node's agent found its
+// mapping gone and may have removed the entry already, before this round added it back), so no
+// keeper would ever remove them. The entry was absent before this round: removing it changes
+// nothing anyone relied on.
+func (s *Store) unaddEnded(ctx context.Context, img Image, rec *Record, added map[string]bool, rep *KeepReport) []error {
+	var errs []error
+	for addr := range added {
+		if rec == nil || rec.keeps(addr) {
+			continue
+		}
+		if err := s.b.Unblocklist(ctx, addr); err != nil {
+			errs = append(errs, fmt.Errorf("remove again the entry %s of an ended fence on %s, put back by this check: %w", addr, img, err))
+			continue
+		}
+		s.listingChanged()
+		rep.Lifted = append(rep.Lifted, addr)
+	}
+	return errs
+}
+
 // keepRound is what one KeepFences call found and did on the blocklist, by keepKey.
 type keepRound struct {
+	added   map[string]bool      // addresses found missing and added again
 	renewed map[string]time.Time // the entry's expiry as listed now, to record
 	gone    map[string]string    // why it is gone
 	judged  map[string]time.Time // the fence time of the entry judged gone
@@ -216,7 +242,7 @@ func (r keepRound) changes() bool { return len(r.renewed)+len(r.gone)+len(r.lift
 // instead); then removes the entries of gone fences this project listed. The heartbeats that
 // could not be read go to rep.Unchecked; the cluster calls that failed are returned.
 func (s *Store) keepDue(ctx context.Context, img Image, cur *Record, rep *KeepReport) (keepRound, []error) {
-	round := keepRound{renewed: map[string]time.Time{}, gone: map[string]string{}, judged: map[string]time.Time{}, lifted: map[string]time.Time{}}
+	round := keepRound{added: map[string]bool{}, renewed: map[string]time.Time{}, gone: map[string]string{}, judged: map[string]time.Time{}, lifted: map[string]time.Time{}}
 	var due []entry
 	s.keepMu.Lock()
 	for _, e := range cur.liveEntries() {
@@ -295,6 +321,9 @@ func (s *Store) keepOne(ctx context.Context, img Image, e entry, entries []Block
 	}
 	if st == missing || st == short {
 		rep.Faults = append(rep.Faults, fault)
+	}
+	if st == missing {
+		round.added[e.addr] = true
 	}
 	if until.Sub(e.expires).Abs() > time.Second {
 		round.renewed[k] = until

@@ -456,3 +456,42 @@ func TestAcquireRenewsTheRecordsDueFencesFirst(t *testing.T) {
 		})
 	}
 }
+
+// TestAnEntryPutBackWhileItsFenceEndedIsRemovedAgain is the e2e's race (a CI run, 2026-12-06):
+// node-b's keeper read node-a's fence live, node-a's agent then marked it gone and removed its
+// entry (this project listed it), and node-b, finding the entry missing, put it back. Its
+// record step then finds the fence gone and lifted already: the entry it just added is removed
+// again, or nobody ever would.
+func TestAnEntryPutBackWhileItsFenceEndedIsRemovedAgain(t *testing.T) {
+	ks := newKeepScene(t)
+	ctx := context.Background()
+	if err := ks.m.Unblocklist(ctx, ks.addr); err != nil { // found missing by node-b's check
+		t.Fatal(err)
+	}
+	var done atomic.Bool
+	ks.m.SetHook(func(_ context.Context, call string, _ Image) error {
+		if call == "blocklist-ls" && done.CompareAndSwap(false, true) {
+			func() { // node-a unmapped: its agent marks the fence gone and lifts it
+				if n, err := ks.a.FenceGone(ctx, ks.img, "node-a", ks.addr, "node node-a's agent found its mapping unmapped"); err != nil || n != 1 {
+					t.Errorf("fence gone: %d, %v", n, err)
+				}
+				if _, err := ks.a.KeepFences(ctx, ks.img); err != nil {
+					t.Errorf("node-a's lift: %v", err)
+				}
+			}()
+		}
+		return nil
+	})
+	ks.clk.Advance(keepExpiry / 8) // node-b's check is due
+	rep, err := ks.b.KeepFences(ctx, ks.img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := ks.record(t).Fences[0]
+	if f.Live() || f.LiftedAt.IsZero() {
+		t.Fatalf("the fence: gone %q lifted %s; want it gone and lifted (by node-a)", f.Gone, f.LiftedAt)
+	}
+	if ks.m.Blocklisted(ks.addr) {
+		t.Fatalf("node-b's check left the entry of an ended fence listed (report %+v)", rep)
+	}
+}
