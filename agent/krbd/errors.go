@@ -37,6 +37,8 @@ var (
 	ErrNoKernelSupport = fault.New(fault.Internal, "kernel rbd support unavailable")
 	// ErrUnsupported: the image uses features this kernel cannot map (ENXIO from add).
 	ErrUnsupported = fault.New(fault.Invalid, "image features not supported by this kernel")
+	// ErrPendingKey: a keyring holds a pending key line, which librados refuses to load.
+	ErrPendingKey = fault.New(fault.Invalid, "a pending key")
 	// ErrFenced: this client is blocklisted by the cluster (ESHUTDOWN).
 	ErrFenced = fault.ErrBlocklisted
 	// ErrLeftMapped: a map failed after the kernel made the device, and the device could

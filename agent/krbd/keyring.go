@@ -68,9 +68,13 @@ func DecodeSecret(secret string) ([]byte, error) {
 //	[client.rbdowner]
 //		key = AQ...==
 //		caps mon = "profile rbd"
+//
+// A "pending key" line, in any section, is refused: Ceph 20.2's `ceph auth get` writes one while
+// a rotation is pending, and librados then refuses the whole file (no key, no connection), so
+// the kernel must not be handed the file's key either.
 func ParseKeyring(r io.Reader, entity string) (string, error) {
 	sc := bufio.NewScanner(r)
-	section, found := "", false
+	section, found, secret := "", false, ""
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
 		if line == "" || line[0] == '#' || line[0] == ';' {
@@ -86,23 +90,27 @@ func ParseKeyring(r io.Reader, entity string) (string, error) {
 			}
 			continue
 		}
-		if section != entity {
-			continue
-		}
 		k, v, ok := strings.Cut(line, "=")
 		if !ok {
 			continue
 		}
-		if strings.TrimSpace(k) == "key" {
+		switch name := strings.Join(strings.Fields(k), " "); {
+		case name == "pending key":
+			return "", fmt.Errorf("keyring line %d ([%s]): %w (ceph auth get's output while a rotation is pending), which librados refuses to load: write the key this node should use alone, as key = … (ceph auth get-key %s, or the pending key itself)",
+				n, section, ErrPendingKey, section)
+		case name == "key" && section == entity && secret == "":
 			v = strings.Trim(strings.TrimSpace(v), `"`)
 			if _, err := DecodeSecret(v); err != nil {
 				return "", fmt.Errorf("keyring line %d (%s): %w", n, entity, err)
 			}
-			return v, nil
+			secret = v
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return "", fmt.Errorf("read keyring: %w", err)
+	}
+	if secret != "" {
+		return secret, nil
 	}
 	if found {
 		return "", fmt.Errorf("keyring: %w: section [%s] has no key", ErrInvalid, entity)

@@ -18,6 +18,7 @@ import (
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
+	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/krbd/fakekernel"
 )
@@ -199,6 +200,32 @@ func TestParseKeyring(t *testing.T) {
 	}
 	if got, err := krbd.ReadKeyringFile(p, "client.rbdowner"); err != nil || got != testSecret {
 		t.Errorf("ReadKeyringFile = %q, %v", got, err)
+	}
+}
+
+// A keyring as Ceph 20.2's `ceph auth get` writes it while a rotation is pending (after `ceph
+// auth get-or-create-pending`) has a "pending key" line, which that release's own librados
+// refuses to load ("error setting modifier ... type=pending key": no cephx key, no connection),
+// in whichever section it stands. The agent refuses it too, at once and in one line, rather than
+// hand the kernel the key line while its own next connection fails.
+func TestAKeyringWithAPendingKeyIsRefusedAsLibradosRefusesIt(t *testing.T) {
+	for _, ring := range []string{
+		"[client.rbdowner]\n\tkey = " + testSecret + "\n\tpending key = " + otherKey + "\n\tcaps mon = \"profile rbd\"\n",
+		"[client.admin]\n\tkey = " + otherKey + "\n\tpending key = " + otherKey + "\n[client.rbdowner]\n\tkey = " + testSecret + "\n",
+		"[client.rbdowner]\n\tkey = " + testSecret + "\n[client.admin]\n\tpending key = " + otherKey + "\n",
+	} {
+		_, err := krbd.ParseKeyring(strings.NewReader(ring), "client.rbdowner")
+		if !errors.Is(err, krbd.ErrPendingKey) || !fault.Is(err, fault.Invalid) {
+			t.Fatalf("keyring with a pending key accepted (%v):\n%s", err, ring)
+		}
+		if msg := err.Error(); !strings.Contains(msg, "pending key") || !strings.Contains(msg, "ceph auth get-key") || strings.Contains(msg, otherKey) || strings.Contains(msg, testSecret) {
+			t.Errorf("refusal should name the line and what to write, and no secret: %s", msg)
+		}
+	}
+	// the lines librados reads beside the key stay accepted: caps, and the old auid
+	ok := "[client.rbdowner]\n\tkey = " + testSecret + "\n\tauid = 0\n\tcaps osd = \"profile rbd\"\n"
+	if got, err := krbd.ParseKeyring(strings.NewReader(ok), "client.rbdowner"); err != nil || got != testSecret {
+		t.Errorf("ParseKeyring = %q, %v", got, err)
 	}
 }
 

@@ -147,3 +147,42 @@ func TestCheckConfigRefusesAKeyTheKernelCannotMapWith(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckConfigRefusesAKeyringWithAPendingKey: a keyring written from `ceph auth get` while a
+// rotation is pending (Ceph 20.2: a "pending key" line) is refused in one line naming the
+// cluster, the keyring's line and what to write, since librados would refuse to load it at the
+// agent's next connection; the same keyring with the key line alone is accepted.
+func TestCheckConfigRefusesAKeyringWithAPendingKey(t *testing.T) {
+	dir := t.TempDir()
+	kr := filepath.Join(dir, "keyring")
+	cfg := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(cfg, []byte("node_id: node-a\nclusters:\n  - id: lab\n    monitors: [203.0.113.1:6789]\n    user: rbdowner\n    keyring: "+kr+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const cur, pending = "AQBzXHxlAAAAABAAAQIDBAUGBwgJCgsMDQ4PEA==", "AQCqX3xlAAAAABAAkbZ8g6fMt6zA1cJrVhFZ0w=="
+	defer func(old func() string) { kernelRelease = old }(kernelRelease)
+	kernelRelease = func() string { return "6.1.0-40-amd64" }
+	for _, tc := range []struct {
+		ring string
+		code int
+	}{
+		{"[client.rbdowner]\n\tkey = " + cur + "\n\tpending key = " + pending + "\n\tcaps mon = \"profile rbd\"\n", exitFailed},
+		{"[client.rbdowner]\n\tkey = " + pending + "\n", exitOK},
+	} {
+		if err := os.WriteFile(kr, []byte(tc.ring), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		code, _, errs := cli("check-config", "--config", cfg)
+		if code != tc.code {
+			t.Fatalf("%q: exit %d (%s), want %d", tc.ring, code, errs, tc.code)
+		}
+		if tc.code != exitFailed {
+			continue
+		}
+		for _, want := range []string{"clusters[0] (lab)", kr, "line 3", "pending key", "ceph auth get-key client.rbdowner"} {
+			if !strings.Contains(errs, want) || strings.Count(errs, "\n") != 1 {
+				t.Errorf("%q, want one line naming %q", errs, want)
+			}
+		}
+	}
+}
