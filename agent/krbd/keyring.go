@@ -96,7 +96,7 @@ func ParseKeyring(r io.Reader, entity string) (string, error) {
 		}
 		switch name := strings.Join(strings.Fields(k), " "); {
 		case name == "pending key":
-			return "", fmt.Errorf("keyring line %d ([%s]): %w (ceph auth get's output while a rotation is pending), which librados refuses to load: write the key this node should use alone, as key = … (ceph auth get-key %s, or the pending key itself)",
+			return "", fmt.Errorf("keyring line %d ([%s]): %w (what ceph auth get prints while a rotation is pending), which librados refuses to load: write the key this node should use alone, as key = … (ceph auth get-key %s, or the pending key itself)",
 				n, section, ErrPendingKey, section)
 		case name == "key" && section == entity && secret == "":
 			v = strings.Trim(strings.TrimSpace(v), `"`)
