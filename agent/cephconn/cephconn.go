@@ -100,7 +100,8 @@ func Connect(o Options) (*rados.Conn, error) {
 
 // unreadableKey explains a connection refused at once because this node's librados cannot read
 // the user's key (an aes256k key before Ceph 19.2.6 and 20.2.4: librados logs "keyring not found"
-// and returns EIO before it reaches a monitor); "" for any other failure.
+// and returns EIO before it reaches a monitor), naming librados's release; "" for any other
+// failure, or when that release reads the key.
 func unreadableKey(o Options, err error) string {
 	if o.Keyring == "" || Code(err) != -int(syscall.EIO) {
 		return ""
@@ -109,11 +110,17 @@ func unreadableKey(o Options, err error) string {
 	if kerr != nil {
 		return ""
 	}
-	if typ, _ := krbd.KeyType(secret); typ != krbd.KeyAES256K {
+	typ, _ := krbd.KeyType(secret)
+	release := LibradosRelease()
+	if typ != krbd.KeyAES256K || release != "" && krbd.LibradosReadsKey(typ, release) {
 		return ""
 	}
-	return fmt.Sprintf("this node's librados cannot read the user's %s key in %s (it needs Ceph 19.2.6 or 20.2.4 libraries; the kernel needs Linux 7.0): upgrade the node's Ceph libraries, or keep this user's key %s",
-		krbd.KeyAES256K, o.Keyring, krbd.KeyAES)
+	lib := "this node's librados " + release
+	if release == "" {
+		lib = "this node's librados (version unknown)"
+	}
+	return fmt.Sprintf("%s cannot read the user's %s key in %s (it needs %s libraries; the kernel needs %s): upgrade the node's Ceph libraries, or keep this user's key %s",
+		lib, typ, o.Keyring, krbd.AES256KLibrados, krbd.AES256KKernel, krbd.KeyAES)
 }
 
 // monHost joins monitor addresses for librados. A plain "ip:port" is the kernel's (msgr1)

@@ -12,8 +12,8 @@ import (
 
 // TestALibradosThatCannotReadTheKeySaysSo runs this machine's own librados: an aes256k key it
 // cannot read (Ceph before 19.2.6 and 20.2.4) fails the connection at once with a line naming
-// the key type, the keyring and what to do; an aes key is tried against the monitors (none
-// answers here: a timeout, not that line).
+// librados's release, the key type, the keyring and what to do; an aes key is tried against the
+// monitors (none answers here: a timeout, not that line).
 func TestALibradosThatCannotReadTheKeySaysSo(t *testing.T) {
 	dir := t.TempDir()
 	keyring := func(typ uint16, n int) string {
@@ -35,8 +35,9 @@ func TestALibradosThatCannotReadTheKeySaysSo(t *testing.T) {
 	if err == nil {
 		t.Skip("this machine's librados reads aes256k keys (Ceph 19.2.6, 20.2.4 or later): nothing to refuse")
 	}
-	if !strings.Contains(err.Error(), "cannot read the user's aes256k key in "+o.Keyring) || !strings.Contains(err.Error(), "keep this user's key aes") {
-		t.Errorf("aes256k key: %v; want the line naming the key type, the keyring and what to do", err)
+	want := "this node's librados " + LibradosRelease() + " cannot read the user's aes256k key in " + o.Keyring + " (it needs Ceph 19.2.6 or 20.2.4 libraries"
+	if LibradosRelease() == "" || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "keep this user's key aes") {
+		t.Errorf("aes256k key: %v; want the line naming librados's release, the key type, the keyring and what to do: %s...", err, want)
 	}
 	o.Keyring = keyring(1, 16)
 	if _, err := Connect(o); err == nil || strings.Contains(err.Error(), "cannot read the user's") {

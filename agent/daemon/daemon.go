@@ -17,6 +17,7 @@ import (
 
 	"github.com/rbd-owner/rbd-owner/agent/admin"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
+	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/devwatch"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
@@ -38,6 +39,9 @@ type Options struct {
 	// KernelRelease is this node's kernel release (uname -r; krbd.KernelRelease when ""): which
 	// key types and protocols its libceph speaks.
 	KernelRelease string
+	// LibradosRelease is the Ceph release of the librados the agent loads
+	// (cephconn.LibradosRelease when ""): which key types it connects with.
+	LibradosRelease string
 	// Kernel maps and unmaps (a krbd client on a fake kernel in tests).
 	Kernel *krbd.Client
 	// Listener is the main API socket; nil: socket activation, else the daemon creates it.
@@ -153,7 +157,10 @@ func New(opts Options) (*Daemon, error) {
 	if opts.KernelRelease == "" {
 		opts.KernelRelease = krbd.KernelRelease()
 	}
-	if err := config.CheckKeys(opts.Config, opts.KernelRelease); err != nil {
+	if opts.LibradosRelease == "" {
+		opts.LibradosRelease = cephconn.LibradosRelease()
+	}
+	if err := config.CheckKeys(opts.Config, krbd.NodeVersions{Kernel: opts.KernelRelease, Librados: opts.LibradosRelease}); err != nil {
 		return nil, err
 	}
 	st, err := state.OpenAt(opts.Config.StateDir, opts.BootID)
@@ -172,7 +179,8 @@ func New(opts Options) (*Daemon, error) {
 	d.metrics = d.newMetrics()
 	d.locks = &saga.Locks{}
 	d.sagas = &saga.Sagas{Agent: sagaAgent{d}, Config: d.cfg, Kernel: d.kernel, State: st, Node: d.node, Locks: d.locks,
-		Audit: d.audit, Metrics: d.metrics, Log: d.log, Fault: opts.Fault, KernelRelease: opts.KernelRelease}
+		Audit: d.audit, Metrics: d.metrics, Log: d.log, Fault: opts.Fault,
+		KernelRelease: opts.KernelRelease, LibradosRelease: opts.LibradosRelease}
 	d.admin = &admin.Admin{Agent: adminAgent{d}, NodeID: d.cfg.NodeID, Kernel: d.kernel, State: st, Audit: d.audit, Metrics: d.metrics, Log: d.log}
 	d.watchState()
 	if opts.Peers != nil {

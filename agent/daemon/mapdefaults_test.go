@@ -113,7 +113,7 @@ func TestARotatedKeyIsUsedAtTheNextMapAndStatusCountsMappingsOfThePriorKey(t *te
 	var mu sync.Mutex
 	key := memSecret
 	n := startMemDaemonWith(t, func(o *Options) {
-		o.KernelRelease = "6.12.48+deb13-amd64"
+		o.KernelRelease, o.LibradosRelease = "6.12.48+deb13-amd64", "20.2.4"
 		o.Connect = func(context.Context, config.Cluster) (Connection, error) {
 			return Connection{Backend: mc.m, Secret: memSecret, Key: func() (string, error) { mu.Lock(); defer mu.Unlock(); return key, nil }}, nil
 		}
@@ -156,8 +156,8 @@ func TestARotatedKeyIsUsedAtTheNextMapAndStatusCountsMappingsOfThePriorKey(t *te
 	mc.m.AddImage(claim.Image{Pool: "rbd", Image: "k3"}, "id-k3")
 	n.k.AddImage("rbd", "", "k3", 16<<20)
 	_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "k3"}, nil)
-	if err == nil || !strings.Contains(err.Error(), "aes256k") || !strings.Contains(err.Error(), "6.12.48+deb13-amd64") {
-		t.Fatalf("a map with an aes256k key on 6.12: %v, want refused naming the type and the kernel", err)
+	if err == nil || !strings.Contains(err.Error(), "the key is aes256k, which this node cannot use: its kernel 6.12.48+deb13-amd64 needs Linux 7.0 (its librados 20.2.4 reads it)") {
+		t.Fatalf("a map with an aes256k key on 6.12: %v, want refused naming the type, the kernel and librados", err)
 	}
 	if st := n.d.Status(); st.ClaimsHeld != 1 {
 		t.Errorf("%d claims held after the refused map, want 1 (k2)", st.ClaimsHeld)
@@ -173,7 +173,8 @@ func metricsText(t *testing.T, d *Daemon) string {
 }
 
 // TestTheAgentRefusesToStartWithAKeyItsKernelCannotUse: an aes256k key in a cluster's keyring
-// on a kernel before Linux 7.0 stops the start with the one line check-config gives; on 7.0 the
+// on a kernel before Linux 7.0, or with a librados before Ceph 19.2.6 and 20.2.4, stops the start
+// with the one line check-config gives, naming both; on 7.0 with a librados that reads it the
 // agent starts.
 func TestTheAgentRefusesToStartWithAKeyItsKernelCannotUse(t *testing.T) {
 	kr := filepath.Join(t.TempDir(), "keyring")
@@ -181,11 +182,17 @@ func TestTheAgentRefusesToStartWithAKeyItsKernelCannotUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := testConfig(t, "node-k", time.Second, config.Cluster{ID: "c1", Monitors: []string{"203.0.113.1:6789"}, User: "u", Keyring: kr})
-	_, err := New(Options{Config: cfg, Log: quietLog(), KernelRelease: "6.1.0-40-amd64"})
-	if err == nil || !strings.Contains(err.Error(), "aes256k") || !strings.Contains(err.Error(), kr) || !strings.Contains(err.Error(), "6.1.0-40-amd64") {
-		t.Fatalf("New on 6.1 with an aes256k key: %v, want refused naming the key type, the keyring and the kernel", err)
+	for _, tc := range []struct{ kernel, librados, refusal string }{
+		{"6.1.0-40-amd64", "16.2.15", "its kernel 6.1.0-40-amd64 needs Linux 7.0 and its librados 16.2.15 needs Ceph 19.2.6 or 20.2.4"},
+		{"7.2.0", "19.2.3", "its librados 19.2.3 needs Ceph 19.2.6 or 20.2.4 (its kernel 7.2.0 reads it)"},
+	} {
+		_, err := New(Options{Config: cfg, Log: quietLog(), KernelRelease: tc.kernel, LibradosRelease: tc.librados})
+		want := "clusters[0] (c1): client.u's key in " + kr + ": invalid argument: the key is aes256k, which this node cannot use: " + tc.refusal + ": keep this user's key aes"
+		if err == nil || !strings.HasPrefix(err.Error(), want) {
+			t.Fatalf("New on %s with librados %s and an aes256k key: %v, want refused: %s...", tc.kernel, tc.librados, err, want)
+		}
 	}
-	if _, err := New(Options{Config: cfg, Log: quietLog(), KernelRelease: "7.2.0"}); err != nil {
-		t.Fatalf("New on 7.2 with an aes256k key: %v", err)
+	if _, err := New(Options{Config: cfg, Log: quietLog(), KernelRelease: "7.2.0", LibradosRelease: "20.2.4"}); err != nil {
+		t.Fatalf("New on 7.2 with librados 20.2.4 and an aes256k key: %v", err)
 	}
 }

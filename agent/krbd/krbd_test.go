@@ -1095,34 +1095,79 @@ func keyOf(typ uint16, n int, fill byte) string {
 	return base64.StdEncoding.EncodeToString(b)
 }
 
-// TestAnAes256kKeyNeedsLinux7: the key type is read from the key itself; an aes256k key on a
-// kernel before 7.0 is refused in one line naming the type, the kernel, what it needs and what
-// to do; aes keys pass everywhere; key ids differ between keys and never show the key.
-func TestAnAes256kKeyNeedsLinux7(t *testing.T) {
+// TestAnAes256kKeyNeedsLinux7AndCeph19_2_6: the key type is read from the key itself; an
+// aes256k key on a kernel before 7.0 or with a librados before Ceph 19.2.6 (20.2.4 in 20.x) is
+// refused in one line naming the type, the kernel's and librados's releases, what each needs and
+// what to do; a librados release not known refuses nothing (the connection will say) but is
+// named; aes keys pass everywhere; key ids differ between keys and never show the key.
+func TestAnAes256kKeyNeedsLinux7AndCeph19_2_6(t *testing.T) {
 	aes, aes256k := keyOf(1, 16, 1), keyOf(2, 32, 1)
 	for key, want := range map[string]string{aes: krbd.KeyAES, aes256k: krbd.KeyAES256K, keyOf(7, 16, 1): "type 7"} {
 		if got, err := krbd.KeyType(key); err != nil || got != want {
 			t.Errorf("KeyType: %q, %v; want %q", got, err, want)
 		}
 	}
+	const todo = ": keep this user's key aes until the nodes run "
+	const rook = " (Rook: its CSI key type; by hand: a new aes key for the user)"
+	const refused = "invalid argument: the key is aes256k, which this node cannot use: "
 	for _, tc := range []struct {
-		typ, release string
-		ok           bool
+		typ, kernel, librados string
+		want                  string // the refusal, "" for none
 	}{
-		{krbd.KeyAES, "4.18.0-553.el8", true}, {krbd.KeyAES256K, "7.0.0", true}, {krbd.KeyAES256K, "7.2.1-amd64", true},
-		{krbd.KeyAES256K, "6.12.48+deb13-amd64", false}, {krbd.KeyAES256K, "6.1.0-40-amd64", false}, {krbd.KeyAES256K, "", false},
+		{krbd.KeyAES, "4.18.0-553.el8", "16.2.15", ""},
+		{krbd.KeyAES, "", "", ""},
+		{krbd.KeyAES256K, "7.0.0", "19.2.6", ""},
+		{krbd.KeyAES256K, "7.2.1-amd64", "20.2.4", ""},
+		{krbd.KeyAES256K, "7.2.1-amd64", "", ""},
+		{krbd.KeyAES256K, "6.1.0-50-amd64", "16.2.15",
+			refused + "its kernel 6.1.0-50-amd64 needs Linux 7.0 and its librados 16.2.15 needs Ceph 19.2.6 or 20.2.4" + todo + "Linux 7.0 and those libraries" + rook},
+		{krbd.KeyAES256K, "6.12.48+deb13-amd64", "20.2.4",
+			refused + "its kernel 6.12.48+deb13-amd64 needs Linux 7.0 (its librados 20.2.4 reads it)" + todo + "Linux 7.0" + rook},
+		{krbd.KeyAES256K, "6.1.0-40-amd64", "",
+			refused + "its kernel 6.1.0-40-amd64 needs Linux 7.0 (librados version unknown; it needs Ceph 19.2.6 or 20.2.4)" + todo + "Linux 7.0" + rook},
+		{krbd.KeyAES256K, "", "19.2.6",
+			refused + "its kernel (release unknown) needs Linux 7.0 (its librados 19.2.6 reads it)" + todo + "Linux 7.0" + rook},
+		{krbd.KeyAES256K, "7.2.12-amd64", "19.2.3",
+			refused + "its librados 19.2.3 needs Ceph 19.2.6 or 20.2.4 (its kernel 7.2.12-amd64 reads it)" + todo + "those libraries" + rook},
+		{krbd.KeyAES256K, "7.0.0", "20.2.1-17-gabcdef0",
+			refused + "its librados 20.2.1-17-gabcdef0 needs Ceph 19.2.6 or 20.2.4 (its kernel 7.0.0 reads it)" + todo + "those libraries" + rook},
 	} {
-		err := krbd.CheckKernelKey(tc.typ, tc.release)
-		if tc.ok != (err == nil) {
-			t.Errorf("%s on %q: %v, want ok %v", tc.typ, tc.release, err, tc.ok)
-		}
-		if err != nil && (!errors.Is(err, krbd.ErrInvalid) || strings.Contains(err.Error(), "\n") ||
-			!strings.Contains(err.Error(), "aes256k") || !strings.Contains(err.Error(), tc.release) || !strings.Contains(err.Error(), "Linux 7.0") ||
-			!strings.Contains(err.Error(), "keep this user's key aes")) {
-			t.Errorf("%s on %q: %v; want one line naming the type, the kernel, what it needs and what to do", tc.typ, tc.release, err)
+		err := krbd.CheckNodeKey(tc.typ, krbd.NodeVersions{Kernel: tc.kernel, Librados: tc.librados})
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s on kernel %q, librados %q: %v, want accepted", tc.typ, tc.kernel, tc.librados, err)
+		case tc.want == "":
+		case err == nil || err.Error() != tc.want || !errors.Is(err, krbd.ErrInvalid):
+			t.Errorf("%s on kernel %q, librados %q:\n %v\nwant (wrapping ErrInvalid)\n %s", tc.typ, tc.kernel, tc.librados, err, tc.want)
 		}
 	}
 	if a, b := krbd.KeyID(aes), krbd.KeyID(keyOf(1, 16, 2)); a == "" || a == b || strings.Contains(aes, a) {
 		t.Errorf("KeyID: %q and %q", a, b)
+	}
+}
+
+// TestLibradosReadsKey: librados reads aes256k keys from Ceph 19.2.6 in 19.x, 20.2.4 in 20.x,
+// and in every release from 21; a release it cannot read is not refused (the connection will
+// say); other key types are read by all.
+func TestLibradosReadsKey(t *testing.T) {
+	for _, tc := range []struct {
+		typ, release string
+		reads        bool
+	}{
+		{krbd.KeyAES, "16.2.15", true}, {krbd.KeyAES, "", true}, {"type 7", "16.2.15", true},
+		{krbd.KeyAES256K, "16.2.15", false}, {krbd.KeyAES256K, "17.2.9", false}, {krbd.KeyAES256K, "18.2.7", false},
+		{krbd.KeyAES256K, "19.1.9", false}, {krbd.KeyAES256K, "19.2.5", false}, {krbd.KeyAES256K, "19.2.6", true},
+		{krbd.KeyAES256K, "19.2.10", true}, {krbd.KeyAES256K, "19.3.0-1234-g0123abc", true},
+		{krbd.KeyAES256K, "20.1.0", false}, {krbd.KeyAES256K, "20.2.3", false}, {krbd.KeyAES256K, "20.2.3-99-g0123abc", false},
+		{krbd.KeyAES256K, "20.2.4", true}, {krbd.KeyAES256K, "20.2.12", true}, {krbd.KeyAES256K, "20.3.0", true},
+		{krbd.KeyAES256K, "21.0.0", true}, {krbd.KeyAES256K, "21.2.0", true}, {krbd.KeyAES256K, "100.0.0", true},
+		{krbd.KeyAES256K, "9.2.6", false}, {krbd.KeyAES256K, "1.2.40", false},
+		// not a release it can read: left to the connection
+		{krbd.KeyAES256K, "", true}, {krbd.KeyAES256K, "16.2", true}, {krbd.KeyAES256K, "v16.2.15", true},
+		{krbd.KeyAES256K, "16.2.15.1", true}, {krbd.KeyAES256K, "unknown", true},
+	} {
+		if got := krbd.LibradosReadsKey(tc.typ, tc.release); got != tc.reads {
+			t.Errorf("LibradosReadsKey(%q, %q): %v, want %v", tc.typ, tc.release, got, tc.reads)
+		}
 	}
 }

@@ -366,7 +366,8 @@ func (s *Sagas) mapOptions(cl Cluster, readOnly bool, asked krbd.Requested, defa
 }
 
 // key is the agent's key for cl as its keyring holds it now, checked against this node's
-// kernel: a key rotated to a type the kernel cannot read refuses the map before any claim.
+// kernel and librados: a key rotated to a type either cannot read refuses the map before any
+// claim.
 func (s *Sagas) key(cl Cluster) (string, error) {
 	secret, err := cl.Secret()
 	if err != nil {
@@ -376,7 +377,7 @@ func (s *Sagas) key(cl Cluster) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("the agent's key: %w", err)
 	}
-	if err := krbd.CheckKernelKey(typ, s.KernelRelease); err != nil {
+	if err := krbd.CheckNodeKey(typ, krbd.NodeVersions{Kernel: s.KernelRelease, Librados: s.LibradosRelease}); err != nil {
 		return "", fmt.Errorf("the agent's key: %w", err)
 	}
 	return secret, nil

@@ -84,6 +84,9 @@ type Sagas struct {
 	// cluster whose monitors offer it is then mapped with ms_mode=prefer-crc by default) and
 	// which key types it reads.
 	KernelRelease string
+	// LibradosRelease is the Ceph release of the librados the agent loads ("" when not known):
+	// with KernelRelease, which key types this node uses (krbd.CheckNodeKey).
+	LibradosRelease string
 	// Fault, when set, is called before every step; an error fails the step, and ErrCrash
 	// makes the saga stop dead as if the process had been killed (tests).
 	Fault func(saga, step string) error

@@ -3,6 +3,7 @@
 // /usr/lib/rbd-owner/rbd-owner-agent; the unit starts it as `/usr/bin/rbd-owner daemon`.
 //
 //	rbd-owner-agent [daemon] [--config PATH]
+//	rbd-owner-agent librados-version
 //
 // Its flags are defined in agent/internal/agentflags, from which its manual page
 // rbd-owner-agent(8) is written (agent/internal/confdoc).
@@ -22,6 +23,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/rbd-owner/rbd-owner/agent/audit"
+	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/daemon"
 	"github.com/rbd-owner/rbd-owner/agent/internal/abortdump"
@@ -30,6 +32,9 @@ import (
 
 func main() {
 	args := os.Args[1:]
+	if len(args) == 1 && args[0] == agentflags.LibradosVersion {
+		os.Exit(printLibradosVersion(os.Stdout, os.Stderr))
+	}
 	if len(args) > 0 && args[0] == agentflags.Command {
 		args = args[1:]
 	}
@@ -54,6 +59,18 @@ func main() {
 		fmt.Fprintf(os.Stderr, "%srbd-owner daemon: %v\n", priorityPrefix(underJournal, logrus.ErrorLevel), err)
 		os.Exit(agentflags.ExitFailure)
 	}
+}
+
+// printLibradosVersion prints the Ceph release of the librados this program loads, for
+// `rbd-owner check-config` (agentflags.LibradosVersion), and is the exit status.
+func printLibradosVersion(stdout, stderr io.Writer) int {
+	release := cephconn.LibradosRelease()
+	if release == "" {
+		fmt.Fprintln(stderr, "rbd-owner-agent: the librados loaded does not say its Ceph release")
+		return agentflags.ExitFailure
+	}
+	fmt.Fprintln(stdout, release)
+	return 0
 }
 
 func run(ctx context.Context, path string, stderr io.Writer, underJournal bool, journalErr error) error {

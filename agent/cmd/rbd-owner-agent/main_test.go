@@ -12,6 +12,9 @@ import (
 	"testing"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/rbd-owner/rbd-owner/agent/cephconn"
+	"github.com/rbd-owner/rbd-owner/agent/internal/agentflags"
 )
 
 // TestMain lets a test run this binary as the agent itself: RBD_OWNER_AGENT_TEST_ARGS holds
@@ -83,5 +86,22 @@ func TestJournalPriorities(t *testing.T) {
 	}
 	if p := priorityPrefix(false, logrus.ErrorLevel); p != "" {
 		t.Errorf("not under the journal: prefix %q, want none", p)
+	}
+}
+
+// TestLibradosVersion: `rbd-owner-agent librados-version` prints the Ceph release of the
+// librados it loads, one line, and exits 0: what `rbd-owner check-config` asks it.
+func TestLibradosVersion(t *testing.T) {
+	release := cephconn.LibradosRelease()
+	if release == "" {
+		t.Skip("this machine's librados does not say its release")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "RBD_OWNER_AGENT_TEST_ARGS="+agentflags.LibradosVersion)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil || string(out) != release+"\n" {
+		t.Fatalf("librados-version: %v, stdout %q, stderr %q; want %q", err, out, stderr.String(), release+"\n")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/internal/agentflags"
 )
 
 // TestCheckConfig: `rbd-owner check-config [--config PATH]` loads the file as the agent would
@@ -105,10 +106,13 @@ func TestCheckConfigSaysWhenTheAgentsEnvironmentDecides(t *testing.T) {
 	}
 }
 
-// TestCheckConfigRefusesAKeyTheKernelCannotMapWith: an aes256k key in a cluster's keyring on a
-// kernel before Linux 7.0 is refused in one line naming the cluster, the keyring, the key type,
-// the kernel and what to do; on Linux 7.0, or with an aes key, the config is accepted.
-func TestCheckConfigRefusesAKeyTheKernelCannotMapWith(t *testing.T) {
+// TestCheckConfigRefusesAKeyThisNodeCannotUse: an aes256k key in a cluster's keyring on a
+// kernel before Linux 7.0, or with a librados before Ceph 19.2.6 and 20.2.4, is refused in one
+// line naming the cluster, the keyring, the key type, the kernel's and librados's releases (the
+// agent program says librados's: a fake one here), what each needs and what to do. On Linux
+// 7.0 with a librados that reads it, with an aes key, or with a librados release not known (no
+// agent program, or one that does not say) and Linux 7.0, the config is accepted.
+func TestCheckConfigRefusesAKeyThisNodeCannotUse(t *testing.T) {
 	dir := t.TempDir()
 	key := func(typ uint16, n int) string {
 		b := make([]byte, 12+n)
@@ -116,34 +120,50 @@ func TestCheckConfigRefusesAKeyTheKernelCannotMapWith(t *testing.T) {
 		binary.LittleEndian.PutUint16(b[10:], uint16(n))
 		return base64.StdEncoding.EncodeToString(b)
 	}
-	write := func(name, doc string) string {
+	write := func(name, doc string, mode os.FileMode) string {
 		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
+		if err := os.WriteFile(p, []byte(doc), mode); err != nil {
 			t.Fatal(err)
 		}
 		return p
 	}
-	defer func(old func() string) { kernelRelease = old }(kernelRelease)
+	// the agent program as check-config runs it: the release in the environment, exit 1
+	// without one
+	agent := write("rbd-owner-agent", "#!/bin/sh\n[ \"$*\" = "+agentflags.LibradosVersion+" ] || exit 2\n"+
+		"[ -n \"$RBD_OWNER_TEST_LIBRADOS\" ] || exit 1\necho \"$RBD_OWNER_TEST_LIBRADOS\"\n", 0o755)
+	defer func(old func() string, oldAgent string) { kernelRelease, agentPath = old, oldAgent }(kernelRelease, agentPath)
+	const refused = ": invalid argument: the key is aes256k, which this node cannot use: "
+	const todo = ": keep this user's key aes until the nodes run "
+	const rook = " (Rook: its CSI key type; by hand: a new aes key for the user)\n"
 	for _, tc := range []struct {
-		typ     uint16
-		release string
-		code    int
+		typ              uint16
+		kernel, librados string // librados "none": no agent program
+		refusal          string // what the line says after "the key is aes256k, which this node cannot use: "
 	}{
-		{2, "6.12.48+deb13-amd64", exitFailed}, {2, "7.2.0-1-amd64", exitOK}, {1, "6.1.0-40-amd64", exitOK},
+		{2, "6.12.48+deb13-amd64", "16.2.15", "its kernel 6.12.48+deb13-amd64 needs Linux 7.0 and its librados 16.2.15 needs Ceph 19.2.6 or 20.2.4" +
+			todo + "Linux 7.0 and those libraries" + rook},
+		{2, "7.2.0-1-amd64", "19.2.3", "its librados 19.2.3 needs Ceph 19.2.6 or 20.2.4 (its kernel 7.2.0-1-amd64 reads it)" + todo + "those libraries" + rook},
+		{2, "6.1.0-40-amd64", "20.2.4", "its kernel 6.1.0-40-amd64 needs Linux 7.0 (its librados 20.2.4 reads it)" + todo + "Linux 7.0" + rook},
+		{2, "6.1.0-40-amd64", "none", "its kernel 6.1.0-40-amd64 needs Linux 7.0 (librados version unknown; it needs Ceph 19.2.6 or 20.2.4)" + todo + "Linux 7.0" + rook},
+		{2, "6.1.0-40-amd64", "", "its kernel 6.1.0-40-amd64 needs Linux 7.0 (librados version unknown; it needs Ceph 19.2.6 or 20.2.4)" + todo + "Linux 7.0" + rook},
+		{2, "7.2.0-1-amd64", "20.2.4", ""}, {2, "7.0.0", "19.2.6", ""}, {2, "7.2.0-1-amd64", "none", ""}, {2, "7.2.0-1-amd64", "", ""},
+		{1, "6.1.0-40-amd64", "16.2.15", ""},
 	} {
-		kr := write("keyring", "[client.rbdowner]\n\tkey = "+key(tc.typ, 16*int(tc.typ))+"\n")
-		cfg := write("c.yaml", "node_id: node-a\nclusters:\n  - id: lab\n    monitors: [203.0.113.1:6789]\n    user: rbdowner\n    keyring: "+kr+"\n")
-		kernelRelease = func() string { return tc.release }
-		code, _, errs := cli("check-config", "--config", cfg)
-		if code != tc.code {
-			t.Errorf("key type %d on %s: exit %d (%s), want %d", tc.typ, tc.release, code, errs, tc.code)
+		kr := write("keyring", "[client.rbdowner]\n\tkey = "+key(tc.typ, 16*int(tc.typ))+"\n", 0o600)
+		cfg := write("c.yaml", "node_id: node-a\nclusters:\n  - id: lab\n    monitors: [203.0.113.1:6789]\n    user: rbdowner\n    keyring: "+kr+"\n", 0o600)
+		kernelRelease = func() string { return tc.kernel }
+		agentPath = agent
+		if tc.librados == "none" {
+			agentPath = filepath.Join(dir, "absent")
 		}
-		if tc.code == exitFailed {
-			for _, want := range []string{"clusters[0] (lab)", kr, "aes256k", tc.release, "Linux 7.0", "keep this user's key aes"} {
-				if !strings.Contains(errs, want) || strings.Count(errs, "\n") != 1 {
-					t.Errorf("key type %d on %s: %q, want one line naming %q", tc.typ, tc.release, errs, want)
-				}
-			}
+		t.Setenv("RBD_OWNER_TEST_LIBRADOS", tc.librados)
+		code, _, errs := cli("check-config", "--config", cfg)
+		want := ""
+		if tc.refusal != "" {
+			want = "rbd-owner check-config: " + cfg + ": clusters[0] (lab): client.rbdowner's key in " + kr + refused + tc.refusal
+		}
+		if wantCode := map[bool]int{true: exitOK, false: exitFailed}[want == ""]; code != wantCode || errs != want {
+			t.Errorf("key type %d on kernel %s, librados %q: exit %d, stderr\n %q\nwant exit %d, stderr\n %q", tc.typ, tc.kernel, tc.librados, code, errs, wantCode, want)
 		}
 	}
 }

@@ -64,13 +64,23 @@ func withoutSocket(args []string) []string {
 	return out
 }
 
-// runDaemon replaces this process with the agent (agent/cmd/rbd-owner-agent): rbd-owner-agent
-// beside this binary (as `make build` leaves them in bin/), else the packaged one. The agent is the one
-// program that links the Ceph libraries; loading them costs a process ~0.5 s on a slow machine,
-// which the CLI (a static binary) no longer pays on every call. exec keeps the process id, so
-// systemd's notify and watchdog (NotifyAccess=main) and socket activation (LISTEN_PID) see the
-// same process as before.
+// runDaemon replaces this process with the agent (agent/cmd/rbd-owner-agent, as agentProgram
+// finds it). The agent is the one program that links the Ceph libraries; loading them costs a
+// process ~0.5 s on a slow machine, which the CLI (a static binary) no longer pays on every call.
+// exec keeps the process id, so systemd's notify and watchdog (NotifyAccess=main) and socket
+// activation (LISTEN_PID) see the same process as before.
 func runDaemon(args []string) error {
+	path, err := agentProgram()
+	if err != nil {
+		return err
+	}
+	err = syscall.Exec(path, append([]string{"rbd-owner-agent", "daemon"}, args...), os.Environ()) //nolint:gosec // the installed agent, or the one beside this program; the arguments are the caller's own
+	return fmt.Errorf("start the agent %s: %w", path, err)
+}
+
+// agentProgram is the agent program's path: rbd-owner-agent beside this binary (as `make build`
+// leaves them in bin/), else the packaged one (agentPath); an error when neither is there.
+func agentProgram() (string, error) {
 	path := agentPath
 	if self, err := os.Executable(); err == nil {
 		if near := filepath.Join(filepath.Dir(self), "rbd-owner-agent"); isExecutable(near) {
@@ -78,10 +88,9 @@ func runDaemon(args []string) error {
 		}
 	}
 	if !isExecutable(path) {
-		return fmt.Errorf("the agent program %s is missing (reinstall the package)", path)
+		return "", fmt.Errorf("the agent program %s is missing (reinstall the package)", path)
 	}
-	err := syscall.Exec(path, append([]string{"rbd-owner-agent", "daemon"}, args...), os.Environ()) //nolint:gosec // the installed agent, or the one beside this program; the arguments are the caller's own
-	return fmt.Errorf("start the agent %s: %w", path, err)
+	return path, nil
 }
 
 func isExecutable(path string) bool {

@@ -21,6 +21,12 @@ const Name = "rbd-owner daemon"
 // the agent skips it.
 const Command = "daemon"
 
+// LibradosVersion is the word that, as the agent's only argument, makes it print the Ceph
+// release of the librados it loads (one line, "16.2.15") and exit 0, or exit ExitFailure when
+// the library does not say: `rbd-owner check-config`, which links nothing of Ceph's, asks it
+// which key types this node's librados reads.
+const LibradosVersion = "librados-version"
+
 // The agent's exit statuses, but for a SIGABRT's (abortdump.ExitCode).
 const (
 	// ExitFailure: it could not start, or stopped on an error.

@@ -56,8 +56,9 @@ func AgentPage(w io.Writer, date, source string) error {
 	b.WriteString(manpage.Header("rbd-owner-agent", "the rbd-owner node agent",
 		manpage.Page{Section: "8", Date: date, Source: source}))
 	fs := agentflags.New(&agentflags.Args{}, io.Discard)
-	fmt.Fprintf(&b, ".SH SYNOPSIS\n.B rbd\\-owner daemon\n%s\n.br\n.B %s\n[\\fB%s\\fR] %s\n",
-		synopsisFlags(fs), manpage.Escape(agentflags.Path), agentflags.Command, synopsisFlags(fs))
+	fmt.Fprintf(&b, ".SH SYNOPSIS\n.B rbd\\-owner daemon\n%s\n.br\n.B %s\n[\\fB%s\\fR] %s\n.br\n.B %s\n\\fB%s\\fR\n",
+		synopsisFlags(fs), manpage.Escape(agentflags.Path), agentflags.Command, synopsisFlags(fs),
+		manpage.Escape(agentflags.Path), manpage.Escape(agentflags.LibradosVersion))
 	section(&b, "DESCRIPTION", agentDescription()...)
 	section(&b, "UNDER SYSTEMD", underSystemd()...)
 	b.WriteString(".SH OPTIONS\n")
@@ -69,7 +70,9 @@ func AgentPage(w io.Writer, date, source string) error {
 	item(&b, "`-h`, `--help`", "Print the flags and exit 0.")
 	paragraphs(&b, "A first argument `"+agentflags.Command+"` is skipped (`rbd-owner daemon` passes it on). A flag "+
 		"may be written with one dash or two, its value after `=` or as the next argument. The agent takes no "+
-		"other argument.")
+		"other argument but `"+agentflags.LibradosVersion+"`, alone, with which it prints the Ceph release of the "+
+		"librados it loads (such as `19.2.6`) and exits: `rbd-owner check-config`, which links nothing of Ceph's, "+
+		"asks it whether this node's librados reads the keys' type (`aes256k` needs Ceph 19.2.6 or 20.2.4).")
 	b.WriteString(".SH FILES\n")
 	for _, f := range agentFiles() {
 		item(&b, f[0], f[1])
@@ -104,10 +107,10 @@ type exitStatus struct {
 func exitStatuses() []exitStatus {
 	byCode := map[int][]string{}
 	add := func(code int, doc string) { byCode[code] = append(byCode[code], doc) }
-	add(0, "Stopped by `SIGTERM` or `SIGINT`, or `--help`.")
+	add(0, "Stopped by `SIGTERM` or `SIGINT`, or `--help`, or `"+agentflags.LibradosVersion+"` printed the release.")
 	add(agentflags.ExitFailure, "The agent could not start, or stopped on an error: a config it refuses, a state "+
 		"directory or a socket it cannot use. The reason is one line on standard error (the journal), as "+
-		"`rbd-owner check-config` prints a config's.")
+		"`rbd-owner check-config` prints a config's. Or `"+agentflags.LibradosVersion+"` found no release to print.")
 	add(agentflags.ExitUsage, "A usage error: an unknown flag, an argument.")
 	add(abortdump.ExitCode, "Stopped by `SIGABRT`.")
 	var out []exitStatus
