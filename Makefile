@@ -12,9 +12,15 @@ LDFLAGS     := -s -w -X github.com/rbd-owner/rbd-owner/agent/version.Version=$(V
 ARCH        := amd64
 # the packages' maintainer (RFC 822: a role address in the project's name, not a person's; the
 # domain is a placeholder until the project has one, see packaging/lintian-overrides) and home
-# the packages' file names (revision 1, as nfpm.yaml's release)
-DEB         = rbd-owner_$(VERSION)-1_$(ARCH).deb
-RPM         = rbd-owner-$(VERSION)-1.x86_64.rpm
+# the packaging revision (nfpm.yaml's release): 1 for this machine's build; each Debian release's
+# .deb from `make debs` has its own, which sorts by release and before 1 (1~deb12, 1~deb13, 1~deb14)
+PKG_RELEASE ?= 1
+# the packages' file names
+DEB         = rbd-owner_$(VERSION)-$(PKG_RELEASE)_$(ARCH).deb
+RPM         = rbd-owner-$(VERSION)-$(PKG_RELEASE).x86_64.rpm
+# the date of the manual pages and of the changelog's newest entry: the commit's, for
+# reproducible packages (given from outside where there is no git, as in packaging/build-debs)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 MAINTAINER  := rbd-owner maintainers <maintainers@rbd-owner.invalid>
 HOMEPAGE    := https://github.com/rbd-owner/rbd-owner
 # the agent is a position-independent executable with the usual hardening of its C parts (cgo:
@@ -25,7 +31,7 @@ AGENT_ENV   := CGO_CPPFLAGS="-D_FORTIFY_SOURCE=2" \
                CGO_CFLAGS="-O2 -fstack-protector-strong -fstack-clash-protection -fcf-protection" \
                CGO_LDFLAGS="-Wl,-z,relro -Wl,-z,now"
 
-.PHONY: all build test unit model e2e e2e-trixie-reef e2e-prod matrix chaos bench-go lab lab-sh lab-down bench package cli-docs pkg-meta package-check lint metrics-check k8s-check k8s-e2e k8s-lab k8s-lab-down deps clean
+.PHONY: all build test deps-lab unit model e2e e2e-trixie-reef e2e-prod matrix chaos bench-go lab lab-sh lab-down bench package debs cli-docs pkg-meta package-check lint metrics-check k8s-check k8s-e2e k8s-lab k8s-lab-down deps clean
 all: build
 
 deps:
@@ -40,14 +46,20 @@ build: deps
 
 # Everything: lint, the protocol model's checks, the Go tests with -race against a throwaway
 # Ceph cluster, the alert rules' promtool tests, the kustomize component's render check, the
-# package checks, and the two-node end-to-end tests on real kernels ending with a fixed-seed
-# chaos round (needs root), with the default guests (Debian 12) and cluster (Pacific) in both
-# shapes: small (make e2e) and prod (make e2e-prod). The other releases: make matrix. Ends with
-# a table of each part's wall time (tests/make-test).
-TEST_PARTS := deps lint model unit metrics-check k8s-check package package-check e2e e2e-prod
+# package checks (each Debian release's .deb included), and the two-node end-to-end tests on real
+# kernels (needs root): the oldest supported releases in the small shape (make e2e: Debian 12
+# guests, Pacific, ending with a fixed-seed chaos round) and the newest in the prod shape (make
+# e2e-prod: forky guests, kernel 7.2, Tentacle with aes256k keys only). The other cells: make
+# matrix. The labs' guest images and Ceph roots are built in the background beside the first
+# parts (PREFETCH, tests/lab/prefetch). Ends with a table of each part's wall time (tests/make-test).
+TEST_PARTS := deps-lab lint model unit metrics-check k8s-check package package-check e2e e2e-prod
+PREFETCH    = tests/lab/prefetch root:reef root:tentacle image:$(LAB_GUEST) image:$(PROD_GUEST)
 test:
-	@MAKE="$(MAKE)" tests/make-test $(TEST_PARTS)
+	@MAKE="$(MAKE)" PREFETCH="$(PREFETCH)" tests/make-test $(TEST_PARTS)
 	@echo "make test: all passed"
+
+deps-lab:
+	@tests/deps lab
 
 unit: deps
 	@tests/go-test
@@ -82,21 +94,23 @@ e2e-trixie-reef: package
 
 # The e2e on the production-shaped cluster (three monitors, msgr2 only with ms_mode secure set in
 # the monitors' config store as Rook sets it, pools of size 2 on two OSDs each: LAB_TOPOLOGY=prod,
-# tests/lab/lib.sh), with the default guests and cluster; in `make test` (17 to 21 minutes).
-# PROD_GUEST/PROD_CLUSTER choose others: forky/tentacle is the newest releases, a Tentacle 20.2.4
-# cluster that allows only aes256k keys, where the e2e also rotates the agents' key under a writer
-# (make matrix CELLS=forky/tentacle/prod).
-PROD_GUEST   ?= $(LAB_GUEST)
-PROD_CLUSTER ?= $(LAB_CLUSTER)
-e2e-prod: package
+# tests/lab/lib.sh), on the newest releases: forky guests (kernel 7.2, Tentacle's client
+# libraries, forky's own .deb from make debs) and a Tentacle 20.2.4 cluster that allows only
+# aes256k keys, where the e2e also rotates the agents' key under a writer; in `make test` (about
+# 21 minutes). PROD_GUEST/PROD_CLUSTER choose others (bookworm/pacific: the oldest).
+# make e2e ends with the chaos round; this one leaves it out unless PROD_CHAOS=1 (2 to 3 minutes).
+PROD_GUEST   ?= forky
+PROD_CLUSTER ?= tentacle
+PROD_CHAOS   ?= 0
+e2e-prod: package debs
 	@tests/deps lab
-	@LAB_TOPOLOGY=prod LAB_GUEST=$(PROD_GUEST) LAB_CLUSTER=$(PROD_CLUSTER) tests/lab/e2e
+	@LAB_TOPOLOGY=prod LAB_GUEST=$(PROD_GUEST) LAB_CLUSTER=$(PROD_CLUSTER) E2E_CHAOS=$(PROD_CHAOS) tests/lab/e2e
 
 # The e2e over {bookworm, trixie guests} x {pacific, reef clusters}, one lab after the other
 # (tests/lab/matrix): one table of passed, failed and wall time per combination (about 30 minutes
 # with the images cached). CELLS="trixie/pacific bookworm/reef" runs only those.
 CELLS ?=
-matrix: package
+matrix: package debs
 	@tests/deps lab
 	@tests/lab/matrix $(CELLS)
 
@@ -173,6 +187,9 @@ k8s-check:
 # packages depend on librados2/librbd1 at least that new (go-ceph is compiled for its API).
 # Evaluated lazily, after `deps` may have installed librados-dev.
 CEPH_MIN     = $(or $(shell dpkg-query -W -f='$${Version}' librados-dev 2>/dev/null | sed -n 's/^\([0-9]*:\)\{0,1\}\([0-9][0-9]*\.[0-9][0-9]*\).*/\2/p'),16.2)
+# LIBC_MIN: the newest GLIBC symbol version the agent uses (what dpkg-shlibdeps would make of it):
+# the .deb depends on libc6 at least that new. Evaluated lazily, after the build.
+LIBC_MIN     = $(shell objdump -T bin/rbd-owner-agent 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)
 # The manual pages and the CLI's bash, zsh and fish completions, generated into dist/ for the
 # packages: the completions by the built CLI itself; the pages by a build of it with -tags gendocs
 # (bin/rbd-owner-gendocs, not shipped), dated by the commit for reproducible pages: rbd-owner(8)
@@ -182,7 +199,7 @@ cli-docs: build
 	@rm -rf dist/completions dist/man
 	@mkdir -p dist/completions dist/man
 	CGO_ENABLED=0 $(GO) build -tags gendocs -trimpath -ldflags "$(LDFLAGS)" -o bin/rbd-owner-gendocs ./agent/cmd/rbd-owner
-	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) bin/rbd-owner-gendocs __gendocs dist/man
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) bin/rbd-owner-gendocs __gendocs dist/man
 	gzip -9n dist/man/rbd-owner.8 dist/man/rbd-owner-agent.8 dist/man/rbd-owner.yaml.5
 	bin/rbd-owner completion bash >dist/completions/rbd-owner
 	bin/rbd-owner completion zsh >dist/completions/_rbd-owner
@@ -193,8 +210,8 @@ cli-docs: build
 # and their licence files; it fails when nfpm.yaml's license no longer says what they contain).
 pkg-meta: build
 	@mkdir -p dist
-	$(GO) run ./agent/internal/pkgmeta/gen changelog -version "$(VERSION)" -maintainer "$(MAINTAINER)" \
-	  -date "$$(git log -1 --format=%ct 2>/dev/null || echo 0)" -out dist/changelog.yml
+	$(GO) run ./agent/internal/pkgmeta/gen changelog -version "$(VERSION)" -revision "$(PKG_RELEASE)" -maintainer "$(MAINTAINER)" \
+	  -date "$(SOURCE_DATE_EPOCH)" -out dist/changelog.yml
 	$(GO) run ./agent/internal/pkgmeta/gen copyright -contact "$(MAINTAINER)" -source "$(HOMEPAGE)" \
 	  -tags "$(CEPH_TAG)" -out dist/copyright \
 	  -program /usr/lib/rbd-owner/rbd-owner-agent=./agent/cmd/rbd-owner-agent \
@@ -205,16 +222,32 @@ package: build cli-docs pkg-meta
 	@test -f udev/60-rbd-owner.rules || { echo "package: udev/60-rbd-owner.rules is missing" >&2; exit 1; }
 	@mkdir -p dist
 	@rm -f dist/rbd-owner_*.deb dist/rbd-owner-*.rpm
-	@export VERSION="$(VERSION)" ARCH=$(ARCH) CEPH_MIN="$(CEPH_MIN)" MAINTAINER="$(MAINTAINER)" HOMEPAGE="$(HOMEPAGE)" && set -x && \
+	@# lintian raises initial-upload-closes-no-bugs for a plain -1 revision only: its override ships there only
+	@cat packaging/lintian-overrides $(if $(filter 1,$(PKG_RELEASE)),packaging/lintian-overrides.revision-1) >dist/lintian-overrides
+	@export VERSION="$(VERSION)" PKG_RELEASE="$(PKG_RELEASE)" ARCH=$(ARCH) CEPH_MIN="$(CEPH_MIN)" LIBC_MIN="$(LIBC_MIN)" MAINTAINER="$(MAINTAINER)" HOMEPAGE="$(HOMEPAGE)" && set -x && \
 	  $(GO) tool nfpm package --config nfpm.yaml --packager deb --target "dist/$(DEB)" && \
 	  $(GO) tool nfpm package --config nfpm.yaml --packager rpm --target "dist/$(RPM)"
+
+# One .deb per Debian release, each built against that release's own Ceph libraries, into
+# dist/debian/ (packaging/build-debs): Debian 12's (Pacific) on this machine, Debian 13's (Reef)
+# and forky's (Tentacle) in their releases' roots (tests/ceph/build-root, cached in the lab
+# cache) with the host's Go toolchain. Each depends on its release's librados2/librbd1 and is
+# VERSION-1~deb12, -1~deb13 or -1~deb14. The lab's guests install their release's (tests/lab).
+DEB_RELEASES ?= bookworm trixie forky
+debs: package
+	@tests/deps lab
+	@VERSION="$(VERSION)" SOURCE_DATE_EPOCH="$(SOURCE_DATE_EPOCH)" GO="$(GO)" packaging/build-debs $(DEB_RELEASES)
 
 # Checks the built packages: contents, conffile, units (systemd-analyze verify), and a real
 # dpkg -i / purge on this machine, which it leaves as it found it; the .rpm's contents,
 # dependencies (resolved against stand-ins for the distributions' Ceph libraries) and scriptlets,
-# installed, upgraded and erased in scratch roots (rpm --root). Needs root.
-package-check: package
-	@CEPH_MIN="$(CEPH_MIN)" GO="$(GO)" MAINTAINER="$(MAINTAINER)" HOMEPAGE="$(HOMEPAGE)" tests/package-check "dist/$(DEB)" "dist/$(RPM)"
+# installed, upgraded and erased in scratch roots (rpm --root); then each Debian release's .deb
+# (make debs): lintian, its revision, its agent's go-ceph tag and links, the agent started in its
+# release's root, and Depends that its release satisfies and an older one does not
+# (tests/package-check-debs). Needs root.
+package-check: package debs
+	@CEPH_MIN="$(CEPH_MIN)" LIBC_MIN="$(LIBC_MIN)" GO="$(GO)" MAINTAINER="$(MAINTAINER)" HOMEPAGE="$(HOMEPAGE)" tests/package-check "dist/$(DEB)" "dist/$(RPM)"
+	@GO="$(GO)" tests/package-check-debs
 
 # gofmt, go vet, golangci-lint (.golangci.yml; pinned in its own module, tools/lint/go.mod, so
 # that its dependencies stay out of the agent's; the first run builds it, a few minutes on 2

@@ -248,9 +248,16 @@ PY
 }
 
 # ---- up / down --------------------------------------------------------------------------------
-# the newest .deb from `make package`
-lab_deb() { local d newest=""; for d in "$LAB_REPO"/dist/rbd-owner_*_amd64.deb; do
-  [ -f "$d" ] || continue; [ -z "$newest" ] || [ "$d" -nt "$newest" ] && newest=$d; done; echo "$newest"; }
+# the .deb the guests install: their Debian release's own build from `make debs`
+# (dist/debian/*~debNN_amd64.deb) when it is newer than `make package`'s, else the newest of those
+lab_deb() { local d newest="" own=""
+  for d in "$LAB_REPO"/dist/rbd-owner_*_amd64.deb; do
+    [ -f "$d" ] || continue; [ -z "$newest" ] || [ "$d" -nt "$newest" ] && newest=$d; done
+  for d in "$LAB_REPO"/dist/debian/rbd-owner_*~deb"$(guest_debian "$LAB_GUEST")"_amd64.deb; do
+    [ -f "$d" ] || continue; [ -z "$own" ] || [ "$d" -nt "$own" ] && own=$d; done
+  if [ -n "$own" ] && { [ -z "$newest" ] || [ "$own" -nt "$newest" ]; }; then echo "$own"; else echo "$newest"; fi; }
+# guest_debian SUITE: the Debian release number of a guest suite
+guest_debian() { case $1 in bookworm) echo 12 ;; trixie) echo 13 ;; forky) echo 14 ;; *) echo 0 ;; esac; }
 
 lab_save_env() {
   { echo "NS=$NS"; echo "CEPHDIR=$CEPHDIR"; echo "LAB_DIR=$LAB_DIR"; echo "FSID=${FSID:-}"
@@ -423,6 +430,7 @@ lab_up() {
   lab_save_env
   local deb; deb=$(lab_deb)
   { [ -n "$deb" ] && [ -s "$deb" ]; } || die "package: no dist/rbd-owner_*_amd64.deb (run make package)"
+  log "package: ${deb#"$LAB_REPO"/} ($(dpkg-deb -f "$deb" Depends | grep -o 'librados2 ([^)]*)'))"
 
   step "guest image: $LAB_GUEST${LAB_FLAVOR:+ ($LAB_FLAVOR)} (cached; rebuilt only when its inputs change)"
   local img; img=$(SUITE=$LAB_GUEST FLAVOR=$LAB_FLAVOR nice -n 15 "$LAB_REPO/tests/vm/build-image" 2> >(tee -a "$LAB_DIR/logs/build-image.log" >&2)) \
