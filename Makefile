@@ -187,6 +187,9 @@ k8s-check:
 # packages depend on librados2/librbd1 at least that new (go-ceph is compiled for its API).
 # Evaluated lazily, after `deps` may have installed librados-dev.
 CEPH_MIN     = $(or $(shell dpkg-query -W -f='$${Version}' librados-dev 2>/dev/null | sed -n 's/^\([0-9]*:\)\{0,1\}\([0-9][0-9]*\.[0-9][0-9]*\).*/\2/p'),16.2)
+# NFPM: the packager (the module's tool; packaging/build-debs gives the one built on the host to
+# the releases' roots, which would otherwise each build it again)
+NFPM        ?= $(GO) tool nfpm
 # LIBC_MIN: the newest GLIBC symbol version the agent uses (what dpkg-shlibdeps would make of it):
 # the .deb depends on libc6 at least that new. Evaluated lazily, after the build.
 LIBC_MIN     = $(shell objdump -T bin/rbd-owner-agent 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)
@@ -225,8 +228,8 @@ package: build cli-docs pkg-meta
 	@# lintian raises initial-upload-closes-no-bugs for a plain -1 revision only: its override ships there only
 	@cat packaging/lintian-overrides $(if $(filter 1,$(PKG_RELEASE)),packaging/lintian-overrides.revision-1) >dist/lintian-overrides
 	@export VERSION="$(VERSION)" PKG_RELEASE="$(PKG_RELEASE)" ARCH=$(ARCH) CEPH_MIN="$(CEPH_MIN)" LIBC_MIN="$(LIBC_MIN)" MAINTAINER="$(MAINTAINER)" HOMEPAGE="$(HOMEPAGE)" && set -x && \
-	  $(GO) tool nfpm package --config nfpm.yaml --packager deb --target "dist/$(DEB)" && \
-	  $(GO) tool nfpm package --config nfpm.yaml --packager rpm --target "dist/$(RPM)"
+	  $(NFPM) package --config nfpm.yaml --packager deb --target "dist/$(DEB)" && \
+	  $(NFPM) package --config nfpm.yaml --packager rpm --target "dist/$(RPM)"
 
 # One .deb per Debian release, each built against that release's own Ceph libraries, into
 # dist/debian/ (packaging/build-debs): Debian 12's (Pacific) on this machine, Debian 13's (Reef)
