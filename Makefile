@@ -25,9 +25,14 @@ MAINTAINER  := rbd-owner maintainers <maintainers@rbd-owner.invalid>
 HOMEPAGE    := https://github.com/rbd-owner/rbd-owner
 # the agent is a position-independent executable with the usual hardening of its C parts (cgo:
 # go-ceph and agent/watchers), as Debian's and Fedora's build flags give packaged C programs:
-# fortified functions, stack protector, full RELRO and immediate binding
+# fortified functions, stack protector, full RELRO and immediate binding. The version of the
+# librados-dev built against is a define too (unused by the code): Go's build cache hashes cgo's
+# flags and compiler but not the system headers, and packaging/build-debs shares the cache with
+# the Debian releases' roots, so no cgo object is ever taken from a build against other headers.
+# (Evaluated lazily, after `deps` may have installed librados-dev.)
+CEPH_DEV     = $(shell dpkg-query -W -f='$${Version}' librados-dev 2>/dev/null | tr -c 'A-Za-z0-9\n' _)
 AGENT_BUILD := -buildmode=pie
-AGENT_ENV   := CGO_CPPFLAGS="-D_FORTIFY_SOURCE=2" \
+AGENT_ENV    = CGO_CPPFLAGS="-D_FORTIFY_SOURCE=2 -DRBD_OWNER_LIBRADOS_DEV=$(CEPH_DEV)" \
                CGO_CFLAGS="-O2 -fstack-protector-strong -fstack-clash-protection -fcf-protection" \
                CGO_LDFLAGS="-Wl,-z,relro -Wl,-z,now"
 
