@@ -423,10 +423,38 @@ type Owner struct {
 type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
-	Owner   *Owner `json:"owner,omitempty"`
+	// Image, on a refusal (claimed_elsewhere): the image asked for, as a command's argument
+	// (POOL[/NAMESPACE]/IMAGE).
+	Image string `json:"image,omitempty"`
+	// Owner is the first of Holders (the only one of an rwo image).
+	Owner   *Owner  `json:"owner,omitempty"`
+	Holders []Owner `json:"holders,omitempty"`
+	// Block, on a refusal: why this request may not have the image, as a kind (no_takeover,
+	// not_covered, no_mapping_addr, no_lease_look, lease_live, no_fence_addr, alive); Reason
+	// says it in facts, when Message does ("" for no_takeover).
+	Block  string `json:"block,omitempty"`
+	Reason string `json:"reason,omitempty"`
 	// RetryAfterSeconds, on a refusal: the agent is watching the owner's lease; a takeover
 	// is possible after this long unless the owner renews.
 	RetryAfterSeconds int64 `json:"retry_after_seconds,omitempty"`
+	// NextSteps, on a refusal: what this caller may do, for its role and the node's
+	// takeover_policy, in order; Advice says them in the one phrase Message ends with ("" when
+	// the reason says it: a takeover that waits for a lease).
+	NextSteps []Step `json:"next_steps,omitempty"`
+	Advice    string `json:"advice,omitempty"`
+}
+
+// Step is one thing to do about a refusal: Run, a command line ("" for what is no command,
+// such as a setting), and Why, when and what it does.
+type Step struct {
+	Run string `json:"run,omitempty"`
+	Why string `json:"why"`
+}
+
+// Detailer is an error that fills in an answer's details beyond its code and message (a
+// refusal's image, holders and next steps): the server asks it, knowing no error type.
+type Detailer interface {
+	Details(e *Error)
 }
 
 func (e *Error) Error() string {

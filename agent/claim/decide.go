@@ -26,9 +26,6 @@ type acquireInput struct {
 	// off (Covering), as read once before the decision; CoverErr says why it could not be read.
 	Covered  map[string]BlockEntry
 	CoverErr error
-	// NextStep phrases the reader's next step when this request may not take over (see
-	// Request.NextStep); nil: the claim layer's own words
-	NextStep func(holders []Holder) string
 	Info     imageInfo // the image's id and the watchers of its header other than this client
 	Now      time.Time // this node's wall clock: only written into records, never compared
 	// Leases is what this node's observer knows of each other holder's lease (by node id),
@@ -165,9 +162,11 @@ func (in acquireInput) again(cur *Record, mine *Holder) (acquirePlan, error) {
 	return acquirePlan{Next: cur, Holder: *mine, Again: true}, nil
 }
 
-// held refuses an image held by others (as cur records them), saying why.
-func (in acquireInput) held(cur *Record, reason string) error {
-	return &HeldError{Image: in.Image, Access: cur.Access, Epoch: cur.Epoch, Holders: cur.Holders, Leases: in.Leases, Reason: reason, Takeover: in.Takeover}
+// held refuses an image held by others (as cur records them): why as a kind (Block) and as
+// facts (reason); what the reader does next is the caller's to say (saga), not this layer's.
+func (in acquireInput) held(cur *Record, block Block, node, reason string) error {
+	return &HeldError{Image: in.Image, Access: cur.Access, Epoch: cur.Epoch, Holders: cur.Holders, Leases: in.Leases,
+		Block: block, BlockedBy: node, Reason: reason, Takeover: in.Takeover, TakeFenced: in.TakeFenced}
 }
 
 // evictions are the holders of cur that must go for this node to hold the image: none when
@@ -178,7 +177,7 @@ func (in acquireInput) evictions(cur *Record) ([]Holder, error) {
 		return nil, nil
 	}
 	if !in.Takeover && !in.TakeCovered && !(in.TakeFenced && allFenced(cur.Holders)) {
-		return nil, in.held(cur, in.refusal(cur.Holders))
+		return nil, in.held(cur, BlockNoTakeover, cur.Holders[0].NodeID, in.noTakeover())
 	}
 	for _, h := range cur.Holders {
 		if err := in.takeable(cur, h); err != nil {
@@ -204,31 +203,30 @@ func (in acquireInput) takeable(cur *Record, h Holder) error {
 		return nil
 	}
 	if !in.Takeover {
-		why := in.refusal(cur.Holders)
 		switch {
 		case in.TakeCovered && h.ClientAddr == "":
-			why = fmt.Sprintf("node %s recorded no mapping address, so its fence would be its whole address, the very entry a node fence uses and lifts: it is not taken over before its lease expires, whatever the blocklist shows%s; %s", h.NodeID, in.coverNote(), why)
+			return in.held(cur, BlockNoMappingAddr, h.NodeID, fmt.Sprintf("node %s recorded no mapping address, so its fence would be its whole address, the very entry a node fence uses and lifts: it is not taken over before its lease expires, whatever the blocklist shows%s", h.NodeID, in.coverNote()))
 		case in.TakeCovered:
-			why = fmt.Sprintf("node %s's mapping (%s) is on no blocklist entry for its whole node (ip:0/0 or a range)%s; %s", h.NodeID, h.ClientAddr, in.coverNote(), why)
+			return in.held(cur, BlockNotCovered, h.NodeID, fmt.Sprintf("node %s's mapping (%s) is on no blocklist entry for its whole node (ip:0/0 or a range)%s", h.NodeID, h.ClientAddr, in.coverNote()))
 		}
-		return in.held(cur, why)
+		return in.held(cur, BlockNoTakeover, h.NodeID, in.noTakeover())
 	}
 	lv, ok := in.Leases[h.NodeID]
 	if !ok {
-		return in.held(cur, fmt.Sprintf("takeover refused: this node has no look at node %s's lease yet (a takeover needs a whole lease of it unchanged on this node's clock): retry", h.NodeID))
+		return in.held(cur, BlockNoLeaseLook, h.NodeID, fmt.Sprintf("takeover refused: this node has no look at node %s's lease yet (a takeover needs a whole lease of it unchanged on this node's clock): retry", h.NodeID))
 	}
 	if !lv.Expired {
 		// the holder's entry says when a takeover is possible (HeldError.Error): once
-		return in.held(cur, fmt.Sprintf("takeover refused while node %s's lease is live as far as this node has seen: retry then", h.NodeID))
+		return in.held(cur, BlockLeaseLive, h.NodeID, fmt.Sprintf("takeover refused while node %s's lease is live as far as this node has seen: retry then", h.NodeID))
 	}
 	if h.fenceAddr() == "" {
-		return in.held(cur, fmt.Sprintf("takeover refused: node %s recorded no address to fence", h.NodeID))
+		return in.held(cur, BlockNoFenceAddr, h.NodeID, fmt.Sprintf("takeover refused: node %s recorded no address to fence", h.NodeID))
 	}
 	if h.ClientAddr == "" && lv.Moved {
 		// no mapping address yet: the fence would be the holder's whole address, every
 		// client of that host on this cluster, its agent's too; never that of a node
 		// seen alive within a lease, whatever this one hold's lease says
-		return in.held(cur, fmt.Sprintf("takeover refused: node %s recorded no mapping address, so its fence would be its whole address %s, and its heartbeat changed %s ago on this node's clock: it is alive; retry once its mapping is recorded or it stops",
+		return in.held(cur, BlockAlive, h.NodeID, fmt.Sprintf("takeover refused: node %s recorded no mapping address, so its fence would be its whole address %s, and its heartbeat changed %s ago on this node's clock: it is alive; retry once its mapping is recorded or it stops",
 			h.NodeID, h.fenceAddr(), ceilSeconds(lv.MovedAgo)))
 	}
 	return nil
@@ -256,15 +254,13 @@ func (in acquireInput) needsCoverage(cur *Record) bool {
 	return false
 }
 
-// refusal is what a reader of a refusal may do next when this request may not take over.
-func (in acquireInput) refusal(hs []Holder) string {
-	if in.NextStep != nil {
-		return in.NextStep(hs)
-	}
+// noTakeover is the fact behind BlockNoTakeover: what this request may take over (not said
+// in HeldError.Error: the caller says what to do instead).
+func (in acquireInput) noTakeover() string {
 	if in.TakeFenced {
-		return "an admin may fence it (`rbd-owner fence`), after which a map takes it over; or map with takeover (the admin role, or takeover_policy after-lease-expiry) once its lease has expired"
+		return "the request takes over only holds an admin fenced"
 	}
-	return "map with takeover only once its lease has expired, or have an admin run `rbd-owner fence` and `rbd-owner release --force`"
+	return "the request takes no hold over"
 }
 
 // coverNote says why the blocklist could not be read, when it could not.

@@ -36,11 +36,63 @@ type HeldError struct {
 	// Leases is what this node knows of each holder's lease (by node id), judged on this
 	// node's own clock.
 	Leases map[string]LeaseView
-	// Reason adds why a takeover was not done, when one was asked for.
+	// Block is why the request may not have the image, as a kind a caller branches on (the
+	// next step is the caller's to say: it knows who asked, and under which policy);
+	// BlockedBy is the holder it is about.
+	Block     Block
+	BlockedBy string
+	// Reason is Block in facts, for people (Error says it, but for BlockNoTakeover, where the
+	// holders are the whole story).
 	Reason string
 	// Takeover is set when the request could take the image over once the leases expire (it
 	// asked for a takeover, or its policy allows one): only then is a retry time given.
 	Takeover bool
+	// TakeFenced: the request would have taken over holds an admin fenced.
+	TakeFenced bool
+}
+
+// Block is why a request may not have an image others hold.
+type Block int
+
+const (
+	// BlockNoTakeover: the request takes no live hold over (only fenced ones, or none).
+	BlockNoTakeover Block = iota
+	// BlockNotCovered: it takes over holds the blocklist cuts off, and this one's mapping is
+	// on no entry for its whole node.
+	BlockNotCovered
+	// BlockNoMappingAddr: it takes over holds the blocklist cuts off, and this one recorded no
+	// mapping address (its fence would be the node's whole address).
+	BlockNoMappingAddr
+	// BlockNoLeaseLook: a takeover, and this node has not watched the holder's lease yet.
+	BlockNoLeaseLook
+	// BlockLeaseLive: a takeover, and the holder's lease is live as this node saw it.
+	BlockLeaseLive
+	// BlockNoFenceAddr: a takeover, and the holder recorded no address to fence.
+	BlockNoFenceAddr
+	// BlockAlive: a takeover, the holder recorded no mapping address and its heartbeat moved
+	// within a lease (a whole-node fence of a node seen alive is never made).
+	BlockAlive
+)
+
+// String names the kind for programs (the API's refusal.block).
+func (b Block) String() string {
+	switch b {
+	case BlockNoTakeover:
+		return "no_takeover"
+	case BlockNotCovered:
+		return "not_covered"
+	case BlockNoMappingAddr:
+		return "no_mapping_addr"
+	case BlockNoLeaseLook:
+		return "no_lease_look"
+	case BlockLeaseLive:
+		return "lease_live"
+	case BlockNoFenceAddr:
+		return "no_fence_addr"
+	case BlockAlive:
+		return "alive"
+	}
+	return "unknown"
 }
 
 // RetryAfter is when a takeover could be tried again: once every live holder's watch has run
@@ -91,7 +143,7 @@ func (e *HeldError) Error() string {
 			fmt.Fprintf(&b, " (live: watching node %s's lease; a takeover is possible in %s unless it renews)", h.NodeID, ceilSeconds(v.RetryAfter))
 		}
 	}
-	if e.Reason != "" {
+	if e.Reason != "" && e.Block != BlockNoTakeover {
 		b.WriteString("; ")
 		b.WriteString(e.Reason)
 	}

@@ -25,10 +25,6 @@ type Request struct {
 	// declared out of service, a NetworkFence, an admin), without waiting for their leases:
 	// takeover_policy after-fence. The takeover still blocklists them with its own entries.
 	TakeCovered bool
-	// NextStep, when set, phrases what the one reading a refusal may do next when this request
-	// may not take the image over (no Takeover) and it is held: the caller knows who reads
-	// (an admin, or ceph-csi) and under which policy. Given the holders.
-	NextStep func(holders []Holder) string
 	// Durable, when set, runs beside Acquire's reads and must return before Acquire writes
 	// anything but this node's heartbeat: no fence, no index key, no claim is sent until it
 	// has returned nil, and its error ends Acquire with no claim made. The map saga writes its
@@ -151,7 +147,7 @@ func (s *Store) acquireInput(ctx context.Context, req Request) (acquireInput, re
 		return acquireInput{}, readResult{}, err
 	}
 	return acquireInput{Self: s.cfg.Node.ID, FSID: s.fsid, Image: img, Access: access, ReadOnly: req.ReadOnly,
-		Takeover: req.Takeover, TakeFenced: req.TakeFenced, TakeCovered: req.TakeCovered, NextStep: req.NextStep, Info: info,
+		Takeover: req.Takeover, TakeFenced: req.TakeFenced, TakeCovered: req.TakeCovered, Info: info,
 		Me: s.me(), Fenced: map[string]bool{}, listed: listed}, first, nil
 }
 

@@ -148,6 +148,22 @@ func takeoverByRole(t *testing.T, policy string) {
 					if e != nil && e.RetryAfterSeconds != 0 {
 						t.Errorf("%s: a map that may not take over is told to retry after %ds", name, e.RetryAfterSeconds)
 					}
+					// the same next steps as data: the image, the holder, the kind, and each fence
+					// to run, which the message names in the same words
+					if e != nil && (e.Image != "rbd/"+image || len(e.Holders) != 1 || e.Owner == nil || e.Owner.NodeID != "node-a" ||
+						len(e.NextSteps) == 0 || e.NextSteps[0].Run != "rbd-owner fence --node node-a" || e.Advice == "" || !strings.HasSuffix(e.Message, e.Advice)) {
+						t.Errorf("%s: the refusal's data: %+v", name, e)
+					}
+					for _, st := range func() []api.Step {
+						if e == nil {
+							return nil
+						}
+						return e.NextSteps
+					}() {
+						if strings.HasPrefix(st.Run, "rbd-owner fence") && !strings.Contains(e.Advice, "`"+st.Run+"`") {
+							t.Errorf("%s: next step %q is not in the advice %q", name, st.Run, e.Advice)
+						}
+					}
 					// the next step is the reader's own: an admin may fence (the next map takes a
 					// fenced hold over: no release --force), or take over; a CSI-role caller can
 					// only ask an admin for the fence (or have the policy changed)

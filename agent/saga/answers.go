@@ -10,7 +10,6 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/claimapi"
-	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/state"
@@ -58,35 +57,6 @@ func (s *Sagas) alreadyMapped(ctx context.Context, t target, store *claim.Store,
 		resp.Claim = claimapi.Of(t.key.Cluster, rec)
 	}
 	return resp, true, nil
-}
-
-// nextStepWhenHeld is the next step of the one reading a refusal by a map that may not take
-// the image over (takeover_policy manual, no takeover asked), phrased for its caller: an admin
-// may fence the holder (the next map then takes it over), a CSI-role caller (ceph-csi) cannot
-// and has to ask an admin, or have the policy changed.
-func (s *Sagas) nextStepWhenHeld(c Caller, t target, holders []claim.Holder) string {
-	who := "its holders are"
-	if len(holders) == 1 {
-		who = "node " + holders[0].NodeID + " is"
-	}
-	cluster := ""
-	if len(s.Config.Clusters) > 1 {
-		cluster = "--cluster " + t.key.Cluster + " "
-	}
-	// a hold an admin fenced is taken over by the next map whatever the policy (TakeFenced):
-	// the fence is the whole next step, no release --force
-	fence := fmt.Sprintf("`rbd-owner fence %s%s`", cluster, t.img)
-	nodeFence := "`rbd-owner fence --node NODE`"
-	if len(holders) == 1 {
-		nodeFence = fmt.Sprintf("`rbd-owner fence %s--node %s`", cluster, holders[0].NodeID)
-	}
-	if c.Admin {
-		return fmt.Sprintf("if %s dead: run %s (every hold of that node; then map again), map with --takeover once its lease has expired, or run %s (this image only; then map again)", who, nodeFence, fence)
-	}
-	if s.Config.TakeoverPolicy == config.TakeoverAfterFence {
-		return fmt.Sprintf("under takeover_policy: after-fence a map takes it over once the holder's mapping is on the cluster's blocklist: if %s dead, ask an admin to run %s on any node (or have Kubernetes' out-of-service taint make ceph-csi fence it): the next NodeStage then maps it", who, nodeFence)
-	}
-	return fmt.Sprintf("this caller (CSI role) may not take it over under takeover_policy: manual: if %s dead, ask an admin to run %s on any node (every hold of that node; %s fences this image only): the next NodeStage then maps it; or set takeover_policy: after-fence (maps take over holds already blocklisted) or after-lease-expiry (also an expired lease)", who, nodeFence, fence)
 }
 
 // persist writes m to the state file at a saga step. A write that fails (a full disk, a

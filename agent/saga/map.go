@@ -214,7 +214,6 @@ func (r *mapRun) claim(ctx context.Context) error {
 	res, err := r.store.Acquire(ctx, claim.Request{Image: t.img, Access: r.access, ReadOnly: r.readOnly,
 		Takeover: r.req.Takeover || policy == config.TakeoverAfterLeaseExpiry, TakeFenced: true,
 		TakeCovered: policy != config.TakeoverManual,
-		NextStep:    func(hs []claim.Holder) string { return r.s.nextStepWhenHeld(r.c, t, hs) },
 		Durable:     func(ctx context.Context) error { intentErr = r.intent(ctx); return intentErr }})
 	if intentErr != nil {
 		return intentErr // no claim was sent: refused as the intent's write failed
@@ -227,7 +226,7 @@ func (r *mapRun) claim(ctx context.Context) error {
 			// keep the "claiming" state; the reconciler looks at the claim and releases it
 			return kept(err)
 		}
-		return refuse(err)
+		return refuse(r.s.refusal(r.c, t, err))
 	}
 	r.res = res
 	// audited now, not with the outcome: the claim (and a takeover's fences) changed the

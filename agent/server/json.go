@@ -8,10 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
-	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 )
@@ -63,18 +61,13 @@ func WriteError(w http.ResponseWriter, e *api.Error) {
 	WriteJSON(w, api.HTTPStatus(e.Code), api.ErrorBody{Error: e})
 }
 
-// APIError turns an error into the API's code (by its kind, package fault), message and owner.
+// APIError turns an error into the API's code (by its kind, package fault) and message, with
+// the details an error on its chain gives (api.Detailer: a refusal's holders and next steps).
 func APIError(err error) *api.Error {
 	e := &api.Error{Code: api.CodeOf(fault.KindOf(err)), Message: err.Error()}
-	var held *claim.HeldError
-	if errors.As(err, &held) {
-		o := held.Owner()
-		lv := held.Leases[o.NodeID]
-		e.Owner = &api.Owner{NodeID: o.NodeID, Hostname: o.Hostname, NodeAddr: o.NodeAddr, ClientAddr: o.ClientAddr, Epoch: o.Epoch,
-			AcquiredAt: o.AcquiredAt, RenewedAt: o.RenewedAt, LeaseAge: lv.Unchanged.Seconds(), Expired: lv.Expired}
-		if d := held.RetryAfter(); d > 0 {
-			e.RetryAfterSeconds = int64((d + time.Second - 1) / time.Second)
-		}
+	var d api.Detailer
+	if errors.As(err, &d) {
+		d.Details(e)
 	}
 	return e
 }

@@ -187,38 +187,8 @@ func classify(err error) (int, *api.Error, string) {
 		msg := ae.Message
 		switch ae.Code {
 		case api.CodeClaimedElsewhere:
-			if o := ae.Owner; o != nil {
-				// "acquire rbd/img: rbd/img is held (rwo) by …": name the image once
-				what := "the image"
-				if before, _, ok := strings.Cut(msg, " is held"); ok {
-					if f := strings.Fields(before); len(f) > 0 {
-						what = f[len(f)-1]
-					}
-				}
-				spec := what // as a command's argument
-				if spec == "the image" {
-					spec = "POOL/IMAGE"
-				}
-				msg = fmt.Sprintf("%s is held by node %s (host %s) at epoch %d since %s",
-					what, o.NodeID, o.Hostname, o.Epoch, o.AcquiredAt.Format(time.RFC3339))
-				// the agent's own next step, phrased for this caller and the policy, follows the
-				// first "; " of its message outside parentheses (a holder's lease note has one):
-				// kept whole, in place of the generic advice below
-				_, reason, hasReason := cutOutsideParens(ae.Message, "; ")
-				switch {
-				case hasReason && o.Expired:
-					msg += fmt.Sprintf(" (lease expired: its heartbeat has not changed for %.0fs on this node's clock); %s", o.LeaseAge, reason)
-				case hasReason && ae.RetryAfterSeconds > 0:
-					msg += fmt.Sprintf(" (live: watching node %s's lease; a takeover is possible in %ds unless it renews); %s", o.NodeID, ae.RetryAfterSeconds, reason)
-				case hasReason:
-					msg += " (live); " + reason
-				case o.Expired:
-					msg += fmt.Sprintf(" (lease expired: its heartbeat has not changed for %.0fs on this node's clock; map with --takeover to fence it and take over)", o.LeaseAge)
-				case ae.RetryAfterSeconds > 0:
-					msg += fmt.Sprintf(" (live: watching node %s's lease; a takeover is possible in %ds unless it renews; if that node is dead, retry with --takeover then, or have an admin run `rbd-owner fence --node %s` and map again)", o.NodeID, ae.RetryAfterSeconds, o.NodeID)
-				default:
-					msg += fmt.Sprintf(" (live: if that node is dead, have an admin run `rbd-owner fence --node %s`, or `rbd-owner fence %s` for this image only, and map again: the map takes a fenced hold over)", o.NodeID, spec)
-				}
+			if ae.Owner != nil {
+				msg = heldLine(ae)
 			}
 			return exitClaimed, ae, msg
 		case api.CodePermissionDenied:
@@ -229,20 +199,55 @@ func classify(err error) (int, *api.Error, string) {
 	return exitFailed, &api.Error{Code: client.Code(err), Message: err.Error()}, err.Error()
 }
 
-// cutOutsideParens is strings.Cut at the first sep that is not inside parentheses.
-func cutOutsideParens(s, sep string) (before, after string, found bool) {
-	depth := 0
-	for i := 0; i < len(s); i++ {
-		switch {
-		case s[i] == '(':
-			depth++
-		case s[i] == ')' && depth > 0:
-			depth--
-		case depth == 0 && strings.HasPrefix(s[i:], sep):
-			return s[:i], s[i+len(sep):], true
+// heldLine is a refusal by others' holds in one line, from the agent's data alone (the image,
+// its first holder, the reason, the advice or next steps): the image named once, the holder,
+// its lease as this node saw it, then what to do.
+func heldLine(ae *api.Error) string {
+	o := ae.Owner
+	what, spec := ae.Image, ae.Image
+	if what == "" {
+		what, spec = "the image", "POOL/IMAGE"
+	}
+	msg := fmt.Sprintf("%s is held by node %s (host %s) at epoch %d since %s",
+		what, o.NodeID, o.Hostname, o.Epoch, o.AcquiredAt.Format(time.RFC3339))
+	// the agent's reason and its next step for this caller and policy, kept whole, in place
+	// of the generic advice below
+	var said []string
+	for _, part := range []string{ae.Reason, ae.Advice} {
+		if part != "" {
+			said = append(said, part)
 		}
 	}
-	return s, "", false
+	if len(said) == 0 && len(ae.NextSteps) > 0 {
+		said = append(said, stepsText(ae.NextSteps))
+	}
+	reason := strings.Join(said, "; ")
+	switch {
+	case reason != "" && o.Expired:
+		return msg + fmt.Sprintf(" (lease expired: its heartbeat has not changed for %.0fs on this node's clock); %s", o.LeaseAge, reason)
+	case reason != "" && ae.RetryAfterSeconds > 0:
+		return msg + fmt.Sprintf(" (live: watching node %s's lease; a takeover is possible in %ds unless it renews); %s", o.NodeID, ae.RetryAfterSeconds, reason)
+	case reason != "":
+		return msg + " (live); " + reason
+	case o.Expired:
+		return msg + fmt.Sprintf(" (lease expired: its heartbeat has not changed for %.0fs on this node's clock; map with --takeover to fence it and take over)", o.LeaseAge)
+	case ae.RetryAfterSeconds > 0:
+		return msg + fmt.Sprintf(" (live: watching node %s's lease; a takeover is possible in %ds unless it renews; if that node is dead, retry with --takeover then, or have an admin run `rbd-owner fence --node %s` and map again)", o.NodeID, ae.RetryAfterSeconds, o.NodeID)
+	}
+	return msg + fmt.Sprintf(" (live: if that node is dead, have an admin run `rbd-owner fence --node %s`, or `rbd-owner fence %s` for this image only, and map again: the map takes a fenced hold over)", o.NodeID, spec)
+}
+
+// stepsText says next steps in one phrase: "run `X` (why); or …".
+func stepsText(steps []api.Step) string {
+	parts := make([]string, 0, len(steps))
+	for _, st := range steps {
+		if st.Run == "" {
+			parts = append(parts, st.Why)
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("run `%s` (%s)", st.Run, st.Why))
+	}
+	return strings.Join(parts, "; or ")
 }
 
 func printJSON(w io.Writer, v any) error {

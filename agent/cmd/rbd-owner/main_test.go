@@ -58,7 +58,7 @@ func TestMapPrintsTheDevice(t *testing.T) {
 
 func TestClaimedElsewhereExits3AndNamesTheOwner(t *testing.T) {
 	sock, _ := serve(t, 409, api.ErrorBody{Error: &api.Error{Code: api.CodeClaimedElsewhere, Message: "acquire rbd/img: rbd/img is held (rwo) by node node-a ...",
-		Owner: &api.Owner{NodeID: "node-a", Hostname: "host-a", Epoch: 4, AcquiredAt: time.Now(), LeaseAge: 3}}})
+		Image: "rbd/img", Owner: &api.Owner{NodeID: "node-a", Hostname: "host-a", Epoch: 4, AcquiredAt: time.Now(), LeaseAge: 3}}})
 	code, _, errs := cli("--socket", sock, "map", "rbd/img")
 	if code != exitClaimed || !strings.HasPrefix(errs, "rbd-owner map: rbd/img is held by node node-a") || strings.Count(errs, "rbd/img is held") != 1 || strings.Contains(errs, "acquire") || !strings.Contains(errs, "epoch 4") ||
 		// a fenced hold is taken over by the next map: no release --force (seen in the Kubernetes lab)
@@ -74,7 +74,7 @@ func TestClaimedElsewhereExits3AndNamesTheOwner(t *testing.T) {
 // refusal while the holder's lease is watched names the node's fence, not a release --force.
 func TestClaimedElsewhereWhileWatchingNamesTheNodeFence(t *testing.T) {
 	sock, _ := serve(t, 409, api.ErrorBody{Error: &api.Error{Code: api.CodeClaimedElsewhere, Message: "acquire rbd/img: rbd/img is held (rwo) by node node-a ...",
-		Owner:             &api.Owner{NodeID: "node-a", Hostname: "host-a", Epoch: 4, AcquiredAt: time.Now(), LeaseAge: 3},
+		Image: "rbd/img", Owner: &api.Owner{NodeID: "node-a", Hostname: "host-a", Epoch: 4, AcquiredAt: time.Now(), LeaseAge: 3},
 		RetryAfterSeconds: 20}})
 	code, _, errs := cli("--socket", sock, "map", "rbd/img")
 	if code != exitClaimed || !strings.Contains(errs, "a takeover is possible in 20s unless it renews; if that node is dead, retry with --takeover then, or have an admin run `rbd-owner fence --node node-a` and map again)") ||
@@ -98,10 +98,13 @@ func TestFenceNamesTheNextMap(t *testing.T) {
 // TestClaimedElsewhereKeepsTheAgentsNextStep: the agent's next step for this caller and policy
 // (after the first "; " of its message) is printed whole, not replaced by generic advice.
 func TestClaimedElsewhereKeepsTheAgentsNextStep(t *testing.T) {
-	next := "node node-a's mapping (10.0.0.1:0/7) is on no blocklist entry for its whole node (ip:0/0 or a range); under takeover_policy: after-fence a map takes it over once the holder's mapping is on the cluster's blocklist"
+	reason := "node node-a's mapping (10.0.0.1:0/7) is on no blocklist entry for its whole node (ip:0/0 or a range)"
+	advice := "under takeover_policy: after-fence a map takes it over once the holder's mapping is on the cluster's blocklist"
+	next := reason + "; " + advice
 	sock, _ := serve(t, 409, api.ErrorBody{Error: &api.Error{Code: api.CodeClaimedElsewhere,
 		Message: "acquire rbd/img: rbd/img is held (rwo) by node node-a (host host-a, addr 10.0.0.1) at epoch 4 since 2026-12-02T13:00:00Z (lease live as far as this node has seen); " + next,
-		Owner:   &api.Owner{NodeID: "node-a", Hostname: "host-a", Epoch: 4, AcquiredAt: time.Now(), LeaseAge: 3}}})
+		Image:   "rbd/img", Block: "not_covered", Reason: reason, Advice: advice,
+		Owner: &api.Owner{NodeID: "node-a", Hostname: "host-a", Epoch: 4, AcquiredAt: time.Now(), LeaseAge: 3}}})
 	code, _, errs := cli("--socket", sock, "map", "rbd/img")
 	if code != exitClaimed || !strings.HasPrefix(errs, "rbd-owner map: rbd/img is held by node node-a") || !strings.Contains(errs, "(live); "+next) ||
 		strings.Contains(errs, "release --force") || strings.Count(strings.TrimSpace(errs), "\n") != 0 {
@@ -117,6 +120,7 @@ func TestClaimedElsewhereWhileWatchingTheLease(t *testing.T) {
 	sock, _ := serve(t, 409, api.ErrorBody{Error: &api.Error{Code: api.CodeClaimedElsewhere,
 		Message: "acquire rbd/k8s1: rbd/k8s1 is held (rwo) by node node-a (host node-a, addr 203.0.113.11) at epoch 7 since 2026-12-06T04:01:43Z " +
 			"(live: watching node node-a's lease; a takeover is possible in 35s unless it renews); " + next,
+		Image: "rbd/k8s1", Block: "lease_live", Reason: next,
 		Owner:             &api.Owner{NodeID: "node-a", Hostname: "node-a", Epoch: 7, AcquiredAt: time.Now(), LeaseAge: 3},
 		RetryAfterSeconds: 35}})
 	code, _, errs := cli("--socket", sock, "map", "rbd/k8s1")
@@ -127,18 +131,17 @@ func TestClaimedElsewhereWhileWatchingTheLease(t *testing.T) {
 	}
 }
 
-func TestCutOutsideParens(t *testing.T) {
-	for _, tc := range []struct{ in, before, after string }{
-		{"a (b; c); d; e", "a (b; c)", "d; e"},
-		{"a; b", "a", "b"},
-		{"a (b; (c; d)); e", "a (b; (c; d))", "e"},
-		{"a) b; c", "a) b", "c"}, // an unmatched ")" does not hide what follows
-		{"a (b; c", "a (b; c", ""},
-	} {
-		b, a, ok := cutOutsideParens(tc.in, "; ")
-		if b != tc.before || a != tc.after || ok != (tc.after != "") {
-			t.Errorf("cutOutsideParens(%q) = %q, %q, %v; want %q, %q", tc.in, b, a, ok, tc.before, tc.after)
-		}
+// TestClaimedElsewhereReadsDataNotText: the line is made from the refusal's data; a message
+// worded otherwise (an agent's rewording) changes nothing in it.
+func TestClaimedElsewhereReadsDataNotText(t *testing.T) {
+	sock, _ := serve(t, 409, api.ErrorBody{Error: &api.Error{Code: api.CodeClaimedElsewhere, Message: "reworded; with (parentheses; and) semicolons; rbd/other is held",
+		Image: "rbd/img", Owner: &api.Owner{NodeID: "node-a", Hostname: "host-a", Epoch: 4, AcquiredAt: time.Now(), LeaseAge: 3},
+		NextSteps: []api.Step{{Run: "rbd-owner fence --node node-a", Why: "if node node-a is dead"}, {Why: "or set takeover_policy: after-fence"}}}})
+	code, _, errs := cli("--socket", sock, "map", "rbd/img")
+	want := "(live); run `rbd-owner fence --node node-a` (if node node-a is dead); or or set takeover_policy: after-fence\n"
+	if code != exitClaimed || !strings.HasPrefix(errs, "rbd-owner map: rbd/img is held by node node-a (host host-a) at epoch 4") || !strings.HasSuffix(errs, want) ||
+		strings.Contains(errs, "reworded") || strings.Contains(errs, "rbd/other") {
+		t.Fatalf("exit %d, stderr %q, want it to end with %q", code, errs, want)
 	}
 }
 
