@@ -16,6 +16,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/claim/memory"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/state"
@@ -48,7 +49,7 @@ func (g agent) RememberPool(state.Key) {}
 // rig is the in-memory cluster, a node holding images (node-a, at 10.0.0.1) and the admin
 // calls of another node (node-b), with what they audited.
 type rig struct {
-	m       *claim.Memory
+	m       *memory.Memory
 	a, b    *claim.Store
 	admin   *Admin
 	mu      sync.Mutex
@@ -57,7 +58,7 @@ type rig struct {
 
 func newRig(t *testing.T) *rig {
 	t.Helper()
-	r := &rig{m: claim.NewMemory("fsid")}
+	r := &rig{m: memory.New("fsid")}
 	store := func(id, addr string) *claim.Store {
 		s, err := claim.NewStoreOn(r.m, claim.Config{Node: claim.Node{ID: id, Hostname: "host-" + id, AgentVersion: "test",
 			Addr: func() string { return addr }}, Lease: 15 * time.Second, FenceExpiry: time.Hour})

@@ -12,6 +12,7 @@ import (
 	"github.com/ceph/go-ceph/rbd"
 
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
+	"github.com/rbd-owner/rbd-owner/agent/claim/radosbackend"
 	"github.com/rbd-owner/rbd-owner/agent/internal/cephtest"
 )
 
@@ -630,7 +631,7 @@ func TestImageInfoWithTheIDLastSeen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer io.Destroy()
-	b, err := NewRados(admin)
+	b, err := radosbackend.New(admin)
 	if err != nil {
 		t.Fatal(err)
 	}

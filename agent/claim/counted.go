@@ -3,6 +3,8 @@ package claim
 import (
 	"context"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
 
 // Counted wraps a Backend so that every operation it sends is counted by count(op, object):
@@ -64,7 +66,7 @@ func (c *counted) Pools(ctx context.Context) ([]string, error) {
 	return c.Backend.Pools(ctx)
 }
 
-func (c *counted) ImageInfo(ctx context.Context, img Image, knownID string) (imageInfo, error) {
+func (c *counted) ImageInfo(ctx context.Context, img Image, knownID string) (record.ImageInfo, error) {
 	c.count("image", "image")
 	return c.Backend.ImageInfo(ctx, img, knownID)
 }
@@ -82,7 +84,7 @@ func (c *counted) Blocklist(ctx context.Context, addr string, expire time.Durati
 // BlocklistClocked counts as Blocklist does, and tells the monitors' clock where the backend can.
 func (c *counted) BlocklistClocked(ctx context.Context, addr string, expire time.Duration) (time.Time, time.Time, error) {
 	c.count("blocklist", "none")
-	if ca, ok := c.Backend.(clockedAdder); ok {
+	if ca, ok := c.Backend.(record.ClockedAdder); ok {
 		return ca.BlocklistClocked(ctx, addr, expire)
 	}
 	until, err := c.Backend.Blocklist(ctx, addr, expire)

@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/memory"
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
 
 // pacificLs is `ceph osd blocklist ls -f json` as Ceph 16.2.15 printed it after
@@ -78,10 +81,10 @@ func TestCoveringFollowsTheOSDsRule(t *testing.T) {
 
 // afterFenceSetup: node-a holds img with its mapping recorded and renews; node-b has looked at
 // it, so its lease is live as node-b sees it.
-func afterFenceSetup(t *testing.T) (m *Memory, a, b *Store, img Image, epoch uint64) {
+func afterFenceSetup(t *testing.T) (m *memory.Memory, a, b *Store, img Image, epoch uint64) {
 	t.Helper()
 	ctx := context.Background()
-	m = NewMemory("fsid")
+	m = memory.New("fsid")
 	img = Image{Pool: "rbd", Image: "af"}
 	m.AddImage(img, "id1")
 	clk := newClock()
@@ -205,13 +208,13 @@ func TestCoverageNeedsTheHoldsOwnClient(t *testing.T) {
 // only that node's holds fenced, and the next map by another node takes them over.
 func TestNodeHoldsAndFenceNode(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	clk := newClock()
 	a := memNode(t, m, "node-a", clk)
 	a.cfg.Node.Addr = func() string { return "10.0.0.1" }
 	b := memNode(t, m, "node-b", clk)
 	imgs := []Image{{Pool: "rbd", Image: "one"}, {Pool: "rbd", Namespace: "ns1", Image: "two"}, {Pool: "other", Image: "three"}, {Pool: "rbd", Image: "gone"}}
-	m.namespaces["rbd"] = []string{"ns1"}
+	m.AddNamespace("rbd", "ns1")
 	for i, img := range imgs {
 		m.AddImage(img, "id"+img.Image)
 		r, err := a.Acquire(ctx, Request{Image: img})
@@ -280,10 +283,10 @@ func TestNodeHoldsAndFenceNode(t *testing.T) {
 // not taken for "no holds": the place is named as not read, with the way around it.
 func TestNodeHoldsSaysWhatItCannotSee(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	b := memNode(t, m, "node-b", newClock())
 	m.AddImage(Image{Pool: "rbd", Image: "x"}, "idx")
-	m.Put(Image{Pool: "rbd"}, heartbeatObject("node-old"), []byte(`{"format":2,"node_id":"node-old","seq":4,"agent_version":"0.9"}`))
+	m.Put(Image{Pool: "rbd"}, record.HeartbeatObject("node-old"), []byte(`{"format":2,"node_id":"node-old","seq":4,"agent_version":"0.9"}`))
 	holds, errs := b.NodeHolds(ctx, "node-old")
 	if len(holds) != 0 || len(errs) != 1 || !strings.Contains(errs[0].Error(), "written by an agent (0.9) that does not list its holds: fence them one at a time") {
 		t.Fatalf("an old agent's heartbeat: %v %v", holds, errs)
@@ -297,7 +300,7 @@ func TestNodeHoldsSaysWhatItCannotSee(t *testing.T) {
 // any other: the node's heartbeat lists it (written before the claim), so fence --node finds it.
 func TestAdoptionIsListedAmongTheNodesHolds(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	clk := newClock()
 	a, b := memNode(t, m, "node-a", clk), memNode(t, m, "node-b", clk)
 	img := Image{Pool: "rbd", Image: "adopted"}

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
 
 // acquireInput is everything the acquire decision looks at. It holds no connection and no
@@ -26,8 +28,8 @@ type acquireInput struct {
 	// off (Covering), as read once before the decision; CoverErr says why it could not be read.
 	Covered  map[string]BlockEntry
 	CoverErr error
-	Info     imageInfo // the image's id and the watchers of its header other than this client
-	Now      time.Time // this node's wall clock: only written into records, never compared
+	Info     record.ImageInfo // the image's id and the watchers of its header other than this client
+	Now      time.Time        // this node's wall clock: only written into records, never compared
 	// Leases is what this node's observer knows of each other holder's lease (by node id),
 	// judged on this node's monotonic clock alone. A holder without one counts as live.
 	Leases map[string]LeaseView
@@ -58,7 +60,7 @@ type acquirePlan struct {
 
 // fenceKey names one holder's hold for the Fenced set.
 func fenceKey(h Holder) string {
-	return h.NodeID + "@" + strconv.FormatUint(h.Epoch, 10) + "@" + h.fenceAddr()
+	return h.NodeID + "@" + strconv.FormatUint(h.Epoch, 10) + "@" + h.FenceAddr()
 }
 
 // refresh renews h's lease at in.Now and brings its node facts up to date.
@@ -109,7 +111,7 @@ func decideAcquire(cur *Record, in acquireInput) (acquirePlan, error) {
 		return acquirePlan{}, fmt.Errorf("%w: %s has watchers no claim explains: %s (mapped or opened outside rbd-owner?)", ErrBusy, in.Image, strings.Join(w, ", "))
 	}
 	for _, h := range evict {
-		cur.without(h.NodeID)
+		cur.Without(h.NodeID)
 	}
 	cur.Epoch++
 	h := Holder{NodeID: in.Self, ReadOnly: in.ReadOnly, Epoch: cur.Epoch, AcquiredAt: in.Now}
@@ -128,7 +130,7 @@ func (in acquireInput) current(cur *Record) *Record {
 	if cur == nil {
 		cur = &Record{Format: FormatVersion, Ref: in.Image}
 	} else {
-		cur = cur.clone()
+		cur = cur.Clone()
 	}
 	if cur.ImageID != "" && cur.ImageID != in.Info.ID {
 		// the claim was for an older image of the same name, since deleted (an image with a
@@ -219,7 +221,7 @@ func (in acquireInput) takeable(cur *Record, h Holder) error {
 		// the holder's entry says when a takeover is possible (HeldError.Error): once
 		return in.held(cur, BlockLeaseLive, h.NodeID, fmt.Sprintf("takeover refused while node %s's lease is live as far as this node has seen: retry then", h.NodeID))
 	}
-	if h.fenceAddr() == "" {
+	if h.FenceAddr() == "" {
 		return in.held(cur, BlockNoFenceAddr, h.NodeID, fmt.Sprintf("takeover refused: node %s recorded no address to fence", h.NodeID))
 	}
 	if h.ClientAddr == "" && lv.Moved {
@@ -227,7 +229,7 @@ func (in acquireInput) takeable(cur *Record, h Holder) error {
 		// client of that host on this cluster, its agent's too; never that of a node
 		// seen alive within a lease, whatever this one hold's lease says
 		return in.held(cur, BlockAlive, h.NodeID, fmt.Sprintf("takeover refused: node %s recorded no mapping address, so its fence would be its whole address %s, and its heartbeat changed %s ago on this node's clock: it is alive; retry once its mapping is recorded or it stops",
-			h.NodeID, h.fenceAddr(), ceilSeconds(lv.MovedAgo)))
+			h.NodeID, h.FenceAddr(), record.CeilSeconds(lv.MovedAgo)))
 	}
 	return nil
 }

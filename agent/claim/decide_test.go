@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
 
 var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
@@ -13,7 +15,7 @@ func holder(node string, epoch uint64, renewed time.Time, addr string) Holder {
 }
 
 func input(self string, now time.Time) acquireInput {
-	return acquireInput{Self: self, FSID: "fsid-1", Image: Image{Pool: "rbd", Image: "img"}, Access: RWO, Info: imageInfo{ID: "id1"},
+	return acquireInput{Self: self, FSID: "fsid-1", Image: Image{Pool: "rbd", Image: "img"}, Access: RWO, Info: record.ImageInfo{ID: "id1"},
 		Now: now, Me: Holder{Hostname: self + ".example", LeaseSeconds: 15, AgentVersion: "t"}, Fenced: map[string]bool{}}
 }
 
@@ -117,11 +119,11 @@ func TestDecideAcquire(t *testing.T) {
 		}
 		var before []byte
 		if tc.cur != nil {
-			before, _ = encode(tc.cur)
+			before, _ = record.Encode(tc.cur)
 		}
 		plan, err := decideAcquire(tc.cur, in)
 		if tc.cur != nil {
-			if after, _ := encode(tc.cur); string(after) != string(before) {
+			if after, _ := record.Encode(tc.cur); string(after) != string(before) {
 				t.Errorf("%s: the input record was modified", tc.name)
 			}
 		}
@@ -160,7 +162,7 @@ func TestDecideMine(t *testing.T) {
 	if h, err := decideMine(img, rec, "node-a", 5); err != nil || h.NodeID != "node-a" {
 		t.Fatalf("holder at its epoch: %v %v", h, err)
 	}
-	fenced := rec.clone()
+	fenced := rec.Clone()
 	fenced.Holders[0].Fenced = true
 	for name, tc := range map[string]struct {
 		rec   *Record
@@ -189,7 +191,7 @@ func TestFenceAddr(t *testing.T) {
 		{Holder{NodeAddr: "[2001:db8::1]"}, "[2001:db8::1]:0/0"},
 		{Holder{}, ""},
 	} {
-		if got := tc.h.fenceAddr(); got != tc.want {
+		if got := tc.h.FenceAddr(); got != tc.want {
 			t.Errorf("%+v: %q, want %q", tc.h, got, tc.want)
 		}
 	}
@@ -232,8 +234,8 @@ func TestDecideAcquireAgainForgetsTheOldMapping(t *testing.T) {
 	if !plan.Again || h.Epoch != 4 || h.ClientAddr != "" || h.Device != "" || plan.Holder.ClientAddr != "" {
 		t.Fatalf("again: %+v (plan holder %+v)", h, plan.Holder)
 	}
-	if h.fenceAddr() != "10.0.0.1:0/0" {
-		t.Fatalf("until the new mapping is recorded a takeover fences the whole node, not %q", h.fenceAddr())
+	if h.FenceAddr() != "10.0.0.1:0/0" {
+		t.Fatalf("until the new mapping is recorded a takeover fences the whole node, not %q", h.FenceAddr())
 	}
 	if cur.Holders[0].ClientAddr != "10.0.0.1:0/111" {
 		t.Fatal("the decision changed the record it was given")

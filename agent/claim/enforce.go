@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
 
 // The blocklist as the cluster enforces it. A fence recorded in a claim is a desired fact; the
@@ -89,17 +91,6 @@ func (f EntryFault) String() string {
 		return fmt.Sprintf("%s of %s was listed only until %s (the claim said %s): %s, listed until %s", what, f.Image, stamp(f.Listed), stamp(f.Recorded), f.How, stamp(f.Now))
 	}
 	return fmt.Sprintf("%s of %s is listed only until %s (the claim said %s) and was not lengthened: %s", what, f.Image, stamp(f.Listed), stamp(f.Recorded), f.Why)
-}
-
-// Described is the kept fence as a person reads it.
-func (k KeptFence) Described() string {
-	switch {
-	case k.Intruder:
-		return fmt.Sprintf("the fence of node %s's mapping %s made outside rbd-owner", k.NodeID, k.Addr)
-	case Fence{Addr: k.Addr}.WholeNode():
-		return fmt.Sprintf("node %s's whole-node fence %s", k.NodeID, k.Addr)
-	}
-	return fmt.Sprintf("node %s's fence %s", k.NodeID, k.Addr)
 }
 
 func stamp(t time.Time) string {
@@ -195,7 +186,7 @@ func (s *Store) learnMonClock(until time.Time, expire, before time.Duration) {
 
 // exactEntry is addr's own entry in entries (not a wider one).
 func exactEntry(entries []BlockEntry, addr string) (BlockEntry, bool) {
-	a := bareAddr(addr)
+	a := record.BareAddr(addr)
 	for _, e := range entries {
 		if !e.Range.IsValid() && e.Addr == a {
 			return e, true
@@ -234,7 +225,7 @@ func (s *Store) add(ctx context.Context, addr string, absent bool) (time.Time, e
 	before := s.cfg.Mono()
 	var until, monNow time.Time
 	var err error
-	if ca, ok := s.b.(clockedAdder); ok {
+	if ca, ok := s.b.(record.ClockedAdder); ok {
 		until, monNow, err = ca.BlocklistClocked(ctx, addr, s.cfg.FenceExpiry)
 	} else {
 		until, err = s.b.Blocklist(ctx, addr, s.cfg.FenceExpiry)
@@ -318,7 +309,7 @@ func (s *Store) ensure(ctx context.Context, addr string, e BlockEntry, st entryS
 	case swapNeedsMark:
 		return e.Until, "", errNeedsMark{addr: addr}
 	}
-	if cover, ok := coveringNode(entries, addr); ok {
+	if cover, ok := record.CoveringNode(entries, addr); ok {
 		return s.swap(ctx, addr, "removed and added again while "+cover.String()+" cut the same client")
 	}
 	cover, isRange, why := s.coverFor(addr)
@@ -347,7 +338,7 @@ func (s *Store) fenceEntry(ctx context.Context, addr string, mode enforceMode, d
 		if s.lengthened(until) && s.monKnown() {
 			return until, false, nil
 		}
-		entries = []BlockEntry{{Addr: bareAddr(addr), Until: until}}
+		entries = []BlockEntry{{Addr: record.BareAddr(addr), Until: until}}
 	}
 	le, st := s.judge(entries, addr, time.Time{})
 	until, _, err := s.ensure(ctx, addr, le, st, entries, mode, down)
@@ -382,12 +373,12 @@ func (s *Store) swap(ctx context.Context, addr, how string) (time.Time, string, 
 // cuts exactly the same clients (isRange). Never for this node's own ip (its agent's client
 // would be cut). "" and why not otherwise.
 func (s *Store) coverFor(addr string) (cover string, isRange bool, why string) {
-	ip, ok := addrIP(bareAddr(addr))
+	ip, ok := record.AddrIP(record.BareAddr(addr))
 	if !ok {
 		return "", false, "its address has no ip a cover could name"
 	}
 	for _, own := range []string{s.b.OwnAddr(), s.ownNodeAddr()} {
-		oip, ok := addrIP(bareAddr(own))
+		oip, ok := record.AddrIP(record.BareAddr(own))
 		if !ok {
 			oip, _ = netip.ParseAddr(own)
 		}
@@ -395,10 +386,10 @@ func (s *Store) coverFor(addr string) (cover string, isRange bool, why string) {
 			return "", false, "its node's ip is this node's own"
 		}
 	}
-	if bareAddr(addr) == wholeIP(ip) {
+	if record.BareAddr(addr) == record.WholeIP(ip) {
 		return netip.PrefixFrom(ip, ip.BitLen()).String(), true, ""
 	}
-	return wholeIP(ip), false, ""
+	return record.WholeIP(ip), false, ""
 }
 
 // ownNodeAddr is this node's source address toward the monitors ("" when unknown).
@@ -419,7 +410,7 @@ func (s *Store) swapCovered(ctx context.Context, addr, cover string, isRange boo
 	if err != nil {
 		return time.Time{}, "", fmt.Errorf("cover %s with %s to add it again for longer: %w", addr, cover, err)
 	}
-	if c, ok := coveringNode(entries, addr); ok {
+	if c, ok := record.CoveringNode(entries, addr); ok {
 		return s.swap(ctx, addr, "removed and added again while "+c.String()+" cut the same client")
 	}
 	var cu time.Time
@@ -436,7 +427,7 @@ func (s *Store) swapCovered(ctx context.Context, addr, cover string, isRange boo
 	if entries, err = s.blocklist(ctx); err != nil {
 		return time.Time{}, "", fmt.Errorf("cover %s with %s to add it again for longer: %w", addr, cover, err)
 	}
-	if _, ok := coveringNode(entries, addr); !ok {
+	if _, ok := record.CoveringNode(entries, addr); !ok {
 		return time.Time{}, "", fmt.Errorf("cover %s with %s to add it again for longer: the cover is not listed (until %s)", addr, cover, stamp(cu))
 	}
 	how := "removed and added again under a " + coverLife.String() + " entry for its whole node, " + cover + " (the node is not seen alive)"

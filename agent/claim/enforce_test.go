@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/memory"
 )
 
 // Fences as the cluster enforces them: the cases of the blocklist drifting from the claim
@@ -243,7 +245,7 @@ func TestAGoneFenceOfAnotherPartysEntryIsNotRemoved(t *testing.T) {
 // map elsewhere is refused while its lease is live, instead of taking it over and fencing
 // node-a's whole address once more.
 func TestUnfenceNodeUnmarksTheHoldItFenced(t *testing.T) {
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	clk := &nodeClock{wall: time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)}
 	m.SetClock(clk.Now)
 	ks := &keepScene{m: m, clk: clk, img: Image{Pool: "rbd", Image: "img"}}

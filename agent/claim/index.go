@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
 
 // The claim index. Every pool and namespace that has claim objects has one index object,
@@ -32,34 +34,10 @@ import (
 // index), "/swept" is the last sweep of the namespace (who, a sequence), so that the nodes of a
 // fleet sweep it about once per period between them rather than each one.
 
-// IndexObject is the name of the claim index of a pool and namespace.
-const IndexObject = "rbd-owner.claims"
-
-// NoticePrefix starts the name of every notice object: a node's id follows it (see Notice).
-const NoticePrefix = "rbd-owner.notice."
-
 const (
 	indexBuiltKey = "/built"
 	indexSweptKey = "/swept"
 )
-
-// ObjectKind names what an object of rbd-owner (or of RBD) is, from its name: "claim",
-// "heartbeat", "index", "notice", "image" (rbd_id, rbd_header) or "other". Ops are counted by it.
-func ObjectKind(oid string) string {
-	switch {
-	case strings.HasPrefix(oid, ObjectPrefix):
-		return "claim"
-	case strings.HasPrefix(oid, HeartbeatPrefix):
-		return "heartbeat"
-	case oid == IndexObject:
-		return "index"
-	case strings.HasPrefix(oid, NoticePrefix):
-		return "notice"
-	case strings.HasPrefix(oid, "rbd_id.") || strings.HasPrefix(oid, "rbd_header."):
-		return "image"
-	}
-	return "other"
-}
 
 // indexEntry is an index key's value: who indexed the claim, when (for people).
 type indexEntry struct {
@@ -95,7 +73,7 @@ func (s *Store) indexAdd(ctx context.Context, img Image) error {
 		return err
 	}
 	if _, err := s.b.SetKeys(ctx, img, IndexObject, map[string][]byte{img.Image: v}); err != nil {
-		return fmt.Errorf("index the claim of %s in %s: %w", img, poolNS(img), err)
+		return fmt.Errorf("index the claim of %s in %s: %w", img, record.PoolNS(img), err)
 	}
 	return nil
 }
@@ -105,7 +83,7 @@ func (s *Store) ReadIndex(ctx context.Context, pool, namespace string) (Index, e
 	loc := Image{Pool: pool, Namespace: namespace}
 	kv, ver, err := s.b.ReadKeys(ctx, loc, IndexObject, nil)
 	if err != nil {
-		return Index{}, fmt.Errorf("read the claim index of %s: %w", poolNS(loc), err)
+		return Index{}, fmt.Errorf("read the claim index of %s: %w", record.PoolNS(loc), err)
 	}
 	idx := Index{Pool: pool, Namespace: namespace, Version: ver}
 	for k, v := range kv {
@@ -134,7 +112,7 @@ func (s *Store) MarkSwept(ctx context.Context, pool, namespace string, seen uint
 	}
 	loc := Image{Pool: pool, Namespace: namespace}
 	if _, err := s.b.SetKeys(ctx, loc, IndexObject, map[string][]byte{indexSweptKey: v}); err != nil {
-		return fmt.Errorf("record the sweep of %s: %w", poolNS(loc), err)
+		return fmt.Errorf("record the sweep of %s: %w", record.PoolNS(loc), err)
 	}
 	return nil
 }
@@ -148,7 +126,7 @@ func (s *Store) BuildIndex(ctx context.Context, pool, namespace string, markEmpt
 	loc := Image{Pool: pool, Namespace: namespace}
 	imgs, err := s.b.Objects(ctx, pool, namespace)
 	if err != nil {
-		return 0, fmt.Errorf("build the claim index of %s: %w", poolNS(loc), err)
+		return 0, fmt.Errorf("build the claim index of %s: %w", record.PoolNS(loc), err)
 	}
 	if len(imgs) == 0 && !markEmpty {
 		// no claim here: a pool or namespace rbd-owner never used (another application's, say)
@@ -177,7 +155,7 @@ func (s *Store) BuildIndex(ctx context.Context, pool, namespace string, markEmpt
 			kv[indexBuiltKey] = mark
 		}
 		if _, err := s.b.SetKeys(ctx, loc, IndexObject, kv); err != nil {
-			return 0, fmt.Errorf("build the claim index of %s: %w", poolNS(loc), err)
+			return 0, fmt.Errorf("build the claim index of %s: %w", record.PoolNS(loc), err)
 		}
 		if last {
 			return len(imgs), nil
@@ -226,7 +204,7 @@ func (s *Store) SweptMark(ctx context.Context, pool, namespace string) (uint64, 
 	loc := Image{Pool: pool, Namespace: namespace}
 	kv, _, err := s.b.ReadKeys(ctx, loc, IndexObject, []string{indexSweptKey})
 	if err != nil {
-		return 0, fmt.Errorf("read the claim index of %s: %w", poolNS(loc), err)
+		return 0, fmt.Errorf("read the claim index of %s: %w", record.PoolNS(loc), err)
 	}
 	var m indexMark
 	if v, ok := kv[indexSweptKey]; ok && json.Unmarshal(v, &m) == nil {
@@ -272,9 +250,6 @@ type Notice struct {
 	At    time.Time `json:"at"`
 }
 
-// noticeObject is the name of node's notice object.
-func noticeObject(node string) string { return NoticePrefix + node }
-
 // notify leaves a notice of what was done to each holder of img, this node included (an admin
 // may fence this node's own hold from it), and returns the errors (the change itself is done).
 // A notice that could not be written is kept and tried again by RetryNotices; one lost all
@@ -316,7 +291,7 @@ type pendingNotice struct {
 const maxPendingNotices = 4096
 
 func (s *Store) leaveNotice(ctx context.Context, p pendingNotice) error {
-	if _, err := s.b.SetKeys(ctx, p.img, noticeObject(p.node), map[string][]byte{p.img.Image: p.value}); err != nil {
+	if _, err := s.b.SetKeys(ctx, p.img, record.NoticeObject(p.node), map[string][]byte{p.img.Image: p.value}); err != nil {
 		return fmt.Errorf("tell node %s that its hold on %s changed: %w", p.node, p.img, err)
 	}
 	return nil
@@ -352,9 +327,9 @@ func (s *Store) RetryNotices(ctx context.Context) (int, []error) {
 // (for ClearNotices); none when there is no notice object.
 func (s *Store) Notices(ctx context.Context, pool, namespace string) ([]Notice, uint64, error) {
 	loc := Image{Pool: pool, Namespace: namespace}
-	kv, ver, err := s.b.ReadKeys(ctx, loc, noticeObject(s.cfg.Node.ID), nil)
+	kv, ver, err := s.b.ReadKeys(ctx, loc, record.NoticeObject(s.cfg.Node.ID), nil)
 	if err != nil {
-		return nil, 0, fmt.Errorf("read this node's notices in %s: %w", poolNS(loc), err)
+		return nil, 0, fmt.Errorf("read this node's notices in %s: %w", record.PoolNS(loc), err)
 	}
 	out := make([]Notice, 0, len(kv))
 	for k, v := range kv {
@@ -375,9 +350,9 @@ func (s *Store) ClearNotices(ctx context.Context, pool, namespace string, images
 		return nil
 	}
 	loc := Image{Pool: pool, Namespace: namespace}
-	err := s.b.RemoveKeys(ctx, loc, noticeObject(s.cfg.Node.ID), images, ver)
+	err := s.b.RemoveKeys(ctx, loc, record.NoticeObject(s.cfg.Node.ID), images, ver)
 	if err != nil && !errors.Is(err, ErrConflict) {
-		return fmt.Errorf("clear this node's notices in %s: %w", poolNS(loc), err)
+		return fmt.Errorf("clear this node's notices in %s: %w", record.PoolNS(loc), err)
 	}
 	return nil
 }

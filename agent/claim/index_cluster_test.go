@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rbd-owner/rbd-owner/agent/claim/radosbackend"
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 	"github.com/rbd-owner/rbd-owner/agent/internal/cephtest"
 )
 
@@ -16,7 +18,7 @@ import (
 func TestIndexOnTheRealCluster(t *testing.T) {
 	pool := cephtest.TempPool(t)
 	conn := cephtest.Conn(t)
-	r, err := NewRados(conn)
+	r, err := radosbackend.New(conn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +39,7 @@ func TestIndexOnTheRealCluster(t *testing.T) {
 	for i := range n {
 		img := Image{Pool: pool, Image: fmt.Sprintf("old-%04d", i)}
 		rec := fmt.Appendf(nil, `{"format": 2, "pool": %q, "image": %q, "image_id": "x%d", "epoch": 1}`, pool, img.Image, i)
-		if _, err := r.CompareAndWrite(ctx, img, objectOf(img), 0, rec); err != nil {
+		if _, err := r.CompareAndWrite(ctx, img, record.ObjectOf(img), 0, rec); err != nil {
 			t.Fatal(err)
 		}
 	}

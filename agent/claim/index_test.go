@@ -9,13 +9,16 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/memory"
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
 
 // TestAClaimIsIndexedBeforeItsObjectExists: the first acquire sets the image's index key before
 // it creates the claim object (I1), and an index that cannot be written leaves no claim object.
 func TestAClaimIsIndexedBeforeItsObjectExists(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	img := Image{Pool: "rbd", Namespace: "ns1", Image: "vol"}
 	m.AddImage(img, "id1")
 	a := memNode(t, m, "node-a", newClock())
@@ -80,7 +83,7 @@ func TestAClaimIsIndexedBeforeItsObjectExists(t *testing.T) {
 // once, and the records it finds are listed from then on without another.
 func TestListingReadsTheIndexNotThePool(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	clk := newClock()
 	var built []string
 	a, err := NewStoreOn(m, Config{Node: Node{ID: "node-a"}, Lease: 15 * time.Second, Now: clk.Now, Mono: clk.Mono,
@@ -94,7 +97,7 @@ func TestListingReadsTheIndexNotThePool(t *testing.T) {
 	old := []Image{{Pool: "rbd", Image: "old1"}, {Pool: "rbd", Namespace: "ns1", Image: "old2"}}
 	for _, img := range old {
 		m.AddImage(img, "id-"+img.Image)
-		m.Put(img, objectOf(img), fmt.Appendf(nil, `{"format": 2, "pool": %q, "namespace": %q, "image": %q, "image_id": "id-%s", "epoch": 1}`,
+		m.Put(img, record.ObjectOf(img), fmt.Appendf(nil, `{"format": 2, "pool": %q, "namespace": %q, "image": %q, "image_id": "id-%s", "epoch": 1}`,
 			img.Pool, img.Namespace, img.Image, img.Image))
 	}
 	recs, err := a.List(ctx, "rbd")
@@ -137,7 +140,7 @@ func TestListingReadsTheIndexNotThePool(t *testing.T) {
 // gone (I3), never while an acquire may be between its two writes.
 func TestOrphanRemovalDropsItsIndexKeyAndStaleKeysGoWithTheirImage(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	a := memNode(t, m, "node-a", newClock())
 	img := Image{Pool: "rbd", Image: "gone"}
 	m.AddImage(img, "id1")
@@ -181,7 +184,7 @@ func TestOrphanRemovalDropsItsIndexKeyAndStaleKeysGoWithTheirImage(t *testing.T)
 // after it was read (another writer indexed again): the drop asserts the index's version.
 func TestStaleKeyIsNotDroppedWhenTheIndexMoved(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	a := memNode(t, m, "node-a", newClock())
 	img := Image{Pool: "rbd", Image: "race"}
 	m.AddImage(img, "id1")
@@ -212,7 +215,7 @@ func TestStaleKeyIsNotDroppedWhenTheIndexMoved(t *testing.T) {
 // claim's write; the holder reads them and clears what it handled.
 func TestNoticesAreLeftForTheNodeWhoseHoldChanged(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	img := Image{Pool: "rbd", Namespace: "ns", Image: "n"}
 	m.AddImage(img, "id1")
 	clkA, clkB := newClock(), newClock()
@@ -283,7 +286,7 @@ func TestNoticesAreLeftForTheNodeWhoseHoldChanged(t *testing.T) {
 // takeover stands, and the notice is written by a later try.
 func TestNoticeFailureDoesNotUndoTheChange(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	img := Image{Pool: "rbd", Image: "f"}
 	m.AddImage(img, "id1")
 	clkA, clkB := newClock(), newClock()
@@ -333,7 +336,7 @@ func TestNoticeFailureDoesNotUndoTheChange(t *testing.T) {
 // one write against the version it wrote, and reads again only when another writer came between.
 func TestHeartbeatWritesWithoutReading(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	m.AddImage(Image{Pool: "rbd", Image: "x"}, "id")
 	a := memNode(t, m, "node-a", newClock())
 	for range 3 {
@@ -346,12 +349,12 @@ func TestHeartbeatWritesWithoutReading(t *testing.T) {
 	}
 	// another writer (a second agent given the same node id, or a person) moves it on
 	loc := Image{Pool: "rbd"}
-	data, _, _ := m.Read(ctx, loc, heartbeatObject("node-a"))
-	m.Put(loc, heartbeatObject("node-a"), data)
+	data, _, _ := m.Read(ctx, loc, record.HeartbeatObject("node-a"))
+	m.Put(loc, record.HeartbeatObject("node-a"), data)
 	if err := a.Heartbeat(ctx, "rbd", ""); err != nil {
 		t.Fatal(err)
 	}
-	data, _, _ = m.Read(ctx, loc, heartbeatObject("node-a"))
+	data, _, _ = m.Read(ctx, loc, record.HeartbeatObject("node-a"))
 	hb, err := decodeHeartbeat(data)
 	if err != nil || hb.Seq != 4 {
 		t.Fatalf("heartbeat after a foreign write: %+v %v, want seq 4", hb, err)
@@ -363,7 +366,7 @@ func TestHeartbeatWritesWithoutReading(t *testing.T) {
 // and an orphan removal leaves the key while an image has the name (model/index.pml, t and u).
 func TestAClaimOfARecreatedImageIsKeyedAgain(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	a := memNode(t, m, "node-a", newClock())
 	img := Image{Pool: "rbd", Image: "again"}
 	m.AddImage(img, "id1")
@@ -410,7 +413,7 @@ func TestAClaimOfARecreatedImageIsKeyedAgain(t *testing.T) {
 // were then removed, keys the claim again before it creates it (model/index.pml, r).
 func TestARetriedCreateIsKeyedAgain(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	a := memNode(t, m, "node-a", newClock())
 	img := Image{Pool: "rbd", Image: "retry"}
 	m.AddImage(img, "id1")
@@ -419,10 +422,10 @@ func TestARetriedCreateIsKeyedAgain(t *testing.T) {
 		switch {
 		case call == "write" && im == img && step == 0: // the claim's first create...
 			step++
-			m.Put(img, objectOf(img), []byte(`{"format": 3}`)) // ...loses to another writer's
+			m.Put(img, record.ObjectOf(img), []byte(`{"format": 3}`)) // ...loses to another writer's
 		case call == "read" && im == img && step == 1: // before the retry's read, a removal takes
 			step++ // the object and its key
-			m.Remove(img, objectOf(img))
+			m.Remove(img, record.ObjectOf(img))
 			_, v, _ := m.ReadKeys(context.Background(), img, IndexObject, nil)
 			if err := m.RemoveKeys(context.Background(), img, IndexObject, []string{"retry"}, v); err != nil {
 				t.Error(err)

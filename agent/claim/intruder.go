@@ -6,39 +6,9 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
-
-// Intruder is a mapping made outside rbd-owner that its node's agent fenced because the image
-// was held by another node (or by another device of that node). It is kept in the image's
-// claim record, so that the cluster-wide view shows it, until an admin unfences it.
-type Intruder struct {
-	NodeID string `json:"node_id"` // where it was mapped
-	Device string `json:"device"`
-	Addr   string `json:"addr"` // its kernel client's address: what was blocklisted
-	// SharedClient: its kernel client served other mappings too (mapped without noshare), and
-	// they were fenced with it.
-	SharedClient bool      `json:"shared_client,omitempty"`
-	Holders      string    `json:"holders"` // who held the image then, "node@epoch,…"
-	At           time.Time `json:"at"`
-	Expires      time.Time `json:"expires"`
-	// BootID is its node's boot id when it was fenced, Incarnation its agent's: a reboot since
-	// ends the mapping, and then its record (see KeepFences).
-	BootID      string `json:"boot_id,omitempty"`
-	Incarnation string `json:"incarnation,omitempty"`
-}
-
-// addIntruder records in, replacing an entry for the same address. Intruders are never
-// trimmed: each one's blocklist entry is kept alive while it is listed (KeepFences), until its
-// node's agent unfences it or its node reboots.
-func (r *Record) addIntruder(in Intruder) {
-	kept := r.Intruders[:0]
-	for _, o := range r.Intruders {
-		if o.Addr != in.Addr {
-			kept = append(kept, o)
-		}
-	}
-	r.Intruders = append(kept, in)
-}
 
 // Unmanaged is a krbd mapping this node's agent did not make, as the kernel describes it.
 type Unmanaged struct {
@@ -198,7 +168,7 @@ type UnmanagedResult struct {
 // node with this mapping already recorded (adopt-or-fence). Nothing is written for a report or
 // for this node's own mapping.
 func (s *Store) Unmanaged(ctx context.Context, u Unmanaged, policy UnmanagedPolicy) (*UnmanagedResult, error) {
-	if err := validateImage(u.Image); err != nil {
+	if err := record.ValidateImage(u.Image); err != nil {
 		return nil, fmt.Errorf("unmanaged mapping of %s: %w", u.Image, err)
 	}
 	if u.ClientAddr == "" {
@@ -234,7 +204,7 @@ type unmanagedCall struct {
 	res     UnmanagedResult
 	decided bool                 // the claim was read and judged
 	fenced  *Intruder            // set once its client is blocklisted
-	info    *imageInfo           // read once, only if an adoption is considered
+	info    *record.ImageInfo    // read once, only if an adoption is considered
 	renewed map[string]time.Time // the record's live fences blocklisted again before an adoption
 }
 
@@ -274,7 +244,7 @@ func (c *unmanagedCall) fence(ctx context.Context, cur *Record) (*Record, error)
 	in := *c.fenced
 	in.Holders = holdersText(c.res.Holders)
 	c.res.Intruder = &in
-	cur.addIntruder(in)
+	cur.AddIntruder(in)
 	return cur, nil
 }
 

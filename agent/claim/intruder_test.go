@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
+	"github.com/rbd-owner/rbd-owner/agent/claim/memory"
 	"github.com/rbd-owner/rbd-owner/agent/internal/cephtest"
 )
 
@@ -178,7 +179,7 @@ func TestUnmanagedMappingOfAHeldImageIsFenced(t *testing.T) {
 // this node with its client recorded in one write; another unexplained watcher stops it; the
 // report policy writes nothing.
 func TestUnmanagedAdoptsAFreeImage(t *testing.T) {
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	clk := newClock()
 	b := memNode(t, m, "node-b", clk)
 	img := Image{Pool: "rbd", Image: "free"}
@@ -223,7 +224,7 @@ func TestUnmanagedAdoptsAFreeImage(t *testing.T) {
 // TestUnmanagedFenceRecordedEvenWhenTheWriteFails: a fence that was done is reported as done
 // when the claim could not be written afterwards.
 func TestUnmanagedFenceRecordedEvenWhenTheWriteFails(t *testing.T) {
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	clk := newClock()
 	a, b := memNode(t, m, "node-a", clk), memNode(t, m, "node-b", clk)
 	img := Image{Pool: "rbd", Image: "held"}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
 
 // Fence lifetimes. A blocklist entry expires (fence_expiry), and other parties remove or
@@ -110,14 +112,6 @@ func (r KeepReport) Unrepaired() int {
 	return n
 }
 
-// KeptFence is one live blocklist entry a record keeps: a fence or an intruder.
-type KeptFence struct {
-	NodeID   string
-	Addr     string
-	Expires  time.Time
-	Intruder bool
-}
-
 // entry is one live blocklist entry of a record, fence or intruder, as KeepFences sees it.
 type entry struct {
 	intruder bool
@@ -129,7 +123,7 @@ type entry struct {
 	expires  time.Time // as recorded
 }
 
-func (r *Record) liveEntries() []entry {
+func liveEntries(r *Record) []entry {
 	var out []entry
 	for _, f := range r.Fences {
 		if f.Live() {
@@ -152,12 +146,12 @@ func (s *Store) Due(img Image, rec *Record) bool {
 	if rec == nil {
 		return false
 	}
-	if len(rec.toLift()) > 0 {
+	if len(rec.ToLift()) > 0 {
 		return true
 	}
 	s.keepMu.Lock()
 	defer s.keepMu.Unlock()
-	for _, e := range rec.liveEntries() {
+	for _, e := range liveEntries(rec) {
 		if k, ok := s.kept[keepKey(img, e)]; s.dueAt(k, ok) {
 			return true
 		}
@@ -174,7 +168,7 @@ func (s *Store) Due(img Image, rec *Record) bool {
 // stays repaired even when the record could not be updated.
 func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 	var rep KeepReport
-	if err := validateImage(img); err != nil {
+	if err := record.ValidateImage(img); err != nil {
 		return rep, fmt.Errorf("keep fences of %s: %w", img, err)
 	}
 	cur, _, err := s.read(ctx, img)
@@ -213,7 +207,7 @@ func (s *Store) KeepFences(ctx context.Context, img Image) (KeepReport, error) {
 func (s *Store) unaddEnded(ctx context.Context, img Image, rec *Record, added map[string]bool, rep *KeepReport) []error {
 	var errs []error
 	for addr := range added {
-		if rec == nil || rec.keeps(addr) {
+		if rec == nil || keeps(rec, addr) {
 			continue
 		}
 		if err := s.b.Unblocklist(ctx, addr); err != nil {
@@ -245,13 +239,13 @@ func (s *Store) keepDue(ctx context.Context, img Image, cur *Record, rep *KeepRe
 	round := keepRound{added: map[string]bool{}, renewed: map[string]time.Time{}, gone: map[string]string{}, judged: map[string]time.Time{}, lifted: map[string]time.Time{}}
 	var due []entry
 	s.keepMu.Lock()
-	for _, e := range cur.liveEntries() {
+	for _, e := range liveEntries(cur) {
 		if at, ok := s.kept[keepKey(img, e)]; s.dueAt(at, ok) {
 			due = append(due, e)
 		}
 	}
 	s.keepMu.Unlock()
-	lift := cur.toLift()
+	lift := cur.ToLift()
 	if len(due)+len(lift) == 0 {
 		return round, nil
 	}
@@ -267,7 +261,7 @@ func (s *Store) keepDue(ctx context.Context, img Image, cur *Record, rep *KeepRe
 	}
 	for _, f := range lift {
 		// an entry a live fence or intruder of the same client needs is theirs now: not removed
-		if _, listed := exactEntry(entries, f.Addr); listed && !cur.keeps(f.Addr) {
+		if _, listed := exactEntry(entries, f.Addr); listed && !keeps(cur, f.Addr) {
 			if err := s.b.Unblocklist(ctx, f.Addr); err != nil {
 				errs = append(errs, fmt.Errorf("remove the entry of node %s's gone fence %s on %s: %w", f.NodeID, f.Addr, img, err))
 				continue
@@ -372,46 +366,14 @@ func (r keepRound) record(img Image, cur *Record, now time.Time, by string, rep 
 	return changed
 }
 
-// toLift lists the gone fences whose entries this project listed and has not removed yet (not
-// whole-node ones: `rbd-owner unfence --node` lifts those).
-func (r *Record) toLift() []Fence {
-	if r == nil {
-		return nil
-	}
-	var out []Fence
-	for _, f := range r.Fences {
-		if !f.Live() && f.Made && f.LiftedAt.IsZero() && !f.WholeNode() {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
 // keeps says whether a live fence or intruder of r needs addr's entry.
-func (r *Record) keeps(addr string) bool {
-	for _, e := range r.liveEntries() {
+func keeps(r *Record, addr string) bool {
+	for _, e := range liveEntries(r) {
 		if e.addr == addr {
 			return true
 		}
 	}
 	return false
-}
-
-// Kept lists the record's live fences and intruders: what must be kept on the blocklist.
-func (r *Record) Kept() []KeptFence {
-	if r == nil {
-		return nil
-	}
-	var out []KeptFence
-	for _, f := range r.Fences {
-		if f.Live() {
-			out = append(out, KeptFence{NodeID: f.NodeID, Addr: f.Addr, Expires: f.Expires})
-		}
-	}
-	for _, in := range r.Intruders {
-		out = append(out, KeptFence{NodeID: in.NodeID, Addr: in.Addr, Expires: in.Expires, Intruder: true})
-	}
-	return out
 }
 
 // renewDue checks every live fence and intruder of rec that this store has not checked within
@@ -431,7 +393,7 @@ func (s *Store) renewDue(ctx context.Context, img Image, rec *Record, done map[s
 	}
 	var due []entry
 	s.keepMu.Lock()
-	for _, e := range rec.liveEntries() {
+	for _, e := range liveEntries(rec) {
 		if _, ok := done[keepKey(img, e)]; ok {
 			continue
 		}
@@ -487,7 +449,7 @@ func (s *Store) fencedNode(ctx context.Context, img Image, e entry) (string, boo
 		why, err := s.rebooted(ctx, img, e, nil)
 		return why, false, err // this node is alive
 	}
-	data, ver, err := s.b.Read(ctx, img, heartbeatObject(e.node))
+	data, ver, err := s.b.Read(ctx, img, record.HeartbeatObject(e.node))
 	if err != nil {
 		return "", false, fmt.Errorf("liveness of fenced node %s: %w", e.node, err)
 	}
@@ -504,7 +466,7 @@ func (s *Store) fencedNode(ctx context.Context, img Image, e entry) (string, boo
 	// another agent under that node id says nothing of the fenced kernel: the fenced agent's
 	// silence goes on as first seen
 	other := hb != nil && e.inc != "" && hb.Incarnation != e.inc
-	return "", s.silentFor(poolNS(img)+"\x00"+e.node, heartbeatMark(ver, hb), other) >= s.cfg.Lease, nil
+	return "", s.silentFor(record.PoolNS(img)+"\x00"+e.node, heartbeatMark(ver, hb), other) >= s.cfg.Lease, nil
 }
 
 // silentFor notes a look at a node's heartbeat mark in a place and says for how long this store
@@ -555,7 +517,7 @@ func (s *Store) rebooted(ctx context.Context, img Image, e entry, read *heartbea
 		return "", nil
 	}
 	if read == nil {
-		data, _, err := s.b.Read(ctx, img, heartbeatObject(e.node))
+		data, _, err := s.b.Read(ctx, img, record.HeartbeatObject(e.node))
 		if err != nil {
 			return "", fmt.Errorf("liveness of fenced node %s: %w", e.node, err)
 		}
@@ -690,21 +652,6 @@ func (s *Store) UnfenceNode(ctx context.Context, node, why string, force bool) (
 	return res, nil
 }
 
-// unmarkFenced ends or unmarks node's hold whose fence (at addr) was lifted: a hold counts as
-// fenced only while its fence is in force. After a reboot its mapping is gone, so the hold ends;
-// forced, it is an ordinary hold again (its lease, and no whole-node fence of a node seen alive).
-func (r *Record) unmarkFenced(node, addr string, rebooted bool) {
-	h := r.Holder(node)
-	if h == nil || !h.Fenced || h.fenceAddr() != addr {
-		return
-	}
-	if rebooted {
-		r.without(node)
-		return
-	}
-	h.Fenced = false
-}
-
 // nodeFences finds node's whole-node fences in the claims of every pool of the cluster: the live
 // ones, each with whether its node is seen rebooted since, and the ended ones whose entry this
 // project listed and has not lifted yet.
@@ -765,7 +712,7 @@ func (s *Store) markLifted(ctx context.Context, node string, nf NodeFence, reaso
 		if !changed {
 			return nil, nil
 		}
-		cur.unmarkFenced(node, nf.Fence.Addr, nf.Rebooted != "")
+		cur.UnmarkFenced(node, nf.Fence.Addr, nf.Rebooted != "")
 		return cur, nil
 	})
 	return err

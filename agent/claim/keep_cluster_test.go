@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
+	"github.com/rbd-owner/rbd-owner/agent/claim/radosbackend"
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/internal/cephtest"
 )
@@ -24,7 +26,7 @@ import (
 // re-add would then be enough there).
 func TestBlocklistReaddKeepsTheOldExpiryOnTheRealCluster(t *testing.T) {
 	conn := cephtest.Conn(t)
-	r, err := NewRados(conn)
+	r, err := radosbackend.New(conn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +40,7 @@ func TestBlocklistReaddKeepsTheOldExpiryOnTheRealCluster(t *testing.T) {
 	if _, err := r.Blocklist(ctx(t), addr, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	listed, ok, err := r.blocklistExpiry(addr)
+	listed, ok, err := r.ListedUntil(addr)
 	if err != nil || !ok {
 		t.Fatalf("%s not listed after two adds: %v", addr, err)
 	}
@@ -52,7 +54,7 @@ func TestBlocklistReaddKeepsTheOldExpiryOnTheRealCluster(t *testing.T) {
 	if _, err := r.Blocklist(ctx(t), long, config.DefaultFenceExpiry.D()); err != nil {
 		t.Fatalf("a fence with the default fence_expiry (%s): %v", config.DefaultFenceExpiry.D(), err)
 	}
-	until, ok, err := r.blocklistExpiry(long)
+	until, ok, err := r.ListedUntil(long)
 	if err != nil || !ok {
 		t.Fatalf("%s not listed: %v", long, err)
 	}
@@ -236,11 +238,11 @@ func TestASwapMarkLeftBehindLapsesOnTheRealCluster(t *testing.T) {
 	if until, ok := listedUntil(t, d.Store, addr); !ok || time.Until(until) < 50*time.Minute {
 		t.Fatalf("after nodeD's claim: listed %v until %s; want added whole before it", ok, until)
 	}
-	data, _, err := d.b.Read(ctx(t), img, objectOf(img))
+	data, _, err := d.b.Read(ctx(t), img, record.ObjectOf(img))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := decode(data); err != nil || got.Swap != nil || got.Format != FormatVersion {
+	if got, err := record.Decode(data); err != nil || got.Swap != nil || got.Format != FormatVersion {
 		t.Fatalf("nodeD's claim left %s", data)
 	}
 }

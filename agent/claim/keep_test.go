@@ -8,6 +8,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/memory"
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
 
 // Fence lifetimes: which fences are kept, when they are renewed, and what ends them.
@@ -15,7 +18,7 @@ import (
 // keepScene: node-a held img with a mapping; node-b took it over (node-a's mapping fenced).
 // Both stores and the cluster share one clock (the monitors' and the nodes').
 type keepScene struct {
-	m      *Memory
+	m      *memory.Memory
 	clk    *nodeClock
 	a, b   *Store
 	img    Image
@@ -56,7 +59,7 @@ func newKeepSceneWith(t *testing.T, before func(*keepScene)) *keepScene {
 // recorded (and watching it), node-b has not looked yet.
 func newHeldScene(t *testing.T) *keepScene {
 	t.Helper()
-	ks := &keepScene{m: NewMemory("fsid"), clk: &nodeClock{wall: time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)},
+	ks := &keepScene{m: memory.New("fsid"), clk: &nodeClock{wall: time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)},
 		img: Image{Pool: "rbd", Image: "img"}, addr: "10.0.0.1:0/1001", bootA: "boot-a-1"}
 	ks.m.SetClock(ks.clk.Now)
 	ks.m.SetHook(func(_ context.Context, call string, _ Image) error {
@@ -273,24 +276,24 @@ func TestReleaseKeepsTheFencesAndEndsOnlyItsOwnMappings(t *testing.T) {
 // fences known gone are dropped, oldest first, beyond the history bound.
 func TestLiveFencesAreNeverTrimmed(t *testing.T) {
 	var r Record
-	for i := range maxFences + 4 {
-		r.addFence(Fence{NodeID: "n", Addr: fmt.Sprintf("10.0.0.9:0/%d", i), Gone: map[bool]string{true: "gone"}[i%2 == 0]})
+	for i := range record.MaxFences + 4 {
+		r.AddFence(Fence{NodeID: "n", Addr: fmt.Sprintf("10.0.0.9:0/%d", i), Gone: map[bool]string{true: "gone"}[i%2 == 0]})
 	}
 	live := len(r.LiveFences())
-	if live != (maxFences+4)/2 {
-		t.Fatalf("%d live fences kept of %d", live, (maxFences+4)/2)
+	if live != (record.MaxFences+4)/2 {
+		t.Fatalf("%d live fences kept of %d", live, (record.MaxFences+4)/2)
 	}
-	if len(r.Fences) != maxFences {
-		t.Fatalf("%d fences kept, want %d (gone ones trimmed)", len(r.Fences), maxFences)
+	if len(r.Fences) != record.MaxFences {
+		t.Fatalf("%d fences kept, want %d (gone ones trimmed)", len(r.Fences), record.MaxFences)
 	}
-	for i := range maxFences + 4 {
-		r.addFence(Fence{NodeID: "m", Addr: fmt.Sprintf("10.0.0.8:0/%d", i)})
+	for i := range record.MaxFences + 4 {
+		r.AddFence(Fence{NodeID: "m", Addr: fmt.Sprintf("10.0.0.8:0/%d", i)})
 	}
-	if got := len(r.LiveFences()); got != live+maxFences+4 {
-		t.Fatalf("%d live fences after %d more, want %d", got, maxFences+4, live+maxFences+4)
+	if got := len(r.LiveFences()); got != live+record.MaxFences+4 {
+		t.Fatalf("%d live fences after %d more, want %d", got, record.MaxFences+4, live+record.MaxFences+4)
 	}
-	r.addFence(Fence{NodeID: "m", Addr: "10.0.0.8:0/0", Epoch: 9}) // the same mapping fenced again
-	if got := len(r.LiveFences()); got != live+maxFences+4 {
+	r.AddFence(Fence{NodeID: "m", Addr: "10.0.0.8:0/0", Epoch: 9}) // the same mapping fenced again
+	if got := len(r.LiveFences()); got != live+record.MaxFences+4 {
 		t.Fatalf("a fence made again was added twice: %d", got)
 	}
 }
@@ -333,7 +336,7 @@ func TestIntruderOfARebootedNodeIsDropped(t *testing.T) {
 // over, fencing node-a's whole address.
 func wholeNodeScene(t *testing.T) *keepScene {
 	t.Helper()
-	ks := &keepScene{m: NewMemory("fsid"), clk: &nodeClock{wall: time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)},
+	ks := &keepScene{m: memory.New("fsid"), clk: &nodeClock{wall: time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)},
 		img: Image{Pool: "rbd", Namespace: "ns", Image: "img"}, addr: "10.0.0.1:0/0", bootA: "boot-a-1"}
 	ks.m.SetClock(ks.clk.Now)
 	ks.m.AddImage(ks.img, "id-img")

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
 
 // Liveness, without trusting clocks (sanlock's delta leases): each agent renews one heartbeat
@@ -23,9 +25,6 @@ import (
 // counter) for a whole lease, measured on its OWN monotonic clock from its first look. A holder
 // that renews in that window keeps the image, whatever either clock says. The timestamps in the
 // records are for people (and for reporting skew), never for a decision.
-
-// HeartbeatPrefix starts the name of every heartbeat object; the node id follows it.
-const HeartbeatPrefix = "rbd-owner.node."
 
 // Heartbeat is a node's liveness record in one pool and namespace.
 type Heartbeat struct {
@@ -55,9 +54,6 @@ type Heartbeat struct {
 	Places []string `json:"places,omitempty"`
 }
 
-// heartbeatObject is the name of node's heartbeat object.
-func heartbeatObject(node string) string { return HeartbeatPrefix + node }
-
 // Mark is what an observer compares between two looks at a holder's liveness: it changes at
 // every renewal, and never comes back.
 type Mark string
@@ -74,28 +70,6 @@ func heartbeatMark(ver uint64, hb *Heartbeat) Mark {
 // claim record): its renewals change the record's version and the holder's renewed_at.
 func legacyMark(ver uint64, h Holder) Mark {
 	return Mark(fmt.Sprintf("legacy/v%d/%s", ver, h.RenewedAt.UTC().Format(time.RFC3339Nano)))
-}
-
-// LeaseView is what an observer knows of one holder's lease.
-type LeaseView struct {
-	// Expired: the holder's liveness has not changed for a whole lease on this node's clock,
-	// watched on this very hold and looked at again at least once a lease.
-	Expired bool
-	// Unchanged is for how long this node has seen the same mark on this hold.
-	Unchanged time.Duration
-	// RetryAfter is how long until Expired, unless the holder renews (0 when expired).
-	RetryAfter time.Duration
-	// FirstLook is true when this look started the watch: the mark or the hold was new to this
-	// node, or its last look was more than a lease ago.
-	FirstLook bool
-	// Changed is true when the holder's heartbeat in this place differs from the one this node
-	// saw at its last look there, less than a lease ago: the holder renewed since.
-	Changed bool
-	// Moved is true when this node has seen the holder's heartbeat change, in any pool and
-	// namespace it watches, within the last lease on its own clock (MovedAgo ago): the node
-	// is alive, whatever this one hold's lease says.
-	Moved    bool
-	MovedAgo time.Duration
 }
 
 // Sighting is one look at a holder: which of its holds, and the mark of its heartbeat where
@@ -233,10 +207,10 @@ func (s *Store) leases(ctx context.Context, img Image, cur *Record, recordVer ui
 		lease := time.Duration(h.LeaseSeconds) * time.Second
 		var mark Mark
 		var hb *Heartbeat
-		if cur.Format == legacyFormat {
+		if cur.Format == record.LegacyFormat {
 			mark = legacyMark(recordVer, h)
 		} else {
-			data, ver, err := s.b.Read(ctx, img, heartbeatObject(h.NodeID))
+			data, ver, err := s.b.Read(ctx, img, record.HeartbeatObject(h.NodeID))
 			if err != nil {
 				return nil, fmt.Errorf("liveness of node %s: %w", h.NodeID, err)
 			}
@@ -255,10 +229,10 @@ func (s *Store) leases(ctx context.Context, img Image, cur *Record, recordVer ui
 			// are looked at too, so that Moved says whether it renews anywhere
 			s.seenElsewhere(ctx, img, h, hb, lease)
 		}
-		v := s.obs.Look(Sighting{Place: poolNS(img), Image: img.Image, Node: h.NodeID, Hold: holdOf(h), Mark: mark}, s.cfg.Mono(), lease)
+		v := s.obs.Look(Sighting{Place: record.PoolNS(img), Image: img.Image, Node: h.NodeID, Hold: holdOf(h), Mark: mark}, s.cfg.Mono(), lease)
 		// the same look tells a keeper of this holder's fence, should it be fenced, for how long
 		// its heartbeat has been silent (fencedNode)
-		s.silentFor(poolNS(img)+"\x00"+h.NodeID, mark, hb != nil && h.Incarnation != "" && hb.Incarnation != h.Incarnation)
+		s.silentFor(record.PoolNS(img)+"\x00"+h.NodeID, mark, hb != nil && h.Incarnation != "" && hb.Incarnation != h.Incarnation)
 		if v.Changed && hb != nil && s.cfg.OnSkew != nil {
 			skew := hb.RenewedAt.Sub(s.cfg.Now())
 			if skew <= time.Second && -skew <= lease/3 {
@@ -275,13 +249,13 @@ func (s *Store) leases(ctx context.Context, img Image, cur *Record, recordVer ui
 // lists, other than that one, so that the observer's Moved covers them (a heartbeat that cannot
 // be read there is skipped: the look proves nothing either way).
 func (s *Store) seenElsewhere(ctx context.Context, img Image, h Holder, hb *Heartbeat, lease time.Duration) {
-	here := poolNS(img)
+	here := record.PoolNS(img)
 	for _, p := range hb.Places {
 		if p == here || p == "" {
 			continue
 		}
 		loc := placeOf(p)
-		data, ver, err := s.b.Read(ctx, loc, heartbeatObject(h.NodeID))
+		data, ver, err := s.b.Read(ctx, loc, record.HeartbeatObject(h.NodeID))
 		if err != nil || data == nil {
 			continue
 		}
@@ -298,7 +272,7 @@ func (s *Store) seenElsewhere(ctx context.Context, img Image, h Holder, hb *Hear
 // (an observation not refreshed for a lease is dropped). It returns each other holder's lease
 // as this node sees it (none when the image is free or this node's alone).
 func (s *Store) Watch(ctx context.Context, img Image) (map[string]LeaseView, error) {
-	if err := validateImage(img); err != nil {
+	if err := record.ValidateImage(img); err != nil {
 		return nil, fmt.Errorf("watch %s: %w", img, err)
 	}
 	cur, ver, err := s.read(ctx, img)
@@ -320,7 +294,7 @@ func (s *Store) Watch(ctx context.Context, img Image) (map[string]LeaseView, err
 // when that write succeeded (else it writes again itself), so that many maps at once do not
 // race each other's compare.
 func (s *Store) Heartbeat(ctx context.Context, pool, namespace string) error {
-	key := poolNS(Image{Pool: pool, Namespace: namespace})
+	key := record.PoolNS(Image{Pool: pool, Namespace: namespace})
 	s.hbMu.Lock()
 	g := s.hbGates[key]
 	if g == nil {
@@ -363,8 +337,8 @@ type hbGate struct {
 // writeHeartbeat is one heartbeat write in a place (Heartbeat), with its compare's retries.
 func (s *Store) writeHeartbeat(ctx context.Context, pool, namespace string) error {
 	loc := Image{Pool: pool, Namespace: namespace}
-	oid := heartbeatObject(s.cfg.Node.ID)
-	key := poolNS(loc)
+	oid := record.HeartbeatObject(s.cfg.Node.ID)
+	key := record.PoolNS(loc)
 	for attempt := 0; attempt < 8; attempt++ {
 		s.hbMu.Lock()
 		last, cached := s.hbLast[key]
@@ -453,7 +427,7 @@ func placeOf(key string) Image {
 // heartbeat in its place. Acquire adds the image itself, before its claim; the agent adds the
 // holds it finds at its start (those of an agent before the list), and a release drops them.
 func (s *Store) NoteHold(img Image, add bool) {
-	key := poolNS(img)
+	key := record.PoolNS(img)
 	s.hbMu.Lock()
 	defer s.hbMu.Unlock()
 	if s.hbEdits[key] == nil {
@@ -465,7 +439,7 @@ func (s *Store) NoteHold(img Image, add bool) {
 // Holds are the images this node's last heartbeat in img's place listed, and the edits not
 // written yet (for tests and status).
 func (s *Store) Holds(pool, namespace string) []string {
-	key := poolNS(Image{Pool: pool, Namespace: namespace})
+	key := record.PoolNS(Image{Pool: pool, Namespace: namespace})
 	s.hbMu.Lock()
 	defer s.hbMu.Unlock()
 	return editHolds(slices.Clone(s.hbLast[key].hb.Holds), s.hbEdits[key])
@@ -475,7 +449,7 @@ func (s *Store) Holds(pool, namespace string) []string {
 // an edit to add it not written yet, or this store has not read or written its heartbeat
 // there yet (what an agent before it wrote may list it).
 func (s *Store) listedNow(img Image) bool {
-	key := poolNS(img)
+	key := record.PoolNS(img)
 	s.hbMu.Lock()
 	defer s.hbMu.Unlock()
 	if add, edited := s.hbEdits[key][img.Image]; edited {
@@ -496,7 +470,7 @@ func (s *Store) unlistUnsent(img Image, wasListed bool) {
 // mayList says whether this node's heartbeat in img's place may list img: it does, or it has
 // not been read or written by this store yet.
 func (s *Store) mayList(img Image) bool {
-	key := poolNS(img)
+	key := record.PoolNS(img)
 	s.hbMu.Lock()
 	defer s.hbMu.Unlock()
 	last, ok := s.hbLast[key]
@@ -544,11 +518,4 @@ func (s *Store) Check(ctx context.Context, img Image, epoch uint64) (*Record, er
 		return cur, fmt.Errorf("check %s: %w", img, err)
 	}
 	return cur, nil
-}
-
-func poolNS(loc Image) string {
-	if loc.Namespace == "" {
-		return loc.Pool
-	}
-	return loc.Pool + "/" + loc.Namespace
 }

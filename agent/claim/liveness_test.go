@@ -9,6 +9,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/memory"
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
 
 // nodeClock is one node's clocks: a wall clock that may be set anywhere (skewed, stepped
@@ -37,7 +40,7 @@ type skewSeen struct {
 }
 
 // leaseNode is a node with its own clocks on a shared in-memory cluster.
-func leaseNode(t *testing.T, m *Memory, id string, wall time.Time, skews *[]skewSeen) (*Store, *nodeClock) {
+func leaseNode(t *testing.T, m *memory.Memory, id string, wall time.Time, skews *[]skewSeen) (*Store, *nodeClock) {
 	t.Helper()
 	clk := &nodeClock{wall: wall}
 	cfg := Config{Node: Node{ID: id, Hostname: "host-" + id, AgentVersion: "test", Incarnation: "inc-" + id},
@@ -52,7 +55,7 @@ func leaseNode(t *testing.T, m *Memory, id string, wall time.Time, skews *[]skew
 	return s, clk
 }
 
-func heldImage(t *testing.T, m *Memory, a *Store) (Image, *Result) {
+func heldImage(t *testing.T, m *memory.Memory, a *Store) (Image, *Result) {
 	t.Helper()
 	img := Image{Pool: "rbd", Image: "img"}
 	m.AddImage(img, "id1")
@@ -77,7 +80,7 @@ func TestLeaseIgnoresClockSkew(t *testing.T) {
 	t0 := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	for _, skew := range []time.Duration{-10 * lease, -lease, -time.Second, 0, 2 * time.Second, lease, 10 * lease} {
 		t.Run(fmt.Sprint(skew), func(t *testing.T) {
-			m := NewMemory("fsid")
+			m := memory.New("fsid")
 			var skews []skewSeen
 			a, clkA := leaseNode(t, m, "node-a", t0, nil)
 			b, clkB := leaseNode(t, m, "node-b", t0.Add(skew), &skews)
@@ -134,7 +137,7 @@ func TestLeaseIgnoresClockSkew(t *testing.T) {
 // paused and resumes within the claimer's watch, keeps its image.
 func TestLeaseClockStepsAndPauses(t *testing.T) {
 	t0 := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	a, clkA := leaseNode(t, m, "node-a", t0, nil)
 	b, clkB := leaseNode(t, m, "node-b", t0, nil)
 	img, _ := heldImage(t, m, a)
@@ -163,7 +166,7 @@ func TestLeaseClockStepsAndPauses(t *testing.T) {
 // without its state has a new incarnation, and its first heartbeat counts as a renewal.
 func TestLeaseWatchStartsAgainAfterRestart(t *testing.T) {
 	t0 := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	a, _ := leaseNode(t, m, "node-a", t0, nil)
 	b, clkB := leaseNode(t, m, "node-b", t0, nil)
 	img, _ := heldImage(t, m, a)
@@ -193,7 +196,7 @@ func TestLeaseWatchStartsAgainAfterRestart(t *testing.T) {
 // format this agent does not know is refused, as older agents refuse this one's.
 func TestLegacyHolderRenewalsAreLiveness(t *testing.T) {
 	t0 := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	img := Image{Pool: "rbd", Image: "old"}
 	m.AddImage(img, "id-old")
 	legacy := func(renewed time.Time) []byte {
@@ -202,14 +205,14 @@ func TestLegacyHolderRenewalsAreLiveness(t *testing.T) {
 				"epoch": 3, "acquired_at": t0, "renewed_at": renewed, "lease_seconds": 15}}})
 		return b
 	}
-	m.Put(img, objectOf(img), legacy(t0))
+	m.Put(img, record.ObjectOf(img), legacy(t0))
 	b, clkB := leaseNode(t, m, "node-b", t0.Add(time.Hour), nil) // its clock far ahead
 	for i := range 4 {
 		if _, err := takeover(b, img); !errors.Is(err, ErrClaimedElsewhere) {
 			t.Fatalf("round %d: a renewing legacy holder was taken over: %v", i, err)
 		}
 		clkB.Advance(lease / 2)
-		m.Put(img, objectOf(img), legacy(t0.Add(time.Duration(i+1)*lease/2))) // the old agent renews its record
+		m.Put(img, record.ObjectOf(img), legacy(t0.Add(time.Duration(i+1)*lease/2))) // the old agent renews its record
 	}
 	if _, err := takeover(b, img); !errors.Is(err, ErrClaimedElsewhere) {
 		t.Fatal(err)
@@ -219,13 +222,13 @@ func TestLegacyHolderRenewalsAreLiveness(t *testing.T) {
 	if err != nil || r.Holder.Epoch != 4 || !m.Blocklisted("10.0.0.9:0/9") {
 		t.Fatalf("takeover of a silent legacy holder: %+v %v", r, err)
 	}
-	data, _, _ := m.Read(context.Background(), img, objectOf(img))
+	data, _, _ := m.Read(context.Background(), img, record.ObjectOf(img))
 	if !strings.Contains(string(data), fmt.Sprintf(`"format": %d`, FormatVersion)) {
 		t.Fatalf("the record was not rewritten in format %d: %s", FormatVersion, data)
 	}
 	// a future format is refused, never guessed at
 	future := SwapFormat + 1
-	m.Put(img, objectOf(img), fmt.Appendf(nil, `{"format": %d, "pool": "rbd", "image": "old"}`, future))
+	m.Put(img, record.ObjectOf(img), fmt.Appendf(nil, `{"format": %d, "pool": "rbd", "image": "old"}`, future))
 	if _, err := b.Inspect(context.Background(), img); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("format %d", future)) {
 		t.Fatalf("a format-%d record was read: %v", future, err)
 	}

@@ -7,10 +7,13 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/memory"
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
 
 // memNode is one node's Store on a shared in-memory cluster.
-func memNode(t *testing.T, m *Memory, id string, clk *clock) *Store {
+func memNode(t *testing.T, m *memory.Memory, id string, clk *clock) *Store {
 	t.Helper()
 	s, err := NewStoreOn(m, Config{Node: Node{ID: id, Hostname: "host-" + id, AgentVersion: "test"}, Lease: 15 * time.Second,
 		FenceExpiry: time.Hour, Now: clk.Now, Mono: clk.Mono})
@@ -23,33 +26,33 @@ func memNode(t *testing.T, m *Memory, id string, clk *clock) *Store {
 // TestMemoryVersionSemantics: the in-memory backend keeps RADOS's compare-and-set rules.
 func TestMemoryVersionSemantics(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	img := Image{Pool: "rbd", Image: "x"}
 	m.AddImage(img, "id1")
-	if _, err := m.CompareAndWrite(ctx, img, objectOf(img), 0, []byte("a")); err != nil {
+	if _, err := m.CompareAndWrite(ctx, img, record.ObjectOf(img), 0, []byte("a")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.CompareAndWrite(ctx, img, objectOf(img), 0, []byte("b")); !errors.Is(err, ErrConflict) {
+	if _, err := m.CompareAndWrite(ctx, img, record.ObjectOf(img), 0, []byte("b")); !errors.Is(err, ErrConflict) {
 		t.Fatalf("exclusive create of an existing object: %v", err)
 	}
-	_, v1, _ := m.Read(ctx, img, objectOf(img))
-	if _, err := m.CompareAndWrite(ctx, img, objectOf(img), v1+1, []byte("c")); !errors.Is(err, ErrConflict) {
+	_, v1, _ := m.Read(ctx, img, record.ObjectOf(img))
+	if _, err := m.CompareAndWrite(ctx, img, record.ObjectOf(img), v1+1, []byte("c")); !errors.Is(err, ErrConflict) {
 		t.Fatalf("write at a wrong version: %v", err)
 	}
-	if _, err := m.CompareAndWrite(ctx, img, objectOf(img), v1, []byte("d")); err != nil {
+	if _, err := m.CompareAndWrite(ctx, img, record.ObjectOf(img), v1, []byte("d")); err != nil {
 		t.Fatal(err)
 	}
-	data, v2, _ := m.Read(ctx, img, objectOf(img))
+	data, v2, _ := m.Read(ctx, img, record.ObjectOf(img))
 	if string(data) != "d" || v2 <= v1 {
 		t.Fatalf("after write: %q v%d (was v%d)", data, v2, v1)
 	}
-	if err := m.CompareAndRemove(ctx, img, objectOf(img), v1); !errors.Is(err, ErrConflict) {
+	if err := m.CompareAndRemove(ctx, img, record.ObjectOf(img), v1); !errors.Is(err, ErrConflict) {
 		t.Fatalf("remove at an old version: %v", err)
 	}
-	if err := m.CompareAndRemove(ctx, img, objectOf(img), v2); err != nil {
+	if err := m.CompareAndRemove(ctx, img, record.ObjectOf(img), v2); err != nil {
 		t.Fatal(err)
 	}
-	if d, v, err := m.Read(ctx, img, objectOf(img)); d != nil || v != 0 || err != nil {
+	if d, v, err := m.Read(ctx, img, record.ObjectOf(img)); d != nil || v != 0 || err != nil {
 		t.Fatalf("after remove: %q %d %v", d, v, err)
 	}
 }
@@ -57,7 +60,7 @@ func TestMemoryVersionSemantics(t *testing.T) {
 // TestMemoryRaceExactlyOneOwner: many nodes acquire one free image at once, round after round;
 // exactly one wins each round and every loser is told who.
 func TestMemoryRaceExactlyOneOwner(t *testing.T) {
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	clk := newClock()
 	img := Image{Pool: "rbd", Image: "race"}
 	m.AddImage(img, "id1")
@@ -120,7 +123,7 @@ func TestMemoryRaceExactlyOneOwner(t *testing.T) {
 // holder's mapping is blocklisted before the record changes hands.
 func TestMemoryTakeoverOnlyAfterExpiryAndFencesFirst(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	img := Image{Pool: "rbd", Image: "t"}
 	m.AddImage(img, "id1")
 	clkA, clkB := newClock(), newClock()
@@ -165,7 +168,7 @@ func TestMemoryTakeoverOnlyAfterExpiryAndFencesFirst(t *testing.T) {
 // TestMemoryStalledCluster: a call blocked in the cluster returns when its context ends, and
 // other images' calls are not held up by it.
 func TestMemoryStalledCluster(t *testing.T) {
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	clk := newClock()
 	slow, fast := Image{Pool: "rbd", Image: "slow"}, Image{Pool: "rbd", Image: "fast"}
 	m.AddImage(slow, "id1")
@@ -226,7 +229,7 @@ func TestReleaseOfALostHoldSaysWhy(t *testing.T) {
 		}, "node nodeB fenced this node's mapping 10.0.0.1:0/7 at " + at + ", took it over and has released it since"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := NewMemory("fsid")
+			m := memory.New("fsid")
 			img := Image{Pool: "rbd", Image: "x"}
 			m.AddImage(img, "id1")
 			a, b := memNode(t, m, "nodeA", clk), memNode(t, m, "nodeB", clk)

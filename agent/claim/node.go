@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
 
 // A node's holds, cluster-wide, without listing a pool: each node's heartbeat object in a pool
@@ -40,9 +42,9 @@ func (s *Store) ListedHolds(ctx context.Context, node string) ([]Image, []error)
 		}
 		for _, ns := range nss {
 			loc := Image{Pool: pool, Namespace: ns}
-			data, _, err := s.b.Read(ctx, loc, heartbeatObject(node))
+			data, _, err := s.b.Read(ctx, loc, record.HeartbeatObject(node))
 			if err != nil {
-				errs = append(errs, fmt.Errorf("holds of node %s in %s: %w", node, poolNS(loc), err))
+				errs = append(errs, fmt.Errorf("holds of node %s in %s: %w", node, record.PoolNS(loc), err))
 				continue
 			}
 			if data == nil {
@@ -50,12 +52,12 @@ func (s *Store) ListedHolds(ctx context.Context, node string) ([]Image, []error)
 			}
 			hb, err := decodeHeartbeat(data)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("holds of node %s in %s: %w", node, poolNS(loc), err))
+				errs = append(errs, fmt.Errorf("holds of node %s in %s: %w", node, record.PoolNS(loc), err))
 				continue
 			}
 			if !hb.HoldsListed {
 				errs = append(errs, fmt.Errorf("holds of node %s in %s: its heartbeat was written by an agent (%s) that does not list its holds: fence them one at a time (`rbd-owner fence IMAGE`, `rbd-owner claims --pool %s`)",
-					node, poolNS(loc), hb.AgentVersion, pool))
+					node, record.PoolNS(loc), hb.AgentVersion, pool))
 				continue
 			}
 			for _, name := range hb.Holds {

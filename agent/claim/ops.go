@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
 
 // Request asks for a hold on an image.
@@ -107,14 +109,14 @@ func (s *Store) acquireInput(ctx context.Context, req Request) (acquireInput, re
 	if access == ROX {
 		req.ReadOnly = true
 	}
-	if err := validateImage(req.Image); err != nil {
+	if err := record.ValidateImage(req.Image); err != nil {
 		return acquireInput{}, readResult{}, err
 	}
 	img := req.Image
 	listed := s.listedNow(img)
 	var (
 		round                   sync.WaitGroup
-		info                    imageInfo
+		info                    record.ImageInfo
 		first                   readResult
 		infoErr, hbErr, durable error
 	)
@@ -188,7 +190,7 @@ func (c *acquireCall) attempt(ctx context.Context, cur *Record, ver uint64) (*Re
 	}
 	var before *Record // the record decided on, to carry a swap mark
 	if cur != nil {
-		before = cur.clone()
+		before = cur.Clone()
 	}
 	leases, err := s.leases(ctx, c.img, cur, ver)
 	if err != nil {
@@ -259,7 +261,7 @@ func (c *acquireCall) fenceEvicted(ctx context.Context, plan acquirePlan, mode e
 			}
 			c.fences[fenceKey(h)], c.in.Fenced[fenceKey(h)] = f, true
 		}
-		plan.Next.addFence(f)
+		plan.Next.AddFence(f)
 		c.res.Fenced = append(c.res.Fenced, f)
 	}
 	return nil
@@ -279,7 +281,7 @@ func (s *Store) coverage(ctx context.Context, cur *Record) (map[string]BlockEntr
 		if h.ClientAddr == "" {
 			continue
 		}
-		if e, ok := coveringNode(entries, h.ClientAddr); ok {
+		if e, ok := record.CoveringNode(entries, h.ClientAddr); ok {
 			out[fenceKey(h)] = e
 		}
 	}
@@ -336,7 +338,7 @@ func (s *Store) refresh(h *Holder, now time.Time) {
 // with the expiry as listed, the boot id h recorded, and counted as kept by this store when it
 // is listed for long enough (else it is due at once).
 func (s *Store) fence(ctx context.Context, img Image, h Holder, now time.Time, mode enforceMode) (Fence, error) {
-	addr := h.fenceAddr()
+	addr := h.FenceAddr()
 	if addr == "" {
 		return Fence{}, fmt.Errorf("node %s recorded no address to fence", h.NodeID)
 	}
@@ -462,7 +464,7 @@ func (s *Store) ReleaseHold(ctx context.Context, img Image, epoch uint64) (Relea
 				f.Gone, f.GoneAt = fmt.Sprintf("node %s's agent unmapped %s (client %s) and released its hold", s.cfg.Node.ID, h.Device, h.ClientAddr), s.cfg.Now().UTC()
 			}
 		}
-		cur.without(s.cfg.Node.ID)
+		cur.Without(s.cfg.Node.ID)
 		res.Released, holdsNone = true, true
 		return cur, nil
 	})
@@ -533,7 +535,7 @@ func (s *Store) Unexplained(ctx context.Context, img Image, rec *Record) ([]stri
 
 // Inspect reads the image's claim record; ErrNoClaim when it has none.
 func (s *Store) Inspect(ctx context.Context, img Image) (*Record, error) {
-	if err := validateImage(img); err != nil {
+	if err := record.ValidateImage(img); err != nil {
 		return nil, fmt.Errorf("inspect %s: %w", img, err)
 	}
 	if err := ctx.Err(); err != nil {
@@ -719,7 +721,7 @@ func (c *fenceCall) decide(ctx context.Context, cur *Record) (*Record, error) {
 		}
 		mode = swapBare
 	}
-	before := cur.clone()
+	before := cur.Clone()
 	now := s.cfg.Now().UTC()
 	for i := range cur.Holders {
 		if node != "" && cur.Holders[i].NodeID != node {
@@ -737,7 +739,7 @@ func (c *fenceCall) decide(ctx context.Context, cur *Record) (*Record, error) {
 			return nil, err
 		}
 		cur.Holders[i].Fenced = true
-		cur.addFence(f)
+		cur.AddFence(f)
 		c.res.Fences = append(c.res.Fences, f)
 	}
 	cur.Swap = nil
@@ -816,7 +818,7 @@ func (s *Store) SweepOrphan(ctx context.Context, img Image) (bool, error) {
 }
 
 func (s *Store) removeOrphan(ctx context.Context, img Image, onlyFree bool) (bool, error) {
-	if err := validateImage(img); err != nil {
+	if err := record.ValidateImage(img); err != nil {
 		return false, fmt.Errorf("remove orphan %s: %w", img, err)
 	}
 	for attempt := 0; attempt < maxAttempts; attempt++ {
@@ -849,7 +851,7 @@ func (s *Store) removeOrphan(ctx context.Context, img Image, onlyFree bool) (boo
 		if err != nil {
 			return false, fmt.Errorf("remove orphan %s: %w", img, err)
 		}
-		err = s.b.CompareAndRemove(ctx, img, objectOf(img), ver)
+		err = s.b.CompareAndRemove(ctx, img, record.ObjectOf(img), ver)
 		if err == nil {
 			if idxVer != 0 && !named {
 				err := s.b.RemoveKeys(ctx, img, IndexObject, []string{img.Image}, idxVer)

@@ -8,6 +8,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/memory"
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
 
 // roundWait bounds every wait of these tests: far longer than any step takes, so that only a
@@ -18,7 +21,7 @@ const roundWait = 10 * time.Second
 // the caller's Durable at once: each of them here waits, in the backend, until all four have
 // started. Sent one after the other, the first would wait for ever (here: roundWait).
 func TestAcquireSendsItsFirstRoundAtOnce(t *testing.T) {
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	img := Image{Pool: "rbd", Image: "x"}
 	m.AddImage(img, "id1")
 	s := memNode(t, m, "a", newClock())
@@ -80,7 +83,7 @@ func TestAcquireWritesNothingBeforeDurable(t *testing.T) {
 	for _, fail := range []bool{false, true} {
 		t.Run(fmt.Sprintf("durable-fails=%v", fail), func(t *testing.T) {
 			ctx := context.Background()
-			m := NewMemory("fsid")
+			m := memory.New("fsid")
 			img := Image{Pool: "rbd", Image: "x"}
 			m.AddImage(img, "id1")
 			clk := newClock()
@@ -142,7 +145,7 @@ func TestAcquireWritesNothingBeforeDurable(t *testing.T) {
 // listed before (a hold this node has).
 func TestRefusedAcquireUnlistsOnlyItsOwnListing(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	x, y := Image{Pool: "rbd", Image: "x"}, Image{Pool: "rbd", Image: "y"}
 	m.AddImage(x, "id1")
 	m.AddImage(y, "id2")
@@ -173,7 +176,7 @@ func TestRefusedAcquireUnlistsOnlyItsOwnListing(t *testing.T) {
 func TestHeartbeatsAtOnceShareTheirWrites(t *testing.T) {
 	const callers = 64
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	m.AddImage(Image{Pool: "rbd", Image: "x"}, "id1")
 	s := memNode(t, m, "a", newClock())
 	gate := make(chan struct{})
@@ -194,7 +197,7 @@ func TestHeartbeatsAtOnceShareTheirWrites(t *testing.T) {
 			t.Fatalf("caller %d: %v", i, err)
 		}
 	}
-	data, _, err := m.Read(ctx, Image{Pool: "rbd"}, heartbeatObject("a"))
+	data, _, err := m.Read(ctx, Image{Pool: "rbd"}, record.HeartbeatObject("a"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +217,7 @@ func TestHeartbeatsAtOnceShareTheirWrites(t *testing.T) {
 // claim wrote: no read. Its release after it too.
 func TestSetMappingAfterTheClaimIsOneWrite(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	img := Image{Pool: "rbd", Image: "x"}
 	m.AddImage(img, "id1")
 	a := memNode(t, m, "a", newClock())
@@ -246,7 +249,7 @@ func TestSetMappingAfterTheClaimIsOneWrite(t *testing.T) {
 // read, never on the guess.
 func TestAGuessedRecordIsNeverTrustedForARefusal(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	img := Image{Pool: "rbd", Image: "x"}
 	m.AddImage(img, "id1")
 	clk := newClock()

@@ -7,6 +7,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/memory"
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
 
 // The lease rule when time passes between looks: a holder idle in a pool, an observation left
@@ -15,7 +18,7 @@ import (
 
 // addrNode is a lease node with a host address: a takeover of a hold with no mapping address
 // recorded would fence addr:0/0, every client of that host.
-func addrNode(t *testing.T, m *Memory, id, addr string, wall time.Time) (*Store, *nodeClock) {
+func addrNode(t *testing.T, m *memory.Memory, id, addr string, wall time.Time) (*Store, *nodeClock) {
 	t.Helper()
 	clk := &nodeClock{wall: wall}
 	s, err := NewStoreOn(m, Config{Node: Node{ID: id, Hostname: "host-" + id, AgentVersion: "test", Incarnation: "inc-" + id,
@@ -28,10 +31,10 @@ func addrNode(t *testing.T, m *Memory, id, addr string, wall time.Time) (*Store,
 
 // staleScene is node-a (10.0.0.1) and node-b (10.0.0.2) on one in-memory cluster, each on its own
 // clock from the same instant, with the given images created.
-func staleScene(t *testing.T, imgs ...Image) (m *Memory, a, b *Store, clkA, clkB *nodeClock) {
+func staleScene(t *testing.T, imgs ...Image) (m *memory.Memory, a, b *Store, clkA, clkB *nodeClock) {
 	t.Helper()
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	m = NewMemory("fsid")
+	m = memory.New("fsid")
 	a, clkA = addrNode(t, m, "node-a", "10.0.0.1", t0)
 	b, clkB = addrNode(t, m, "node-b", "10.0.0.2", t0)
 	for _, img := range imgs {
@@ -42,13 +45,12 @@ func staleScene(t *testing.T, imgs ...Image) (m *Memory, a, b *Store, clkA, clkB
 
 // anyBlocklisted returns the entries of m's blocklist that cut the host addr (its whole node,
 // or any of its clients).
-func anyBlocklisted(m *Memory, host string) []string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+func anyBlocklisted(m *memory.Memory, host string) []string {
+	entries, _ := m.BlocklistEntries(context.Background())
 	var out []string
-	for a := range m.blocklisted {
-		if strings.HasPrefix(a, host+":") {
-			out = append(out, a)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Addr, host+":") {
+			out = append(out, e.Addr)
 		}
 	}
 	return out
@@ -128,7 +130,7 @@ func errString(err error) string {
 // there is visible: the heartbeat is written first, and a claim whose heartbeat could not be
 // written is not made.
 func TestAcquireWritesHeartbeatFirst(t *testing.T) {
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	a, _ := addrNode(t, m, "node-a", "10.0.0.1", time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
 	ctx := context.Background()
 	img := Image{Pool: "rbd", Image: "x"}
@@ -174,7 +176,7 @@ func TestAcquireWritesHeartbeatFirst(t *testing.T) {
 // hold is no evidence about this one.
 func TestObservationOfAnEarlierHoldIsNotKept(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	a, _ := addrNode(t, m, "node-a", "10.0.0.1", t0)
 	b, clkB := addrNode(t, m, "node-b", "10.0.0.2", t0)
 	ctx := context.Background()
@@ -195,11 +197,11 @@ func TestObservationOfAnEarlierHoldIsNotKept(t *testing.T) {
 	rec.Epoch++
 	h := &rec.Holders[0]
 	h.Epoch, h.AcquiredAt, h.ClientAddr, h.Device = rec.Epoch, h.AcquiredAt.Add(lease/2), "", ""
-	data, err := encode(rec)
+	data, err := record.Encode(rec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Put(img, objectOf(img), data)
+	m.Put(img, record.ObjectOf(img), data)
 	clkB.Advance(lease/2 + time.Second)
 	if _, err := takeover(b, img); !errors.Is(err, ErrClaimedElsewhere) || anyBlocklisted(m, "10.0.0.1") != nil {
 		t.Fatalf("node-b judged node-a's new hold by what it saw of the old one: %v, fenced %v", err, anyBlocklisted(m, "10.0.0.1"))
@@ -211,7 +213,7 @@ func TestObservationOfAnEarlierHoldIsNotKept(t *testing.T) {
 // changed in between; a lease of looks later it may take over.
 func TestObservationNotRefreshedForALeaseExpires(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	a, _ := addrNode(t, m, "node-a", "10.0.0.1", t0)
 	b, clkB := addrNode(t, m, "node-b", "10.0.0.2", t0)
 	img, r := heldImage(t, m, a) // mapped as 10.0.0.1:0/1; node-a then stops

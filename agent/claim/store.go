@@ -20,6 +20,8 @@ import (
 
 	"github.com/ceph/go-ceph/rados"
 
+	"github.com/rbd-owner/rbd-owner/agent/claim/radosbackend"
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 )
 
@@ -124,7 +126,7 @@ const maxKnownIDs = 4096
 
 // NewStore returns a Store on a RADOS connection (owned by the caller).
 func NewStore(conn *rados.Conn, cfg Config) (*Store, error) {
-	b, err := NewRados(conn)
+	b, err := radosbackend.New(conn)
 	if err != nil {
 		return nil, err
 	}
@@ -179,13 +181,13 @@ type readResult struct {
 }
 
 func (s *Store) readAt(ctx context.Context, img Image) readResult {
-	data, ver, err := s.b.Read(ctx, img, objectOf(img))
+	data, ver, err := s.b.Read(ctx, img, record.ObjectOf(img))
 	if err != nil || data == nil {
 		return readResult{err: err}
 	}
-	rec, err := decode(data)
+	rec, err := record.Decode(data)
 	if err != nil {
-		return readResult{err: fmt.Errorf("read claim of %s (object %s): %w", img, objectOf(img), err)}
+		return readResult{err: fmt.Errorf("read claim of %s (object %s): %w", img, record.ObjectOf(img), err)}
 	}
 	return readResult{rec: rec, ver: ver}
 }
@@ -201,7 +203,7 @@ func (s *Store) remember(img Image, rec *Record, ver uint64) {
 	if len(s.recs) >= maxKnownIDs {
 		clear(s.recs)
 	}
-	s.recs[img] = readResult{rec: rec.clone(), ver: ver}
+	s.recs[img] = readResult{rec: rec.Clone(), ver: ver}
 }
 
 // lastSeen is the record last seen of img and its version (nil when none is remembered).
@@ -212,7 +214,7 @@ func (s *Store) lastSeen(img Image) *readResult {
 	if !ok {
 		return nil
 	}
-	r.rec = r.rec.clone()
+	r.rec = r.rec.Clone()
 	return &r
 }
 
@@ -224,11 +226,11 @@ func (s *Store) cas(ctx context.Context, img Image, ver uint64, rec *Record) err
 	if rec.Swap != nil {
 		rec.Format = SwapFormat // agents before the mark refuse it (swapmark.go)
 	}
-	data, err := encode(rec)
+	data, err := record.Encode(rec)
 	if err != nil {
 		return fmt.Errorf("write claim of %s: %w", img, err)
 	}
-	nv, err := s.b.CompareAndWrite(ctx, img, objectOf(img), ver, data)
+	nv, err := s.b.CompareAndWrite(ctx, img, record.ObjectOf(img), ver, data)
 	if err != nil {
 		s.remember(img, nil, 0) // lost, or its fate unknown: read it again next time
 		return err
@@ -268,7 +270,7 @@ func (s *Store) updateKnown(ctx context.Context, img Image, decide func(cur *Rec
 }
 
 func (s *Store) updateOn(ctx context.Context, img Image, first *readResult, guess bool, decide func(cur *Record, ver uint64) (*Record, error)) (*Record, error) {
-	if err := validateImage(img); err != nil {
+	if err := record.ValidateImage(img); err != nil {
 		return nil, err
 	}
 	for attempt := 0; attempt < maxAttempts; attempt++ {
@@ -291,7 +293,7 @@ func (s *Store) updateOn(ctx context.Context, img Image, first *readResult, gues
 		}
 		var in *Record
 		if cur != nil {
-			in = cur.clone()
+			in = cur.Clone()
 		}
 		next, err := decide(in, ver)
 		if guessing && (err != nil || next == nil) {
@@ -321,21 +323,15 @@ func (s *Store) updateOn(ctx context.Context, img Image, first *readResult, gues
 	return nil, fmt.Errorf("%w: claim of %s changed %d times in a row while writing", ErrBusy, img, maxAttempts)
 }
 
-// imageInfo is what the claim check needs to know about the image itself.
-type imageInfo struct {
-	ID       string
-	Watchers []string // client addresses watching the image header
-}
-
 // inspectImage checks that the image exists and lists its watchers, other than this client:
 // one round trip when the image still has the id this store last saw (Backend.ImageInfo).
-func (s *Store) inspectImage(ctx context.Context, img Image) (imageInfo, error) {
+func (s *Store) inspectImage(ctx context.Context, img Image) (record.ImageInfo, error) {
 	s.idMu.Lock()
 	known := s.ids[img]
 	s.idMu.Unlock()
 	info, err := s.b.ImageInfo(ctx, img, known)
 	if err != nil {
-		return imageInfo{}, err
+		return record.ImageInfo{}, err
 	}
 	if info.ID != known {
 		s.idMu.Lock()

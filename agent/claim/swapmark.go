@@ -30,20 +30,6 @@ import (
 // only within swapMarkLife/2 of writing the mark, on its own clock, and drops a mark it leaves
 // behind when its Acquire fails.
 
-// SwapMark is the note of a claimer that is removing and adding again a fence's entry before
-// its claim (see above).
-type SwapMark struct {
-	Node        string    `json:"node"`
-	Incarnation string    `json:"incarnation,omitempty"`
-	Token       string    `json:"token"` // the Acquire call's, so that its own attempts know it
-	Addrs       []string  `json:"addrs"` // the entries it removes and adds again
-	At          time.Time `json:"at"`    // on the marker's clock (for people; never judged)
-}
-
-// SwapFormat is the claim record's format while it carries a SwapMark (format 3 otherwise):
-// agents that read only formats 1 to 3 refuse it, rather than claim beside the swap.
-const SwapFormat = FormatVersion + 1
-
 // swapMarkLife is how long a mark is honoured, from each observer's first sight of it.
 const swapMarkLife = 2 * time.Minute
 

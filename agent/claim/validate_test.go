@@ -5,13 +5,15 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/memory"
 )
 
 // A claim's image is checked by image.Ref.Validate, the agent's one check of image names, and
 // a snapshot is refused: each refusal is ErrInvalid, says so once and names what is wrong.
 func TestClaimImageIsValidatedByImageRef(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory("fsid")
+	m := memory.New("fsid")
 	s := memNode(t, m, "node-a", newClock())
 	for _, c := range []struct {
 		img  Image

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/claim/radosbackend"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/image"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
@@ -44,7 +45,7 @@ func connectRados(ctx context.Context, c config.Cluster) (Connection, error) {
 	if err != nil {
 		return Connection{}, err
 	}
-	b, err := claim.NewRados(conn)
+	b, err := radosbackend.New(conn)
 	if err != nil {
 		conn.Shutdown()
 		return Connection{}, err

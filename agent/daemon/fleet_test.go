@@ -26,7 +26,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
-	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/claim/radosbackend"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/internal/cephtest"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
@@ -388,7 +388,7 @@ func (f *fleet) startNode(n *fleetNode) error {
 			if err != nil {
 				return Connection{}, err
 			}
-			b, err := claim.NewRados(conn)
+			b, err := radosbackend.New(conn)
 			if err != nil {
 				conn.Shutdown()
 				return Connection{}, err

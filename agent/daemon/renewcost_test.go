@@ -15,6 +15,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/claim/memory"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/krbd/fakekernel"
@@ -28,7 +29,7 @@ import (
 // claim_check_interval): O(places), not O(volumes). The heartbeat is written against the
 // version this node wrote last, without a read.
 func TestRenewalCostsOneWritePerPool(t *testing.T) {
-	m := claim.NewMemory("00000000-0000-4000-8000-000000000005")
+	m := memory.New("00000000-0000-4000-8000-000000000005")
 	d, _ := roundDaemon(t, m, 68, 64)
 	// one renew interval's work: each place's heartbeat once, and the round of claim checks
 	hb := newHeartbeats(d, d.clusters["c1"])
@@ -60,13 +61,13 @@ func TestRenewalCostsOneWritePerPool(t *testing.T) {
 // rounds), on a monotonic clock of the test's, with n images mapped: v00 and on, the first
 // inPool in pool rbd, the others in pool other. The defaults: 60 s lease, 20 s renewals, claims
 // checked slowly every hour.
-func roundDaemon(t *testing.T, m *claim.Memory, n, inPool int) (*Daemon, *monoClock) {
+func roundDaemon(t *testing.T, m *memory.Memory, n, inPool int) (*Daemon, *monoClock) {
 	t.Helper()
 	return roundDaemonAs(t, m, "node-c", n, inPool)
 }
 
 // roundDaemonAs is roundDaemon with node id id.
-func roundDaemonAs(t *testing.T, m *claim.Memory, id string, n, inPool int) (*Daemon, *monoClock) {
+func roundDaemonAs(t *testing.T, m *memory.Memory, id string, n, inPool int) (*Daemon, *monoClock) {
 	t.Helper()
 	k, err := fakekernel.New(t.TempDir(), fakekernel.Options{FSID: m.FSID()})
 	if err != nil {
@@ -105,7 +106,7 @@ func roundDaemonAs(t *testing.T, m *claim.Memory, id string, n, inPool int) (*Da
 }
 
 // otherNode is a claim store of another node on m, fencing and releasing as an admin there does.
-func otherNode(t *testing.T, m *claim.Memory) *claim.Store {
+func otherNode(t *testing.T, m *memory.Memory) *claim.Store {
 	t.Helper()
 	s, err := claim.NewStoreOn(m, claim.Config{Node: claim.Node{ID: "node-x"}, Lease: time.Minute})
 	if err != nil {
@@ -118,7 +119,7 @@ func otherNode(t *testing.T, m *claim.Memory) *claim.Store {
 // this node's 16 claims; the very next renewal round reads that claim alone, reports it lost,
 // and clears the notice; the round after reads no claim but the lost one (watched every round).
 func TestALostClaimIsSeenAtTheNextRoundThroughItsNotice(t *testing.T) {
-	m := claim.NewMemory("00000000-0000-4000-8000-000000000006")
+	m := memory.New("00000000-0000-4000-8000-000000000006")
 	d, mono := roundDaemon(t, m, 16, 16)
 	cl := d.clusters["c1"]
 	d.renewRound(context.Background(), cl) // the first round reads every claim once
@@ -166,7 +167,7 @@ func TestALostClaimIsSeenAtTheNextRoundThroughItsNotice(t *testing.T) {
 // notice; it is found at its slow check, within claim_check_interval, and every claim is read
 // once in that interval, spread over the rounds.
 func TestAClaimRemovedByHandIsFoundByTheSlowCheck(t *testing.T) {
-	m := claim.NewMemory("00000000-0000-4000-8000-000000000007")
+	m := memory.New("00000000-0000-4000-8000-000000000007")
 	d, mono := roundDaemon(t, m, 16, 16)
 	cl := d.clusters["c1"]
 	d.renewRound(context.Background(), cl)
@@ -199,7 +200,7 @@ func TestAClaimRemovedByHandIsFoundByTheSlowCheck(t *testing.T) {
 // counted in rbd_owner_unexplained_watchers_total and logged at warning priority naming its
 // address; the rounds between slow checks read no image.
 func TestSlowCheckReportsUnexplainedWatchers(t *testing.T) {
-	m := claim.NewMemory("00000000-0000-4000-8000-000000000027")
+	m := memory.New("00000000-0000-4000-8000-000000000027")
 	d, mono := roundDaemon(t, m, 2, 2)
 	hook := &logtest{}
 	d.log.AddHook(hook)

@@ -12,6 +12,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/claim/memory"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/krbd/fakekernel"
@@ -24,7 +25,7 @@ const memSecret = "AQBzXHxlAAAAABAAm0Tq4kVJ2HbsYQ1rLA5pUw=="
 // claim writes and can stall every call.
 type memCluster struct {
 	id, pool string
-	m        *claim.Memory
+	m        *memory.Memory
 	writes   atomic.Int64
 	stall    atomic.Bool   // stall calls from now on (until released)
 	entered  chan struct{} // closed when the first stalled call is blocked
@@ -33,7 +34,7 @@ type memCluster struct {
 }
 
 func newMemCluster(id, pool, fsid string) *memCluster {
-	c := &memCluster{id: id, pool: pool, m: claim.NewMemory(fsid), entered: make(chan struct{}), release: make(chan struct{})}
+	c := &memCluster{id: id, pool: pool, m: memory.New(fsid), entered: make(chan struct{}), release: make(chan struct{})}
 	c.m.SetHook(func(_ context.Context, call string, _ claim.Image) error {
 		if call == "write" {
 			c.writes.Add(1)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/claim/memory"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
@@ -86,7 +87,7 @@ func TestOrphanSweepRunsByItself(t *testing.T) {
 // from then on, each period, one node sweeps through the index and the other finds the mark
 // moved and reads nothing more: the fleet reads each claim once per period, not once per node.
 func TestAPlaceIsSweptOncePerPeriodByTheFleetAndNeverListed(t *testing.T) {
-	m := claim.NewMemory("00000000-0000-4000-8000-000000000008")
+	m := memory.New("00000000-0000-4000-8000-000000000008")
 	a, monoA := roundDaemonAs(t, m, "node-c", 6, 6)
 	b, monoB := roundDaemonAs(t, m, "node-d", 0, 0)
 	m.AddImage(claim.Image{Pool: "rbd", Namespace: "empty", Image: "e"}, "id-e") // a namespace without claims
@@ -122,7 +123,7 @@ func TestAPlaceIsSweptOncePerPeriodByTheFleetAndNeverListed(t *testing.T) {
 // node that sweeps its pool; a node that finds the pool swept by another stops counting them as
 // fences it keeps (rbd_owner_fences_expiring would warn of renewals it no longer makes).
 func TestANodeThatSkipsASweepStopsReportingItsFences(t *testing.T) {
-	m := claim.NewMemory("00000000-0000-4000-8000-000000000009")
+	m := memory.New("00000000-0000-4000-8000-000000000009")
 	a, monoA := roundDaemonAs(t, m, "node-c", 0, 0)
 	b, monoB := roundDaemonAs(t, m, "node-d", 0, 0)
 	ctx := context.Background()
@@ -154,7 +155,7 @@ func TestANodeThatSkipsASweepStopsReportingItsFences(t *testing.T) {
 // sweep at their next look instead of skipping (F9 of docs/safety.md: a holder that cannot
 // blocklist would otherwise stop everyone's renewals).
 func TestASweepThatCouldNotKeepAFenceIsNotMarked(t *testing.T) {
-	m := claim.NewMemory("00000000-0000-4000-8000-00000000000a")
+	m := memory.New("00000000-0000-4000-8000-00000000000a")
 	a, _ := roundDaemonAs(t, m, "node-c", 0, 0)
 	ctx := context.Background()
 	freeFencedClaim(t, m)
@@ -191,7 +192,7 @@ func TestASweepThatCouldNotKeepAFenceIsNotMarked(t *testing.T) {
 // their next look (one of them may see the node down and lengthen the entry) instead of
 // skipping it for a period on the word of a sweep that left a fence short.
 func TestASweepThatLeftAFenceShortIsNotMarked(t *testing.T) {
-	m := claim.NewMemory("00000000-0000-4000-8000-00000000000b")
+	m := memory.New("00000000-0000-4000-8000-00000000000b")
 	a, _ := roundDaemonAs(t, m, "node-c", 0, 0)
 	ctx := context.Background()
 	freeFencedClaim(t, m)
@@ -219,7 +220,7 @@ func TestASweepThatLeftAFenceShortIsNotMarked(t *testing.T) {
 
 // freeFencedClaim makes, on m, a free claim that keeps a live fence: another node held the image
 // "fenced" with a mapping, an admin fenced it and force-released the claim.
-func freeFencedClaim(t *testing.T, m *claim.Memory) claim.Image {
+func freeFencedClaim(t *testing.T, m *memory.Memory) claim.Image {
 	t.Helper()
 	ctx := context.Background()
 	img := claim.Image{Pool: "rbd", Image: "fenced"}

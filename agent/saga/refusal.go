@@ -3,7 +3,6 @@ package saga
 import (
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
@@ -33,26 +32,10 @@ func (r *Refusal) Error() string {
 
 func (r *Refusal) Unwrap() error { return r.Err }
 
-// Details fills in the API's error: the image, every holder as this node sees its lease, the
-// refusal's kind and reason, when a retry may take it over, and the next steps.
+// Details fills in the API's error: the claim's facts (claim.HeldError.Details), then this
+// caller's next steps.
 func (r *Refusal) Details(e *api.Error) {
-	h := r.Held
-	e.Image = r.Spec
-	for _, o := range h.Holders {
-		lv := h.Leases[o.NodeID]
-		e.Holders = append(e.Holders, api.Owner{NodeID: o.NodeID, Hostname: o.Hostname, NodeAddr: o.NodeAddr, ClientAddr: o.ClientAddr,
-			Epoch: o.Epoch, AcquiredAt: o.AcquiredAt, RenewedAt: o.RenewedAt, LeaseAge: lv.Unchanged.Seconds(), Expired: lv.Expired})
-	}
-	if len(e.Holders) > 0 {
-		e.Owner = &e.Holders[0]
-	}
-	e.Block = h.Block.String()
-	if h.Block != claim.BlockNoTakeover {
-		e.Reason = h.Reason
-	}
-	if d := h.RetryAfter(); d > 0 {
-		e.RetryAfterSeconds = int64((d + time.Second - 1) / time.Second)
-	}
+	r.Held.Details(e)
 	e.NextSteps, e.Advice = r.Steps, r.Advice
 }
 

@@ -1,10 +1,11 @@
-package claim
+package record
 
 import (
 	"fmt"
 	"strings"
 	"time"
 
+	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 )
 
@@ -55,21 +56,21 @@ type HeldError struct {
 type Block int
 
 const (
-	// BlockNoTakeover: the request takes no live hold over (only fenced ones, or none).
+	// BlockNoTakeover means the request takes no live hold over (only fenced ones, or none).
 	BlockNoTakeover Block = iota
-	// BlockNotCovered: it takes over holds the blocklist cuts off, and this one's mapping is
+	// BlockNotCovered means it takes over holds the blocklist cuts off, and this one's mapping is
 	// on no entry for its whole node.
 	BlockNotCovered
-	// BlockNoMappingAddr: it takes over holds the blocklist cuts off, and this one recorded no
+	// BlockNoMappingAddr means it takes over holds the blocklist cuts off, and this one recorded no
 	// mapping address (its fence would be the node's whole address).
 	BlockNoMappingAddr
-	// BlockNoLeaseLook: a takeover, and this node has not watched the holder's lease yet.
+	// BlockNoLeaseLook means a takeover, and this node has not watched the holder's lease yet.
 	BlockNoLeaseLook
-	// BlockLeaseLive: a takeover, and the holder's lease is live as this node saw it.
+	// BlockLeaseLive means a takeover, and the holder's lease is live as this node saw it.
 	BlockLeaseLive
-	// BlockNoFenceAddr: a takeover, and the holder recorded no address to fence.
+	// BlockNoFenceAddr means a takeover, and the holder recorded no address to fence.
 	BlockNoFenceAddr
-	// BlockAlive: a takeover, the holder recorded no mapping address and its heartbeat moved
+	// BlockAlive means a takeover, the holder recorded no mapping address and its heartbeat moved
 	// within a lease (a whole-node fence of a node seen alive is never made).
 	BlockAlive
 )
@@ -110,6 +111,29 @@ func (e *HeldError) RetryAfter() time.Duration {
 	return d
 }
 
+// Details fills in the API's error with the refusal's facts: the image, every holder as this
+// node sees its lease (the first as owner), why (Block, and Reason where Error says it) and when
+// a retry may take it over. What to do next is the caller's to add (saga.Refusal).
+func (e *HeldError) Details(out *api.Error) {
+	out.Image = e.Image.String()
+	out.Holders = nil
+	for _, o := range e.Holders {
+		lv := e.Leases[o.NodeID]
+		out.Holders = append(out.Holders, api.Owner{NodeID: o.NodeID, Hostname: o.Hostname, NodeAddr: o.NodeAddr, ClientAddr: o.ClientAddr,
+			Epoch: o.Epoch, AcquiredAt: o.AcquiredAt, RenewedAt: o.RenewedAt, LeaseAge: lv.Unchanged.Seconds(), Expired: lv.Expired})
+	}
+	if len(out.Holders) > 0 {
+		out.Owner = &out.Holders[0]
+	}
+	out.Block = e.Block.String()
+	if e.Block != BlockNoTakeover {
+		out.Reason = e.Reason
+	}
+	if d := e.RetryAfter(); d > 0 {
+		out.RetryAfterSeconds = int64((d + time.Second - 1) / time.Second)
+	}
+}
+
 // Is makes errors.Is(err, ErrClaimedElsewhere) true.
 func (e *HeldError) Is(target error) bool { return target == ErrClaimedElsewhere }
 
@@ -132,7 +156,7 @@ func (e *HeldError) Error() string {
 			b.WriteString(", ")
 		}
 		fmt.Fprintf(&b, "node %s (host %s, addr %s) at epoch %d since %s",
-			h.NodeID, orDash(h.Hostname), orDash(h.NodeAddr), h.Epoch, h.AcquiredAt.UTC().Format(time.RFC3339))
+			h.NodeID, OrDash(h.Hostname), OrDash(h.NodeAddr), h.Epoch, h.AcquiredAt.UTC().Format(time.RFC3339))
 		switch v, ok := e.Leases[h.NodeID]; {
 		case !ok:
 		case v.Expired:
@@ -140,7 +164,7 @@ func (e *HeldError) Error() string {
 		case !e.Takeover:
 			b.WriteString(" (lease live as far as this node has seen)")
 		default:
-			fmt.Fprintf(&b, " (live: watching node %s's lease; a takeover is possible in %s unless it renews)", h.NodeID, ceilSeconds(v.RetryAfter))
+			fmt.Fprintf(&b, " (live: watching node %s's lease; a takeover is possible in %s unless it renews)", h.NodeID, CeilSeconds(v.RetryAfter))
 		}
 	}
 	if e.Reason != "" && e.Block != BlockNoTakeover {
@@ -190,14 +214,15 @@ func (e *LostError) Error() string {
 	return fmt.Sprintf("claim on %s at epoch %d is lost: %s", e.Image, e.Epoch, e.Why)
 }
 
-func orDash(s string) string {
+// OrDash is s, or "-" for nothing.
+func OrDash(s string) string {
 	if s == "" {
 		return "-"
 	}
 	return s
 }
 
-// ceilSeconds rounds d up to whole seconds (a retry sooner than that would be refused again).
-func ceilSeconds(d time.Duration) time.Duration {
+// CeilSeconds rounds d up to whole seconds (a retry sooner than that would be refused again).
+func CeilSeconds(d time.Duration) time.Duration {
 	return ((d + time.Second - 1) / time.Second) * time.Second
 }

@@ -1,4 +1,4 @@
-package claim
+package record
 
 import (
 	"bytes"
@@ -28,13 +28,13 @@ type BlockEntry struct {
 // String is the entry as `ceph osd blocklist ls` prints it.
 func (e BlockEntry) String() string {
 	if e.Range.IsValid() {
-		return "cidr:" + rangeAddr(e.Range)
+		return "cidr:" + RangeAddr(e.Range)
 	}
 	return e.Addr
 }
 
-// rangeAddr writes a range the way Ceph lists it: ip:0/prefix-length.
-func rangeAddr(p netip.Prefix) string {
+// RangeAddr writes a range the way Ceph lists it: ip:0/prefix-length.
+func RangeAddr(p netip.Prefix) string {
 	return net.JoinHostPort(p.Addr().String(), "0") + fmt.Sprintf("/%d", p.Bits())
 }
 
@@ -55,20 +55,20 @@ func ParseBlocklist(out []byte) ([]BlockEntry, error) {
 			return nil, fmt.Errorf("osd blocklist ls: %w", err)
 		}
 		for _, e := range entries {
-			be := BlockEntry{Until: parseUntil(e.Until)}
+			be := BlockEntry{Until: ParseUntil(e.Until)}
 			switch {
 			case e.Range != "" || strings.HasPrefix(e.Addr, "cidr:"):
 				r := e.Range
 				if r == "" {
 					r = e.Addr
 				}
-				p, err := parseRange(r)
+				p, err := ParseRange(r)
 				if err != nil {
 					return nil, fmt.Errorf("osd blocklist ls: %w", err)
 				}
 				be.Range = p
 			case e.Addr != "":
-				be.Addr = bareAddr(e.Addr)
+				be.Addr = BareAddr(e.Addr)
 			default:
 				continue
 			}
@@ -78,7 +78,8 @@ func ParseBlocklist(out []byte) ([]BlockEntry, error) {
 	return all, nil
 }
 
-func parseUntil(s string) time.Time {
+// ParseUntil reads an entry's expiry as the monitors print it (zero when not understood).
+func ParseUntil(s string) time.Time {
 	for _, layout := range []string{"2006-01-02T15:04:05.000000-0700", "2006-01-02T15:04:05.000000Z0700", "2006-01-02 15:04:05.000000", time.RFC3339Nano} {
 		if t, err := time.Parse(layout, s); err == nil {
 			return t.UTC()
@@ -87,10 +88,10 @@ func parseUntil(s string) time.Time {
 	return time.Time{}
 }
 
-// parseRange reads a range as Ceph lists it (cidr:10.1.0.0:0/24) or as it is given to
+// ParseRange reads a range as Ceph lists it (cidr:10.1.0.0:0/24) or as it is given to
 // `osd blocklist range add` (10.1.0.0/24).
-func parseRange(s string) (netip.Prefix, error) {
-	r := strings.TrimPrefix(bareAddr(s), "cidr:")
+func ParseRange(s string) (netip.Prefix, error) {
+	r := strings.TrimPrefix(BareAddr(s), "cidr:")
 	slash := strings.LastIndexByte(r, '/')
 	if slash < 0 {
 		return netip.Prefix{}, fmt.Errorf("range %q not understood", s)
@@ -106,9 +107,9 @@ func parseRange(s string) (netip.Prefix, error) {
 	return p.Masked(), nil
 }
 
-// addrIP is the ip of a client address (ip:port/nonce, [v6]:port/nonce).
-func addrIP(addr string) (netip.Addr, bool) {
-	a := bareAddr(addr)
+// AddrIP is the ip of a client address (ip:port/nonce, [v6]:port/nonce).
+func AddrIP(addr string) (netip.Addr, bool) {
+	a := BareAddr(addr)
 	if slash := strings.LastIndexByte(a, '/'); slash >= 0 {
 		a = a[:slash]
 	}
@@ -123,15 +124,15 @@ func addrIP(addr string) (netip.Addr, bool) {
 	return ip.Unmap(), true
 }
 
-// wholeIP is the entry that cuts every client of addr's ip: ip:0/0.
-func wholeIP(ip netip.Addr) string { return net.JoinHostPort(ip.String(), "0") + "/0" }
+// WholeIP is the entry that cuts every client of addr's ip: ip:0/0.
+func WholeIP(ip netip.Addr) string { return net.JoinHostPort(ip.String(), "0") + "/0" }
 
 // Covering returns the entry that cuts addr off as the OSDs judge it (OSDMap::is_blocklisted):
 // addr itself, every client of its ip (ip:0/0), or a range holding its ip; false when none
 // does. addr is a client address, or ip:0/0 for a whole node (then only the last two count).
 func Covering(entries []BlockEntry, addr string) (BlockEntry, bool) {
-	addr = bareAddr(addr)
-	ip, ok := addrIP(addr)
+	addr = BareAddr(addr)
+	ip, ok := AddrIP(addr)
 	for _, e := range entries {
 		switch {
 		case e.Range.IsValid():
@@ -141,7 +142,7 @@ func Covering(entries []BlockEntry, addr string) (BlockEntry, bool) {
 		case e.Addr == addr:
 			return e, true
 		case ok:
-			if eip, eok := addrIP(e.Addr); eok && eip == ip && e.Addr == wholeIP(eip) {
+			if eip, eok := AddrIP(e.Addr); eok && eip == ip && e.Addr == WholeIP(eip) {
 				return e, true
 			}
 		}
@@ -149,12 +150,12 @@ func Covering(entries []BlockEntry, addr string) (BlockEntry, bool) {
 	return BlockEntry{}, false
 }
 
-// coveringNode is the entry that cuts a mapping's client off as part of its whole node: ip:0/0 or
+// CoveringNode is the entry that cuts a mapping's client off as part of its whole node: ip:0/0 or
 // a range holding its ip, never the client's own address. Ceph keeps one entry per address,
 // whoever added it: a taker's own entry for the client would be that very entry, lifted with it
 // by whoever added it (docs/safety.md, F10); an entry for the node is always another one.
-func coveringNode(entries []BlockEntry, clientAddr string) (BlockEntry, bool) {
-	own := bareAddr(clientAddr)
+func CoveringNode(entries []BlockEntry, clientAddr string) (BlockEntry, bool) {
+	own := BareAddr(clientAddr)
 	var others []BlockEntry
 	for _, e := range entries {
 		if e.Range.IsValid() || e.Addr != own {

@@ -1,4 +1,6 @@
-package claim
+// Package memory is a claim Backend in memory, with the version semantics of RADOS: the
+// protocol's decisions are tested with it, without a cluster. It is no part of the agent.
+package memory
 
 import (
 	"context"
@@ -10,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
 
 // Memory is a Backend in memory with RADOS's version semantics: every successful write gives
@@ -26,7 +30,7 @@ type Memory struct {
 
 	mu          sync.Mutex
 	objects     map[memKey]memObject
-	images      map[Image]memImage
+	images      map[record.Image]memImage
 	pools       map[string]bool
 	namespaces  map[string][]string // pool: its RBD namespaces
 	counts      map[string]int      // calls by call and object kind (Counts)
@@ -34,7 +38,7 @@ type Memory struct {
 	ranges      map[netip.Prefix]time.Time // `osd blocklist range add`
 	version     uint64
 	own         string
-	onCall      func(ctx context.Context, call string, img Image) error
+	onCall      func(ctx context.Context, call string, img record.Image) error
 	clock       func() time.Time // the monitors' clock: blocklist entries expire on it
 }
 
@@ -43,7 +47,7 @@ type memKey struct {
 	pool, namespace, oid string
 }
 
-func keyOf(loc Image, oid string) memKey { return memKey{loc.Pool, loc.Namespace, oid} }
+func keyOf(loc record.Image, oid string) memKey { return memKey{loc.Pool, loc.Namespace, oid} }
 
 type memObject struct {
 	data []byte
@@ -56,22 +60,31 @@ type memImage struct {
 	watchers []string
 }
 
-// NewMemory returns an empty in-memory cluster with the given fsid.
-func NewMemory(fsid string) *Memory {
-	return &Memory{fsid: fsid, objects: map[memKey]memObject{}, images: map[Image]memImage{}, pools: map[string]bool{},
+// New returns an empty in-memory cluster with the given fsid.
+func New(fsid string) *Memory {
+	return &Memory{fsid: fsid, objects: map[memKey]memObject{}, images: map[record.Image]memImage{}, pools: map[string]bool{},
 		namespaces: map[string][]string{}, counts: map[string]int{}, blocklisted: map[string]time.Time{},
 		ranges: map[netip.Prefix]time.Time{}}
 }
 
 // AddImage creates (or recreates, with a new id) an image.
-func (m *Memory) AddImage(img Image, id string) {
+func (m *Memory) AddImage(img record.Image, id string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.images[Image{Pool: img.Pool, Namespace: img.Namespace, Image: img.Image}] = memImage{id: id}
+	m.images[record.Image{Pool: img.Pool, Namespace: img.Namespace, Image: img.Image}] = memImage{id: id}
 	m.pools[img.Pool] = true
 	if img.Namespace != "" && !slices.Contains(m.namespaces[img.Pool], img.Namespace) {
 		m.namespaces[img.Pool] = append(m.namespaces[img.Pool], img.Namespace) // an image's namespace exists
 		sort.Strings(m.namespaces[img.Pool])
+	}
+}
+
+// AddNamespace makes an RBD namespace of pool exist (an image's is made by AddImage).
+func (m *Memory) AddNamespace(pool, namespace string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !slices.Contains(m.namespaces[pool], namespace) {
+		m.namespaces[pool] = append(m.namespaces[pool], namespace)
 	}
 }
 
@@ -90,7 +103,7 @@ func (m *Memory) Counts(reset bool) map[string]int {
 }
 
 // Keys returns object oid's omap (nil when there is no object), as another client would read it.
-func (m *Memory) Keys(loc Image, oid string) map[string][]byte {
+func (m *Memory) Keys(loc record.Image, oid string) map[string][]byte {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	o, ok := m.objects[keyOf(loc, oid)]
@@ -101,21 +114,21 @@ func (m *Memory) Keys(loc Image, oid string) map[string][]byte {
 }
 
 // Remove deletes an object as another client would (a person with `rados rm`).
-func (m *Memory) Remove(loc Image, oid string) {
+func (m *Memory) Remove(loc record.Image, oid string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.objects, keyOf(loc, oid))
 }
 
 // RemoveImage deletes an image (its claim object stays, as with `rbd rm`).
-func (m *Memory) RemoveImage(img Image) {
+func (m *Memory) RemoveImage(img record.Image) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.images, img)
 }
 
 // SetWatchers sets the client addresses watching an image's header.
-func (m *Memory) SetWatchers(img Image, addrs ...string) {
+func (m *Memory) SetWatchers(img record.Image, addrs ...string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	im := m.images[img]
@@ -161,22 +174,22 @@ func (m *Memory) BlocklistedUntil(addr string) (time.Time, bool) {
 func (m *Memory) Blocklisted(addr string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	_, ok := Covering(m.entries(), addr)
+	_, ok := record.Covering(m.entries(), addr)
 	return ok
 }
 
 // entries is the blocklist as `osd blocklist ls` shows it (mu held): the entries not expired.
-func (m *Memory) entries() []BlockEntry {
-	var out []BlockEntry
+func (m *Memory) entries() []record.BlockEntry {
+	var out []record.BlockEntry
 	now := m.now()
 	for a, until := range m.blocklisted {
 		if now.Before(until) {
-			out = append(out, BlockEntry{Addr: a, Until: until})
+			out = append(out, record.BlockEntry{Addr: a, Until: until})
 		}
 	}
 	for p, until := range m.ranges {
 		if now.Before(until) {
-			out = append(out, BlockEntry{Range: p, Until: until})
+			out = append(out, record.BlockEntry{Range: p, Until: until})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
@@ -186,7 +199,7 @@ func (m *Memory) entries() []BlockEntry {
 // BlocklistRange adds a range entry for expire, as `osd blocklist range add CIDR` does (what
 // ceph-csi's fencing of a node Kubernetes declared out of service adds, or a NetworkFence).
 func (m *Memory) BlocklistRange(cidr string, expire time.Duration) error {
-	p, err := parseRange(cidr)
+	p, err := record.ParseRange(cidr)
 	if err != nil {
 		return err
 	}
@@ -199,7 +212,7 @@ func (m *Memory) BlocklistRange(cidr string, expire time.Duration) error {
 
 // UnblocklistRange removes a range entry (`osd blocklist range rm`).
 func (m *Memory) UnblocklistRange(cidr string) error {
-	p, err := parseRange(cidr)
+	p, err := record.ParseRange(cidr)
 	if err != nil {
 		return err
 	}
@@ -215,7 +228,7 @@ func (m *Memory) dropWatchers() {
 	for k, im := range m.images {
 		var kept []string
 		for _, w := range im.watchers {
-			if _, cut := Covering(entries, w); !cut {
+			if _, cut := record.Covering(entries, w); !cut {
 				kept = append(kept, w)
 			}
 		}
@@ -225,15 +238,15 @@ func (m *Memory) dropWatchers() {
 }
 
 // Version is the claim object's current version (0: none).
-func (m *Memory) Version(img Image) uint64 {
+func (m *Memory) Version(img record.Image) uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.objects[keyOf(img, objectOf(img))].ver
+	return m.objects[keyOf(img, record.ObjectOf(img))].ver
 }
 
 // Put writes an object's data as another client would (a new version, its omap kept), e.g.
 // a record of an older format.
-func (m *Memory) Put(loc Image, oid string, data []byte) {
+func (m *Memory) Put(loc record.Image, oid string, data []byte) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.version++
@@ -241,7 +254,7 @@ func (m *Memory) Put(loc Image, oid string, data []byte) {
 	m.objects[k] = memObject{data: append([]byte(nil), data...), omap: m.objects[k].omap, ver: m.version}
 }
 
-func (m *Memory) hook(ctx context.Context, call string, img Image, oid ...string) error {
+func (m *Memory) hook(ctx context.Context, call string, img record.Image, oid ...string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -249,7 +262,7 @@ func (m *Memory) hook(ctx context.Context, call string, img Image, oid ...string
 	h := m.onCall
 	name := call
 	if len(oid) > 0 {
-		name += " " + ObjectKind(oid[0])
+		name += " " + record.ObjectKind(oid[0])
 	}
 	m.counts[name]++
 	m.mu.Unlock()
@@ -260,7 +273,7 @@ func (m *Memory) hook(ctx context.Context, call string, img Image, oid ...string
 }
 
 // SetHook sets the hook (safe while calls run; nil removes it).
-func (m *Memory) SetHook(h func(ctx context.Context, call string, img Image) error) {
+func (m *Memory) SetHook(h func(ctx context.Context, call string, img record.Image) error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.onCall = h
@@ -270,14 +283,14 @@ func (m *Memory) SetHook(h func(ctx context.Context, call string, img Image) err
 func (m *Memory) FSID() string { return m.fsid }
 
 // Read returns the object's content and version.
-func (m *Memory) Read(ctx context.Context, img Image, oid string) ([]byte, uint64, error) {
+func (m *Memory) Read(ctx context.Context, img record.Image, oid string) ([]byte, uint64, error) {
 	if err := m.hook(ctx, "read", img, oid); err != nil {
 		return nil, 0, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.pools[img.Pool] {
-		return nil, 0, &NotFoundError{What: "pool " + img.Pool}
+		return nil, 0, &record.NotFoundError{What: "pool " + img.Pool}
 	}
 	o, ok := m.objects[keyOf(img, oid)]
 	if !ok {
@@ -287,19 +300,19 @@ func (m *Memory) Read(ctx context.Context, img Image, oid string) ([]byte, uint6
 }
 
 // CompareAndWrite writes iff the object is at ver (0: does not exist); the omap is kept.
-func (m *Memory) CompareAndWrite(ctx context.Context, img Image, oid string, ver uint64, data []byte) (uint64, error) {
+func (m *Memory) CompareAndWrite(ctx context.Context, img record.Image, oid string, ver uint64, data []byte) (uint64, error) {
 	if err := m.hook(ctx, "write", img, oid); err != nil {
 		return 0, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.pools[img.Pool] {
-		return 0, &NotFoundError{What: "pool " + img.Pool}
+		return 0, &record.NotFoundError{What: "pool " + img.Pool}
 	}
 	k := keyOf(img, oid)
 	o, ok := m.objects[k]
 	if (ver == 0 && ok) || (ver != 0 && (!ok || o.ver != ver)) {
-		return 0, ErrConflict
+		return 0, record.ErrConflict
 	}
 	m.version++
 	m.objects[k] = memObject{data: append([]byte(nil), data...), omap: o.omap, ver: m.version}
@@ -307,7 +320,7 @@ func (m *Memory) CompareAndWrite(ctx context.Context, img Image, oid string, ver
 }
 
 // CompareAndRemove deletes iff the object is at ver.
-func (m *Memory) CompareAndRemove(ctx context.Context, img Image, oid string, ver uint64) error {
+func (m *Memory) CompareAndRemove(ctx context.Context, img record.Image, oid string, ver uint64) error {
 	if err := m.hook(ctx, "remove", img, oid); err != nil {
 		return err
 	}
@@ -316,21 +329,21 @@ func (m *Memory) CompareAndRemove(ctx context.Context, img Image, oid string, ve
 	k := keyOf(img, oid)
 	o, ok := m.objects[k]
 	if !ok || o.ver != ver {
-		return ErrConflict
+		return record.ErrConflict
 	}
 	delete(m.objects, k)
 	return nil
 }
 
 // ReadKeys returns the object's omap values for keys (all when nil) and its version.
-func (m *Memory) ReadKeys(ctx context.Context, loc Image, oid string, keys []string) (map[string][]byte, uint64, error) {
+func (m *Memory) ReadKeys(ctx context.Context, loc record.Image, oid string, keys []string) (map[string][]byte, uint64, error) {
 	if err := m.hook(ctx, "readkeys", loc, oid); err != nil {
 		return nil, 0, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.pools[loc.Pool] {
-		return nil, 0, &NotFoundError{What: "pool " + loc.Pool}
+		return nil, 0, &record.NotFoundError{What: "pool " + loc.Pool}
 	}
 	o, ok := m.objects[keyOf(loc, oid)]
 	if !ok {
@@ -346,14 +359,14 @@ func (m *Memory) ReadKeys(ctx context.Context, loc Image, oid string, keys []str
 }
 
 // SetKeys sets omap keys, creating the object when there is none.
-func (m *Memory) SetKeys(ctx context.Context, loc Image, oid string, kv map[string][]byte) (uint64, error) {
+func (m *Memory) SetKeys(ctx context.Context, loc record.Image, oid string, kv map[string][]byte) (uint64, error) {
 	if err := m.hook(ctx, "setkeys", loc, oid); err != nil {
 		return 0, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.pools[loc.Pool] {
-		return 0, &NotFoundError{What: "pool " + loc.Pool}
+		return 0, &record.NotFoundError{What: "pool " + loc.Pool}
 	}
 	k := keyOf(loc, oid)
 	o := m.objects[k]
@@ -370,7 +383,7 @@ func (m *Memory) SetKeys(ctx context.Context, loc Image, oid string, kv map[stri
 }
 
 // RemoveKeys removes omap keys iff the object is at ver.
-func (m *Memory) RemoveKeys(ctx context.Context, loc Image, oid string, keys []string, ver uint64) error {
+func (m *Memory) RemoveKeys(ctx context.Context, loc record.Image, oid string, keys []string, ver uint64) error {
 	if err := m.hook(ctx, "removekeys", loc, oid); err != nil {
 		return err
 	}
@@ -379,7 +392,7 @@ func (m *Memory) RemoveKeys(ctx context.Context, loc Image, oid string, keys []s
 	k := keyOf(loc, oid)
 	o, ok := m.objects[k]
 	if !ok || o.ver != ver {
-		return ErrConflict
+		return record.ErrConflict
 	}
 	om := maps.Clone(o.omap)
 	for _, key := range keys {
@@ -391,19 +404,19 @@ func (m *Memory) RemoveKeys(ctx context.Context, loc Image, oid string, keys []s
 }
 
 // Objects lists the images with a claim object in one namespace of pool, sorted.
-func (m *Memory) Objects(ctx context.Context, pool, namespace string) ([]Image, error) {
-	if err := m.hook(ctx, "objects", Image{Pool: pool, Namespace: namespace}); err != nil {
+func (m *Memory) Objects(ctx context.Context, pool, namespace string) ([]record.Image, error) {
+	if err := m.hook(ctx, "objects", record.Image{Pool: pool, Namespace: namespace}); err != nil {
 		return nil, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.pools[pool] {
-		return nil, fmt.Errorf("list claims of pool %s: %w", pool, ErrNotFound)
+		return nil, fmt.Errorf("list claims of pool %s: %w", pool, record.ErrNotFound)
 	}
-	var out []Image
+	var out []record.Image
 	for k := range m.objects {
-		if name, ok := strings.CutPrefix(k.oid, ObjectPrefix); ok && k.pool == pool && k.namespace == namespace && name != "" {
-			out = append(out, Image{Pool: k.pool, Namespace: k.namespace, Image: name})
+		if name, ok := strings.CutPrefix(k.oid, record.ObjectPrefix); ok && k.pool == pool && k.namespace == namespace && name != "" {
+			out = append(out, record.Image{Pool: k.pool, Namespace: k.namespace, Image: name})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
@@ -412,20 +425,20 @@ func (m *Memory) Objects(ctx context.Context, pool, namespace string) ([]Image, 
 
 // Namespaces lists the pool's RBD namespaces (AddNamespace).
 func (m *Memory) Namespaces(ctx context.Context, pool string) ([]string, error) {
-	if err := m.hook(ctx, "namespaces", Image{Pool: pool}); err != nil {
+	if err := m.hook(ctx, "namespaces", record.Image{Pool: pool}); err != nil {
 		return nil, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.pools[pool] {
-		return nil, &NotFoundError{What: "pool " + pool}
+		return nil, &record.NotFoundError{What: "pool " + pool}
 	}
 	return slices.Clone(m.namespaces[pool]), nil
 }
 
 // Pools lists the pools that have images.
 func (m *Memory) Pools(ctx context.Context) ([]string, error) {
-	if err := m.hook(ctx, "pools", Image{}); err != nil {
+	if err := m.hook(ctx, "pools", record.Image{}); err != nil {
 		return nil, err
 	}
 	m.mu.Lock()
@@ -440,21 +453,21 @@ func (m *Memory) Pools(ctx context.Context) ([]string, error) {
 
 // ImageInfo returns the image's id and watchers; ErrNotFound when it does not exist. The id
 // last seen changes nothing here: one call reads both at once.
-func (m *Memory) ImageInfo(ctx context.Context, img Image, _ string) (imageInfo, error) { //nolint:revive // the unexported result seals Backend to this package's backends
+func (m *Memory) ImageInfo(ctx context.Context, img record.Image, _ string) (record.ImageInfo, error) {
 	if err := m.hook(ctx, "image", img); err != nil {
-		return imageInfo{}, err
+		return record.ImageInfo{}, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	im, ok := m.images[img]
 	if !ok {
-		return imageInfo{}, &NotFoundError{What: "image " + img.String()}
+		return record.ImageInfo{}, &record.NotFoundError{What: "image " + img.String()}
 	}
-	return imageInfo{ID: im.id, Watchers: append([]string(nil), im.watchers...)}, nil
+	return record.ImageInfo{ID: im.id, Watchers: append([]string(nil), im.watchers...)}, nil
 }
 
 // ImageID returns the id of the image named img now.
-func (m *Memory) ImageID(ctx context.Context, img Image) (string, bool, error) {
+func (m *Memory) ImageID(ctx context.Context, img record.Image) (string, bool, error) {
 	if err := m.hook(ctx, "imageid", img); err != nil {
 		return "", false, err
 	}
@@ -476,7 +489,7 @@ func (m *Memory) Blocklist(ctx context.Context, addr string, expire time.Duratio
 // BlocklistClocked is Blocklist, with the monitors' clock (this cluster's) at the add, which
 // their answer names whether or not the add changed the entry.
 func (m *Memory) BlocklistClocked(ctx context.Context, addr string, expire time.Duration) (time.Time, time.Time, error) {
-	if err := m.hook(ctx, "blocklist", Image{}); err != nil {
+	if err := m.hook(ctx, "blocklist", record.Image{}); err != nil {
 		return time.Time{}, time.Time{}, err
 	}
 	m.mu.Lock()
@@ -494,10 +507,10 @@ func (m *Memory) BlocklistClocked(ctx context.Context, addr string, expire time.
 // AddRange adds a range entry for expire, as `osd blocklist range add CIDR EXPIRE` does: a range
 // listed already keeps its expiry. It returns the expiry as listed.
 func (m *Memory) AddRange(ctx context.Context, cidr string, expire time.Duration) (time.Time, error) {
-	if err := m.hook(ctx, "blocklist", Image{}); err != nil {
+	if err := m.hook(ctx, "blocklist", record.Image{}); err != nil {
 		return time.Time{}, err
 	}
-	p, err := parseRange(cidr)
+	p, err := record.ParseRange(cidr)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -514,7 +527,7 @@ func (m *Memory) AddRange(ctx context.Context, cidr string, expire time.Duration
 
 // RemoveRange removes a range entry (`osd blocklist range rm`).
 func (m *Memory) RemoveRange(ctx context.Context, cidr string) error {
-	if err := m.hook(ctx, "unblocklist", Image{}); err != nil {
+	if err := m.hook(ctx, "unblocklist", record.Image{}); err != nil {
 		return err
 	}
 	return m.UnblocklistRange(cidr)
@@ -529,8 +542,8 @@ func (m *Memory) ClearBlocklist() {
 }
 
 // BlocklistEntries lists the entries not expired, addresses and ranges.
-func (m *Memory) BlocklistEntries(ctx context.Context) ([]BlockEntry, error) {
-	if err := m.hook(ctx, "blocklist-ls", Image{}); err != nil {
+func (m *Memory) BlocklistEntries(ctx context.Context) ([]record.BlockEntry, error) {
+	if err := m.hook(ctx, "blocklist-ls", record.Image{}); err != nil {
 		return nil, err
 	}
 	m.mu.Lock()
@@ -540,7 +553,7 @@ func (m *Memory) BlocklistEntries(ctx context.Context) ([]BlockEntry, error) {
 
 // Unblocklist removes addr from the blocklist.
 func (m *Memory) Unblocklist(ctx context.Context, addr string) error {
-	if err := m.hook(ctx, "unblocklist", Image{}); err != nil {
+	if err := m.hook(ctx, "unblocklist", record.Image{}); err != nil {
 		return err
 	}
 	m.mu.Lock()

@@ -1,4 +1,4 @@
-package claim
+package record
 
 import (
 	"encoding/json"
@@ -27,9 +27,9 @@ import (
 // first, I1 of index.go).
 const FormatVersion = 3
 
-// legacyFormat is the format of agents from before heartbeats: each holder renews its claim
+// LegacyFormat is the format of agents from before heartbeats: each holder renews its claim
 // record, so a new agent reads those renewals as the holder's liveness.
-const legacyFormat = 1
+const LegacyFormat = 1
 
 // HeartbeatFormat is the heartbeat record's layout (liveness.go), unchanged since format 2 of
 // the claim record: agents before the index and after it read each other's heartbeats.
@@ -66,12 +66,12 @@ func ParseAccess(s string) (Access, error) {
 // Image names the image a claim is for (never a snapshot): the agent's one image reference.
 type Image = image.Ref
 
-// objectOf is the name of the image's claim object.
-func objectOf(i Image) string { return ObjectPrefix + i.Image }
+// ObjectOf is the name of the image's claim object.
+func ObjectOf(i Image) string { return ObjectPrefix + i.Image }
 
-// validateImage refuses what cannot name a claim: a snapshot (a claim is for the image), or a
+// ValidateImage refuses what cannot name a claim: a snapshot (a claim is for the image), or a
 // name image.Ref.Validate refuses. The error is ErrInvalid.
-func validateImage(i Image) error {
+func ValidateImage(i Image) error {
 	if i.Snap != "" {
 		return fmt.Errorf("%w: a claim is for an image, not snapshot %q", ErrInvalid, i.Snap)
 	}
@@ -106,8 +106,8 @@ type Holder struct {
 	Fenced bool `json:"fenced,omitempty"`
 }
 
-// fenceAddr is the address that cuts this holder off: its mapping's, else its whole host's.
-func (h Holder) fenceAddr() string {
+// FenceAddr is the address that cuts this holder off: its mapping's, else its whole host's.
+func (h Holder) FenceAddr() string {
 	if h.ClientAddr != "" {
 		return h.ClientAddr
 	}
@@ -171,9 +171,9 @@ func (f Fence) Described() string {
 	return fmt.Sprintf("node %s's mapping %s", f.NodeID, f.Addr)
 }
 
-// maxFences bounds the fences kept in a record that are known gone (history); a live fence is
+// MaxFences bounds the fences kept in a record that are known gone (history); a live fence is
 // never dropped, whatever their number: dropping it would end its renewal.
-const maxFences = 8
+const MaxFences = 8
 
 // Record is the claim object's content (JSON). Epoch only ever grows: it is raised every time
 // a holder is added, so that every holder's Epoch is unique for the life of the record.
@@ -211,7 +211,8 @@ func (r *Record) Holder(node string) *Holder {
 // Free says whether no node holds the image.
 func (r *Record) Free() bool { return r == nil || len(r.Holders) == 0 }
 
-func (r *Record) without(node string) {
+// Without drops node's holder entry.
+func (r *Record) Without(node string) {
 	kept := r.Holders[:0]
 	for _, h := range r.Holders {
 		if h.NodeID != node {
@@ -224,9 +225,9 @@ func (r *Record) without(node string) {
 	}
 }
 
-// addFence records f: it replaces an entry for the same node and address (blocklisted again),
-// and drops the oldest fences known gone while there are more than maxFences; live ones stay.
-func (r *Record) addFence(f Fence) {
+// AddFence records f: it replaces an entry for the same node and address (blocklisted again),
+// and drops the oldest fences known gone while there are more than MaxFences; live ones stay.
+func (r *Record) AddFence(f Fence) {
 	kept := r.Fences[:0]
 	for _, o := range r.Fences {
 		if o.NodeID != f.NodeID || o.Addr != f.Addr {
@@ -234,7 +235,7 @@ func (r *Record) addFence(f Fence) {
 		}
 	}
 	r.Fences = append(kept, f)
-	for extra := len(r.Fences) - maxFences; extra > 0; extra-- {
+	for extra := len(r.Fences) - MaxFences; extra > 0; extra-- {
 		i := slices.IndexFunc(r.Fences, func(f Fence) bool { return !f.Live() })
 		if i < 0 {
 			break
@@ -257,7 +258,8 @@ func (r *Record) LiveFences() []Fence {
 	return out
 }
 
-func (r *Record) clone() *Record {
+// Clone is a deep copy of r.
+func (r *Record) Clone() *Record {
 	c := *r
 	c.Holders = append([]Holder(nil), r.Holders...)
 	c.Fences = append([]Fence(nil), r.Fences...)
@@ -270,26 +272,28 @@ func (r *Record) clone() *Record {
 	return &c
 }
 
-// maxRecordSize bounds what is read from a claim object; records are far smaller.
-const maxRecordSize = 64 << 10
+// MaxRecordSize bounds what is read from a claim object; records are far smaller.
+const MaxRecordSize = 64 << 10
 
-func decode(data []byte) (*Record, error) {
+// Decode reads a record as stored (at most MaxRecordSize).
+func Decode(data []byte) (*Record, error) {
 	var r Record
 	if err := json.Unmarshal(data, &r); err != nil {
 		return nil, fmt.Errorf("claim record is not valid JSON: %w", err)
 	}
-	if r.Format < legacyFormat || r.Format > SwapFormat {
-		return nil, fmt.Errorf("claim record has format %d, this agent reads %d to %d (upgrade the agent that reads it)", r.Format, legacyFormat, SwapFormat)
+	if r.Format < LegacyFormat || r.Format > SwapFormat {
+		return nil, fmt.Errorf("claim record has format %d, this agent reads %d to %d (upgrade the agent that reads it)", r.Format, LegacyFormat, SwapFormat)
 	}
 	return &r, nil
 }
 
-func encode(r *Record) ([]byte, error) {
+// Encode is a record as stored.
+func Encode(r *Record) ([]byte, error) {
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return nil, err
 	}
-	if len(b) >= maxRecordSize {
+	if len(b) >= MaxRecordSize {
 		return nil, fmt.Errorf("claim record too large (%d bytes)", len(b))
 	}
 	return append(b, '\n'), nil

@@ -1,4 +1,6 @@
-package claim
+// Package radosbackend is the claim Backend on a real cluster: librados's atomic compare-and-set
+// operations, the image's header watchers and the monitors' blocklist.
+package radosbackend
 
 import (
 	"context"
@@ -15,6 +17,7 @@ import (
 	"github.com/ceph/go-ceph/rbd"
 
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 	"github.com/rbd-owner/rbd-owner/agent/watchers"
 )
 
@@ -24,8 +27,8 @@ type Rados struct {
 	fsid string
 }
 
-// NewRados returns the Backend of conn; it reads the cluster's fsid once.
-func NewRados(conn *rados.Conn) (*Rados, error) {
+// New returns the Backend of conn; it reads the cluster's fsid once.
+func New(conn *rados.Conn) (*Rados, error) {
 	fsid, err := conn.GetFSID()
 	if err != nil {
 		return nil, cephconn.Classify(fmt.Errorf("claim store: read cluster fsid: %w", err), "get fsid", "mon 'profile rbd'")
@@ -40,7 +43,7 @@ func (r *Rados) FSID() string { return r.fsid }
 
 // ioctx opens a private IOContext for one operation: GetLastVersion is per IOContext, so
 // sharing one between goroutines would mix up versions.
-func (r *Rados) ioctx(img Image) (*rados.IOContext, error) {
+func (r *Rados) ioctx(img record.Image) (*rados.IOContext, error) {
 	io, err := r.conn.OpenIOContext(img.Pool)
 	if cephconn.Code(err) == -int(syscall.ENOENT) {
 		return nil, notFound("pool "+img.Pool, "rados", err)
@@ -53,7 +56,7 @@ func (r *Rados) ioctx(img Image) (*rados.IOContext, error) {
 }
 
 // Read returns object oid's content and version; (nil, 0, nil) when there is none.
-func (r *Rados) Read(ctx context.Context, img Image, oid string) ([]byte, uint64, error) {
+func (r *Rados) Read(ctx context.Context, img record.Image, oid string) ([]byte, uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
@@ -64,7 +67,7 @@ func (r *Rados) Read(ctx context.Context, img Image, oid string) ([]byte, uint64
 	defer io.Destroy()
 	op := rados.CreateReadOp()
 	defer op.Release()
-	buf := make([]byte, maxRecordSize)
+	buf := make([]byte, record.MaxRecordSize)
 	step := op.Read(0, buf)
 	if err := op.Operate(io, oid, rados.OperationNoFlag); err != nil {
 		if cephconn.Code(err) == -int(syscall.ENOENT) {
@@ -82,7 +85,7 @@ func (r *Rados) Read(ctx context.Context, img Image, oid string) ([]byte, uint64
 // CompareAndWrite writes data iff the object is at version ver (0: exclusive create), in one
 // RADOS write operation (assert-version or create-exclusive, then write-full), and returns its
 // new version.
-func (r *Rados) CompareAndWrite(ctx context.Context, img Image, oid string, ver uint64, data []byte) (uint64, error) {
+func (r *Rados) CompareAndWrite(ctx context.Context, img record.Image, oid string, ver uint64, data []byte) (uint64, error) {
 	return r.operate(ctx, img, oid, func(op *rados.WriteOp) {
 		if ver == 0 {
 			op.Create(rados.CreateExclusive)
@@ -94,7 +97,7 @@ func (r *Rados) CompareAndWrite(ctx context.Context, img Image, oid string, ver 
 }
 
 // CompareAndRemove deletes the object iff it is still at version ver.
-func (r *Rados) CompareAndRemove(ctx context.Context, img Image, oid string, ver uint64) error {
+func (r *Rados) CompareAndRemove(ctx context.Context, img record.Image, oid string, ver uint64) error {
 	_, err := r.operate(ctx, img, oid, func(op *rados.WriteOp) {
 		op.AssertVersion(ver)
 		op.Remove()
@@ -103,7 +106,7 @@ func (r *Rados) CompareAndRemove(ctx context.Context, img Image, oid string, ver
 }
 
 // SetKeys sets omap keys of oid (creating it when absent) in one write.
-func (r *Rados) SetKeys(ctx context.Context, loc Image, oid string, kv map[string][]byte) (uint64, error) {
+func (r *Rados) SetKeys(ctx context.Context, loc record.Image, oid string, kv map[string][]byte) (uint64, error) {
 	return r.operate(ctx, loc, oid, func(op *rados.WriteOp) {
 		op.Create(rados.CreateIdempotent)
 		op.SetOmap(kv)
@@ -111,7 +114,7 @@ func (r *Rados) SetKeys(ctx context.Context, loc Image, oid string, kv map[strin
 }
 
 // RemoveKeys removes omap keys of oid iff it is still at version ver, in one write.
-func (r *Rados) RemoveKeys(ctx context.Context, loc Image, oid string, keys []string, ver uint64) error {
+func (r *Rados) RemoveKeys(ctx context.Context, loc record.Image, oid string, keys []string, ver uint64) error {
 	_, err := r.operate(ctx, loc, oid, func(op *rados.WriteOp) {
 		op.AssertVersion(ver)
 		op.RmOmapKeys(keys)
@@ -124,7 +127,7 @@ const omapPage = 1000
 
 // ReadKeys reads oid's omap values (for keys, or all of them, page by page, each page
 // asserting the version of the first) and its version.
-func (r *Rados) ReadKeys(ctx context.Context, loc Image, oid string, keys []string) (map[string][]byte, uint64, error) {
+func (r *Rados) ReadKeys(ctx context.Context, loc record.Image, oid string, keys []string) (map[string][]byte, uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
@@ -184,9 +187,9 @@ func (r *Rados) ReadKeys(ctx context.Context, loc Image, oid string, keys []stri
 		case code == int(syscall.ENOENT) && page == 0:
 			return nil, 0, nil
 		case code == int(syscall.ERANGE) || code == int(syscall.EOVERFLOW) || code == int(syscall.ENOENT):
-			return nil, 0, fmt.Errorf("read %s of %s: %w (it changed while it was read; read it again)", oid, poolNS(loc), ErrConflict)
+			return nil, 0, fmt.Errorf("read %s of %s: %w (it changed while it was read; read it again)", oid, record.PoolNS(loc), record.ErrConflict)
 		case err != nil:
-			return nil, 0, cephconn.Classify(fmt.Errorf("read %s of %s: %w", oid, poolNS(loc), err), "read "+oid, osdCap)
+			return nil, 0, cephconn.Classify(fmt.Errorf("read %s of %s: %w", oid, record.PoolNS(loc), err), "read "+oid, osdCap)
 		}
 		if !more {
 			return out, ver, nil
@@ -196,7 +199,7 @@ func (r *Rados) ReadKeys(ctx context.Context, loc Image, oid string, keys []stri
 
 // operate runs one write operation, built by build, on object oid and returns the object's
 // new version: a failed compare is ErrConflict.
-func (r *Rados) operate(ctx context.Context, img Image, oid string, build func(*rados.WriteOp)) (uint64, error) {
+func (r *Rados) operate(ctx context.Context, img record.Image, oid string, build func(*rados.WriteOp)) (uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -221,32 +224,32 @@ func (r *Rados) operate(ctx context.Context, img Image, oid string, build func(*
 		return ver, nil
 	case int(syscall.EEXIST), int(syscall.ERANGE), int(syscall.EOVERFLOW), int(syscall.ENOENT):
 		// EEXIST: created meanwhile; ERANGE/EOVERFLOW: version moved on; ENOENT: removed.
-		return 0, ErrConflict
+		return 0, record.ErrConflict
 	}
 	return 0, cephconn.Classify(fmt.Errorf("write %s for %s: %w", oid, img, err), "write "+oid, osdCap)
 }
 
 // Objects lists the images with a claim object in one namespace of pool, sorted: a listing of
 // every object in it (the index's one-time migration only).
-func (r *Rados) Objects(ctx context.Context, pool, namespace string) ([]Image, error) {
-	io, err := r.ioctx(Image{Pool: pool, Namespace: namespace})
+func (r *Rados) Objects(ctx context.Context, pool, namespace string) ([]record.Image, error) {
+	io, err := r.ioctx(record.Image{Pool: pool, Namespace: namespace})
 	if err != nil {
 		return nil, err
 	}
 	defer io.Destroy()
-	where := poolNS(Image{Pool: pool, Namespace: namespace})
+	where := record.PoolNS(record.Image{Pool: pool, Namespace: namespace})
 	iter, err := io.Iter()
 	if err != nil {
 		return nil, cephconn.Classify(fmt.Errorf("list objects of %s: %w", where, err), "list objects of "+where, osdCap)
 	}
 	defer iter.Close()
-	var imgs []Image
+	var imgs []record.Image
 	for iter.Next() {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if name, ok := strings.CutPrefix(iter.Value(), ObjectPrefix); ok && name != "" {
-			imgs = append(imgs, Image{Pool: pool, Namespace: namespace, Image: name})
+		if name, ok := strings.CutPrefix(iter.Value(), record.ObjectPrefix); ok && name != "" {
+			imgs = append(imgs, record.Image{Pool: pool, Namespace: namespace, Image: name})
 		}
 	}
 	if err := iter.Err(); err != nil {
@@ -258,7 +261,7 @@ func (r *Rados) Objects(ctx context.Context, pool, namespace string) ([]Image, e
 
 // Namespaces lists the pool's RBD namespaces (rbd_namespace in its default namespace).
 func (r *Rados) Namespaces(_ context.Context, pool string) ([]string, error) {
-	io, err := r.ioctx(Image{Pool: pool})
+	io, err := r.ioctx(record.Image{Pool: pool})
 	if err != nil {
 		return nil, err
 	}
@@ -288,13 +291,13 @@ func (r *Rados) Pools(ctx context.Context) ([]string, error) {
 // once: one round trip when the id read is that one, a second listing when it is not (the
 // image was recreated under its name). Without it, two round trips one after the other. An
 // image without rbd_id.<name> (the old format 1) is opened read-only instead, which costs ~10.
-func (r *Rados) ImageInfo(ctx context.Context, img Image, knownID string) (imageInfo, error) { //nolint:revive // the unexported result seals Backend to this package's backends
+func (r *Rados) ImageInfo(ctx context.Context, img record.Image, knownID string) (record.ImageInfo, error) {
 	if err := ctx.Err(); err != nil {
-		return imageInfo{}, err
+		return record.ImageInfo{}, err
 	}
 	io, err := r.ioctx(img)
 	if err != nil {
-		return imageInfo{}, err
+		return record.ImageInfo{}, err
 	}
 	defer io.Destroy()
 	var early []string
@@ -306,24 +309,24 @@ func (r *Rados) ImageInfo(ctx context.Context, img Image, knownID string) (image
 	id, ok, err := readImageID(io, img)
 	listed.Wait()
 	if err != nil {
-		return imageInfo{}, err
+		return record.ImageInfo{}, err
 	}
 	if !ok {
 		return openImageInfo(io, img)
 	}
 	if id == knownID && earlyErr == nil {
-		return imageInfo{ID: id, Watchers: early}, nil
+		return record.ImageInfo{ID: id, Watchers: early}, nil
 	}
 	ws, err := r.headerWatchers(img, id)
 	if err != nil {
-		return imageInfo{}, err
+		return record.ImageInfo{}, err
 	}
-	return imageInfo{ID: id, Watchers: ws}, nil
+	return record.ImageInfo{ID: id, Watchers: ws}, nil
 }
 
 // headerWatchers lists the watchers of image id's header, in an I/O context of its own (it
 // may run beside another read of the image).
-func (r *Rados) headerWatchers(img Image, id string) ([]string, error) {
+func (r *Rados) headerWatchers(img record.Image, id string) ([]string, error) {
 	io, err := r.ioctx(img)
 	if err != nil {
 		return nil, err
@@ -338,24 +341,24 @@ func (r *Rados) headerWatchers(img Image, id string) ([]string, error) {
 }
 
 // openImageInfo opens the image read-only for its id and watchers.
-func openImageInfo(io *rados.IOContext, img Image) (imageInfo, error) {
+func openImageInfo(io *rados.IOContext, img record.Image) (record.ImageInfo, error) {
 	im, err := rbd.OpenImageReadOnly(io, img.Image, rbd.NoSnapshot)
 	if cephconn.Code(err) == -int(syscall.ENOENT) {
-		return imageInfo{}, notFound("image "+img.String(), "rbd", err)
+		return record.ImageInfo{}, notFound("image "+img.String(), "rbd", err)
 	}
 	if err != nil {
-		return imageInfo{}, cephconn.Classify(fmt.Errorf("open image %s: %w", img, err), "open image "+img.String(), osdCap)
+		return record.ImageInfo{}, cephconn.Classify(fmt.Errorf("open image %s: %w", img, err), "open image "+img.String(), osdCap)
 	}
 	defer func() { _ = im.Close() }() // opened read only: its close loses nothing
 	id, err := im.GetId()
 	if err != nil {
-		return imageInfo{}, cephconn.Classify(fmt.Errorf("image %s: id: %w", img, err), "read image "+img.String(), osdCap)
+		return record.ImageInfo{}, cephconn.Classify(fmt.Errorf("image %s: id: %w", img, err), "read image "+img.String(), osdCap)
 	}
 	ws, err := im.ListWatchers()
 	if err != nil {
-		return imageInfo{}, cephconn.Classify(fmt.Errorf("image %s: watchers: %w", img, err), "list watchers of "+img.String(), osdCap)
+		return record.ImageInfo{}, cephconn.Classify(fmt.Errorf("image %s: watchers: %w", img, err), "list watchers of "+img.String(), osdCap)
 	}
-	info := imageInfo{ID: id}
+	info := record.ImageInfo{ID: id}
 	for _, w := range ws {
 		info.Watchers = append(info.Watchers, w.Addr)
 	}
@@ -364,11 +367,11 @@ func openImageInfo(io *rados.IOContext, img Image) (imageInfo, error) {
 
 // notFound is the cluster's ENOENT for what, said once: "image rbd/x not found (rbd: ret=-2)".
 func notFound(what, source string, err error) error {
-	return &NotFoundError{What: what, Code: fmt.Sprintf("%s: ret=%d", source, cephconn.Code(err)), Err: err}
+	return &record.NotFoundError{What: what, Code: fmt.Sprintf("%s: ret=%d", source, cephconn.Code(err)), Err: err}
 }
 
 // ImageID reads rbd_id.<name>: the id of the image that has that name now.
-func (r *Rados) ImageID(ctx context.Context, img Image) (string, bool, error) {
+func (r *Rados) ImageID(ctx context.Context, img record.Image) (string, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return "", false, err
 	}
@@ -381,7 +384,7 @@ func (r *Rados) ImageID(ctx context.Context, img Image) (string, bool, error) {
 }
 
 // readImageID reads rbd_id.<name> in io (false when there is none).
-func readImageID(io *rados.IOContext, img Image) (string, bool, error) {
+func readImageID(io *rados.IOContext, img record.Image) (string, bool, error) {
 	buf := make([]byte, 256)
 	n, err := io.Read("rbd_id."+img.Image, buf, 0)
 	if cephconn.Code(err) == -int(syscall.ENOENT) {
@@ -418,14 +421,14 @@ func (r *Rados) BlocklistClocked(ctx context.Context, addr string, expire time.D
 	if err != nil {
 		return time.Time{}, time.Time{}, err
 	}
-	if mon, ok, err := r.blocklistExpiry(addr); err == nil && ok {
+	if mon, ok, err := r.ListedUntil(addr); err == nil && ok {
 		return mon, monNow, nil
 	}
 	return until, monNow, nil
 }
 
-// blocklistExpiry reads addr's entry from the monitors' blocklist (false when it has none).
-func (r *Rados) blocklistExpiry(addr string) (time.Time, bool, error) {
+// ListedUntil reads addr's entry from the monitors' blocklist (false when it has none).
+func (r *Rados) ListedUntil(addr string) (time.Time, bool, error) {
 	entries, err := r.blocklistLs()
 	if err != nil {
 		return time.Time{}, false, err
@@ -435,16 +438,16 @@ func (r *Rados) blocklistExpiry(addr string) (time.Time, bool, error) {
 
 // blocklistLs reads the monitors' blocklist (`osd blocklist ls`; the agent's user needs
 // `mon 'allow r'`, which `profile rbd` grants).
-func (r *Rados) blocklistLs() ([]BlockEntry, error) {
+func (r *Rados) blocklistLs() ([]record.BlockEntry, error) {
 	out, _, err := r.conn.MonCommand([]byte(`{"prefix":"osd blocklist ls","format":"json"}`))
 	if err != nil {
 		return nil, cephconn.Classify(fmt.Errorf("osd blocklist ls: %w", err), "osd blocklist ls", cephconn.BlocklistCap)
 	}
-	return ParseBlocklist(out)
+	return record.ParseBlocklist(out)
 }
 
 // BlocklistEntries reads every entry of the cluster's blocklist, addresses and ranges.
-func (r *Rados) BlocklistEntries(ctx context.Context) ([]BlockEntry, error) {
+func (r *Rados) BlocklistEntries(ctx context.Context) ([]record.BlockEntry, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -453,7 +456,7 @@ func (r *Rados) BlocklistEntries(ctx context.Context) ([]BlockEntry, error) {
 
 // parseBlocklistExpiry finds addr's own expiry in the JSON of `osd blocklist ls`.
 func parseBlocklistExpiry(out []byte, addr string) (time.Time, bool, error) {
-	entries, err := ParseBlocklist(out)
+	entries, err := record.ParseBlocklist(out)
 	if err != nil {
 		return time.Time{}, false, err
 	}
@@ -461,9 +464,9 @@ func parseBlocklistExpiry(out []byte, addr string) (time.Time, bool, error) {
 }
 
 // blocklistExpiry finds addr's own entry (not a wider one) among entries.
-func blocklistExpiry(entries []BlockEntry, addr string) (time.Time, bool, error) {
+func blocklistExpiry(entries []record.BlockEntry, addr string) (time.Time, bool, error) {
 	for _, e := range entries {
-		if e.Addr == "" || e.Addr != bareAddr(addr) {
+		if e.Addr == "" || e.Addr != record.BareAddr(addr) {
 			continue
 		}
 		if e.Until.IsZero() {
@@ -472,14 +475,6 @@ func blocklistExpiry(entries []BlockEntry, addr string) (time.Time, bool, error)
 		return e.Until, true, nil
 	}
 	return time.Time{}, false, nil
-}
-
-// bareAddr drops an address's type ("v1:", "v2:", "any:"), which the blocklist may show.
-func bareAddr(a string) string {
-	for _, p := range []string{"any:", "v1:", "v2:"} {
-		a = strings.TrimPrefix(a, p)
-	}
-	return a
 }
 
 // Unblocklist removes addr from the blocklist.

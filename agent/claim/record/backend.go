@@ -1,4 +1,7 @@
-package claim
+// Package record is the claim protocol's bottom floor: the shared types (the claim record, its
+// holders and fences, the blocklist entry, the heartbeat's and the index's object names), the
+// errors, and the Backend a store runs on. It does no I/O.
+package record
 
 import (
 	"context"
@@ -47,7 +50,7 @@ type Backend interface {
 	// ErrNotFound when the image does not exist. knownID, when not "", is the id the image had
 	// when last seen: its header's watchers may be listed in the same round as the id is read,
 	// and are kept only when the id read is that one.
-	ImageInfo(ctx context.Context, img Image, knownID string) (imageInfo, error)
+	ImageInfo(ctx context.Context, img Image, knownID string) (ImageInfo, error)
 	// ImageID returns the id of the image named img now ("", false when there is none).
 	ImageID(ctx context.Context, img Image) (string, bool, error)
 	// Blocklist adds a client address to the cluster's blocklist for expire, and returns when
@@ -70,9 +73,9 @@ type Backend interface {
 // ErrConflict means the compare of a compare-and-set failed: someone else wrote first.
 var ErrConflict = errors.New("claim changed concurrently")
 
-// clockedAdder is a backend whose blocklist add also tells the monitors' clock as they
+// ClockedAdder is a backend whose blocklist add also tells the monitors' clock as they
 // answered it (zero when they did not say): a store learns their time from its first add, even
 // one that changes nothing.
-type clockedAdder interface {
+type ClockedAdder interface {
 	BlocklistClocked(ctx context.Context, addr string, expire time.Duration) (until, monNow time.Time, err error)
 }
