@@ -310,3 +310,52 @@ func TestFenceNodeIsIdempotent(t *testing.T) {
 		}
 	}
 }
+
+// TestFenceCutsTheWholeAddressOnlyWithoutAMapping: an admin's fence of an image blocklists its
+// holder's mapping address when the holder recorded one, and nothing else of that host (its
+// other mappings and its agent keep working); only a hold that recorded no mapping address is
+// fenced by the host's whole address (ip:0/0), and then the answer and the audit entry say so.
+// Either way the hold is marked fenced, so that a forced release may follow.
+func TestFenceCutsTheWholeAddressOnlyWithoutAMapping(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t)
+	mapped, bare := claim.Image{Pool: "rbd", Image: "mapped"}, claim.Image{Pool: "rbd", Image: "bare"}
+	r.hold(t, mapped, "10.0.0.1:0/5")
+	r.hold(t, bare, "") // node-a stopped between its claim and its map
+	r.entries()
+	for _, tc := range []struct {
+		img             claim.Image
+		addr, described string
+		wholeNode       bool
+	}{
+		{mapped, "10.0.0.1:0/5", "fenced node node-a's mapping 10.0.0.1:0/5, holder of rbd/mapped", false},
+		{bare, "10.0.0.1:0/0", "fenced node node-a's WHOLE address 10.0.0.1:0/0 (no mapping address was recorded: every client of that host on this cluster is cut, its other mappings and its agent too), holder of rbd/bare", true},
+	} {
+		out, err := r.admin.Fence(ctx, api.ImageRequest{Pool: tc.img.Pool, Image: tc.img.Image}, root)
+		if err != nil || out.FencedAddr != tc.addr || !slices.Equal(out.FencedAddrs, []string{tc.addr}) {
+			t.Fatalf("fence %s: %+v %v, want %s fenced", tc.img, out, err, tc.addr)
+		}
+		if _, ok := r.m.BlocklistedUntil(tc.addr); !ok {
+			t.Errorf("fence %s: %s is not on the blocklist", tc.img, tc.addr)
+		}
+		// the host's whole address, and so another client of it, is cut only by the bare hold's fence
+		if _, whole := r.m.BlocklistedUntil("10.0.0.1:0/0"); whole != tc.wholeNode {
+			t.Errorf("fence %s: 10.0.0.1:0/0 listed %v, want %v", tc.img, whole, tc.wholeNode)
+		}
+		if cut := r.m.Blocklisted("10.0.0.1:0/99"); cut != tc.wholeNode {
+			t.Errorf("fence %s: another client of node-a's host cut off %v, want %v", tc.img, cut, tc.wholeNode)
+		}
+		rec, err := r.b.Inspect(ctx, tc.img)
+		if err != nil || len(rec.Holders) != 1 || !rec.Holders[0].Fenced || len(rec.Kept()) != 1 || rec.Kept()[0].Addr != tc.addr {
+			t.Errorf("fence %s: the record %+v %v, want node-a's hold marked fenced and one live fence of %s", tc.img, rec, err, tc.addr)
+		}
+		es := r.entries()
+		if len(es) != 1 {
+			t.Fatalf("fence %s: audited %+v, want one entry", tc.img, es)
+		}
+		if e := es[0]; e.Event != audit.Fence || !e.Warning || e.OwnerNode != "node-a" || e.Image != tc.img.Image || !e.HasPeer || e.PID != root.PID ||
+			!strings.HasPrefix(e.Message, tc.described+", until ") {
+			t.Errorf("fence %s: audit entry %+v, want its message to start %q", tc.img, e, tc.described)
+		}
+	}
+}
