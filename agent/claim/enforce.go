@@ -100,22 +100,6 @@ func stamp(t time.Time) string {
 	return t.UTC().Format(time.RFC3339)
 }
 
-// listing is the cluster's blocklist as this store last read it.
-type listing struct {
-	entries []BlockEntry
-	at      time.Duration // Mono of the read
-	ok      bool
-}
-
-// monClock estimates the monitors' clock without this node's wall clock: a fresh entry added
-// for e is listed until the monitors' now + e, so their now at that add was until - e; from
-// there it moves with this process's monotonic clock.
-type monClock struct {
-	base time.Time
-	at   time.Duration
-	ok   bool
-}
-
 // fenceCheck is how often a kept fence is compared with the listing: FenceCheck, else a third
 // of the lease.
 func (s *Store) fenceCheck() time.Duration {
@@ -123,65 +107,6 @@ func (s *Store) fenceCheck() time.Duration {
 		return s.cfg.FenceCheck
 	}
 	return s.cfg.Lease / 3
-}
-
-// blocklist returns the cluster's blocklist as read less than half a fence check ago, reading it
-// when there is none: the claims checked in one round share one read, and each round reads
-// anew. Callers wait for one read at a time.
-func (s *Store) blocklist(ctx context.Context) ([]BlockEntry, error) {
-	entries, _, err := s.blocklistAt(ctx)
-	return entries, err
-}
-
-// blocklistAt is blocklist, with when (on both clocks) the listing returned was read: a check
-// made on it counts from then.
-func (s *Store) blocklistAt(ctx context.Context) ([]BlockEntry, keptAt, error) {
-	s.listMu.Lock()
-	defer s.listMu.Unlock()
-	mono, wall := s.cfg.Mono(), s.cfg.Now()
-	if s.list.ok && mono-s.list.at < s.fenceCheck()/2 {
-		return s.list.entries, keptAt{mono: s.list.at, wall: wall.Add(s.list.at - mono)}, nil
-	}
-	entries, err := s.b.BlocklistEntries(ctx)
-	if err != nil {
-		return nil, keptAt{}, fmt.Errorf("read the cluster's blocklist: %w", err)
-	}
-	s.list = listing{entries: entries, at: mono, ok: true}
-	return entries, keptAt{mono: mono, wall: wall}, nil
-}
-
-// listingChanged forgets the listing: this store just changed the blocklist.
-func (s *Store) listingChanged() {
-	s.listMu.Lock()
-	defer s.listMu.Unlock()
-	s.list.ok = false
-}
-
-// monNow is the monitors' clock as this store estimates it (this node's wall clock until it has
-// added a fresh entry).
-// monKnown says whether this store has read the monitors' clock (from a fresh add of its own);
-// until it has, monNow is this node's wall clock, which may be minutes off theirs.
-func (s *Store) monKnown() bool {
-	s.listMu.Lock()
-	defer s.listMu.Unlock()
-	return s.mon.ok
-}
-
-func (s *Store) monNow() time.Time {
-	s.listMu.Lock()
-	defer s.listMu.Unlock()
-	if !s.mon.ok {
-		return s.cfg.Now()
-	}
-	return s.mon.base.Add(s.cfg.Mono() - s.mon.at)
-}
-
-// learnMonClock notes a fresh entry's expiry (added for expire, the call started at Mono
-// before): the monitors' now at the add is until - expire, no earlier than before.
-func (s *Store) learnMonClock(until time.Time, expire, before time.Duration) {
-	s.listMu.Lock()
-	defer s.listMu.Unlock()
-	s.mon = monClock{base: until.Add(-expire), at: before, ok: true}
 }
 
 // exactEntry is addr's own entry in entries (not a wider one).
@@ -213,7 +138,7 @@ func (s *Store) judge(entries []BlockEntry, addr string, recorded time.Time) (Bl
 		return e, missing
 	case !recorded.IsZero() && e.Until.Before(recorded.Add(-readdTolerance)):
 		return e, short
-	case e.Until.Sub(s.monNow()) <= s.cfg.FenceExpiry*3/4:
+	case e.Until.Sub(s.view.monNow()) <= s.cfg.FenceExpiry*3/4:
 		return e, aging // a quarter of its life gone: lengthened at the first check from then
 	}
 	return e, inForce
@@ -230,16 +155,16 @@ func (s *Store) add(ctx context.Context, addr string, absent bool) (time.Time, e
 	} else {
 		until, err = s.b.Blocklist(ctx, addr, s.cfg.FenceExpiry)
 	}
-	s.listingChanged()
+	s.view.changed()
 	if err != nil {
 		return time.Time{}, err
 	}
 	switch {
 	case !monNow.IsZero():
 		// the monitors named their time: an add that changed nothing tells it too
-		s.learnMonClock(monNow, 0, before)
+		s.view.learnMonClock(monNow, 0, before)
 	case absent:
-		s.learnMonClock(until, s.cfg.FenceExpiry, before)
+		s.view.learnMonClock(until, s.cfg.FenceExpiry, before)
 	}
 	return until.UTC(), nil
 }
@@ -247,7 +172,7 @@ func (s *Store) add(ctx context.Context, addr string, absent bool) (time.Time, e
 // lengthened says whether an expiry is long enough for a fence: more than three quarters of
 // fence_expiry left on the monitors' clock.
 func (s *Store) lengthened(until time.Time) bool {
-	return until.Sub(s.monNow()) > s.cfg.FenceExpiry*3/4
+	return until.Sub(s.view.monNow()) > s.cfg.FenceExpiry*3/4
 }
 
 // errNotLengthened: an entry could not be lengthened without leaving its client uncut.
@@ -265,7 +190,7 @@ func (s *Store) ensure(ctx context.Context, addr string, e BlockEntry, st entryS
 	// is safe there, and its fresh add reads their clock
 	preClaim := mode == swapBare || mode == swapNeedsMark
 	probed := false
-	if st == inForce && !s.monKnown() {
+	if st == inForce && !s.view.monKnown() {
 		// nor by a keeper: a restarted agent behind the monitors took an older agent's short
 		// entry for a whole one and let it lapse (the campaign again, round 10). An add of the
 		// listed entry, which changes nothing, has them name their time.
@@ -274,14 +199,14 @@ func (s *Store) ensure(ctx context.Context, addr string, e BlockEntry, st entryS
 			return time.Time{}, "", err
 		}
 		probed = true
-		if s.monKnown() && s.lengthened(until) {
+		if s.view.monKnown() && s.lengthened(until) {
 			return until, "", nil
 		}
-		if s.monKnown() || preClaim {
+		if s.view.monKnown() || preClaim {
 			st = aging
 		}
 	}
-	blind := preClaim && !s.monKnown()
+	blind := preClaim && !s.view.monKnown()
 	if st == inForce {
 		return e.Until, "", nil
 	}
@@ -328,14 +253,14 @@ func (s *Store) ensure(ctx context.Context, addr string, e BlockEntry, st entryS
 // operator's or an older agent's entry) is lengthened as mode allows: a fence written before the
 // hold it protects (swapBare) is then in force for its whole life from the start.
 func (s *Store) fenceEntry(ctx context.Context, addr string, mode enforceMode, down bool) (time.Time, bool, error) {
-	entries, err := s.blocklist(ctx)
+	entries, err := s.view.entries(ctx)
 	if err != nil {
 		// not known whether it is listed: added, then judged by the expiry it is listed with
 		until, aerr := s.add(ctx, addr, false)
 		if aerr != nil {
 			return time.Time{}, false, aerr
 		}
-		if s.lengthened(until) && s.monKnown() {
+		if s.lengthened(until) && s.view.monKnown() {
 			return until, false, nil
 		}
 		entries = []BlockEntry{{Addr: record.BareAddr(addr), Until: until}}
@@ -354,7 +279,7 @@ func (s *Store) fenceEntry(ctx context.Context, addr string, mode enforceMode, d
 // swap removes addr's entry and adds it again whole (two map epochs).
 func (s *Store) swap(ctx context.Context, addr, how string) (time.Time, string, error) {
 	if err := s.b.Unblocklist(ctx, addr); err != nil {
-		s.listingChanged()
+		s.view.changed()
 		return time.Time{}, "", fmt.Errorf("remove %s to add it again for longer: %w", addr, err)
 	}
 	until, err := s.add(ctx, addr, true)
@@ -405,8 +330,8 @@ func (s *Store) ownNodeAddr() string {
 func (s *Store) swapCovered(ctx context.Context, addr, cover string, isRange bool) (time.Time, string, error) {
 	// read anew: a cover someone else listed since the round's listing is theirs, and would be
 	// removed below with this store's own
-	s.listingChanged()
-	entries, err := s.blocklist(ctx)
+	s.view.changed()
+	entries, err := s.view.entries(ctx)
 	if err != nil {
 		return time.Time{}, "", fmt.Errorf("cover %s with %s to add it again for longer: %w", addr, cover, err)
 	}
@@ -419,12 +344,12 @@ func (s *Store) swapCovered(ctx context.Context, addr, cover string, isRange boo
 	} else {
 		cu, err = s.b.Blocklist(ctx, cover, coverLife)
 	}
-	s.listingChanged()
+	s.view.changed()
 	if err != nil {
 		return time.Time{}, "", fmt.Errorf("cover %s with %s to add it again for longer: %w", addr, cover, err)
 	}
 	// the cover must be listed before the entry goes: read back, not judged by clocks
-	if entries, err = s.blocklist(ctx); err != nil {
+	if entries, err = s.view.entries(ctx); err != nil {
 		return time.Time{}, "", fmt.Errorf("cover %s with %s to add it again for longer: %w", addr, cover, err)
 	}
 	if _, ok := record.CoveringNode(entries, addr); !ok {

@@ -214,7 +214,7 @@ func (s *Store) unaddEnded(ctx context.Context, img Image, rec *Record, added ma
 			errs = append(errs, fmt.Errorf("remove again the entry %s of an ended fence on %s, put back by this check: %w", addr, img, err))
 			continue
 		}
-		s.listingChanged()
+		s.view.changed()
 		rep.Lifted = append(rep.Lifted, addr)
 	}
 	return errs
@@ -249,7 +249,7 @@ func (s *Store) keepDue(ctx context.Context, img Image, cur *Record, rep *KeepRe
 	if len(due)+len(lift) == 0 {
 		return round, nil
 	}
-	entries, read, err := s.blocklistAt(ctx)
+	entries, read, err := s.view.read(ctx)
 	if err != nil {
 		return round, []error{fmt.Errorf("check the fences of %s: %w", img, err)}
 	}
@@ -266,7 +266,7 @@ func (s *Store) keepDue(ctx context.Context, img Image, cur *Record, rep *KeepRe
 				errs = append(errs, fmt.Errorf("remove the entry of node %s's gone fence %s on %s: %w", f.NodeID, f.Addr, img, err))
 				continue
 			}
-			s.listingChanged()
+			s.view.changed()
 			rep.Lifted = append(rep.Lifted, f.Addr)
 		}
 		round.lifted[f.Addr] = f.At
@@ -403,7 +403,7 @@ func (s *Store) renewDue(ctx context.Context, img Image, rec *Record, done map[s
 	}
 	s.keepMu.Unlock()
 	if len(due) > 0 {
-		entries, read, err := s.blocklistAt(ctx)
+		entries, read, err := s.view.read(ctx)
 		if err != nil {
 			return fmt.Errorf("the fences the claim keeps could not be checked first: %w", err)
 		}

@@ -3,11 +3,9 @@ package claim
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -286,177 +284,10 @@ func (s *Store) Watch(ctx context.Context, img Image) (map[string]LeaseView, err
 	return leases, nil
 }
 
-// Heartbeat renews this node's liveness in a pool and namespace: one write, whatever the
-// number of claims held there. The write compares against the version this store wrote last
-// (no read first); a read comes only when that fails (the first write, another writer).
-// Callers at once share writes: one runs at a time in a place, and a caller that a write
-// started after its call has covered (its holds' edits included, its time as fresh) returns
-// when that write succeeded (else it writes again itself), so that many maps at once do not
-// race each other's compare.
-func (s *Store) Heartbeat(ctx context.Context, pool, namespace string) error {
-	key := record.PoolNS(Image{Pool: pool, Namespace: namespace})
-	s.hbMu.Lock()
-	g := s.hbGates[key]
-	if g == nil {
-		g = &hbGate{turn: make(chan struct{}, 1)}
-		s.hbGates[key] = g
-	}
-	g.asked++
-	mine := g.asked
-	s.hbMu.Unlock()
-	select {
-	case g.turn <- struct{}{}:
-	case <-ctx.Done():
-		return fmt.Errorf("heartbeat in %s: waiting for the write before it: %w", key, ctx.Err())
-	}
-	defer func() { <-g.turn }()
-	s.hbMu.Lock()
-	if g.covered >= mine && g.err == nil {
-		s.hbMu.Unlock()
-		return nil
-	}
-	cover := g.asked // every caller counted so far noted its edits already
-	s.hbMu.Unlock()
-	err := s.writeHeartbeat(ctx, pool, namespace)
-	s.hbMu.Lock()
-	g.covered, g.err = cover, err
-	s.hbMu.Unlock()
-	return err
-}
-
-// hbGate is one place's heartbeat writer: turn is held by the write under way; asked counts
-// the calls, covered the last call the last write's edits included, and err is that write's
-// outcome.
-type hbGate struct {
-	turn    chan struct{}
-	asked   uint64
-	covered uint64
-	err     error
-}
-
-// writeHeartbeat is one heartbeat write in a place (Heartbeat), with its compare's retries.
-func (s *Store) writeHeartbeat(ctx context.Context, pool, namespace string) error {
-	loc := Image{Pool: pool, Namespace: namespace}
-	oid := record.HeartbeatObject(s.cfg.Node.ID)
-	key := record.PoolNS(loc)
-	for attempt := 0; attempt < 8; attempt++ {
-		s.hbMu.Lock()
-		last, cached := s.hbLast[key]
-		edits := maps.Clone(s.hbEdits[key])
-		s.hbMu.Unlock()
-		hb, ver := &Heartbeat{}, last.ver
-		if cached {
-			c := last.hb
-			hb = &c
-		} else {
-			data, v, err := s.b.Read(ctx, loc, oid)
-			if err != nil {
-				return fmt.Errorf("heartbeat in %s: %w", key, err)
-			}
-			ver = v
-			if data != nil {
-				if old, err := decodeHeartbeat(data); err == nil {
-					hb = old
-				} // an unreadable old record is replaced; its version still moves on
-			}
-		}
-		me := s.me()
-		hb.Format, hb.NodeID, hb.Incarnation, hb.Hostname, hb.NodeAddr = HeartbeatFormat, s.cfg.Node.ID, me.Incarnation, me.Hostname, me.NodeAddr
-		hb.Seq++
-		hb.RenewedAt, hb.LeaseSeconds, hb.AgentVersion, hb.BootID = s.cfg.Now().UTC(), me.LeaseSeconds, me.AgentVersion, me.BootID
-		hb.Holds, hb.HoldsListed = editHolds(hb.Holds, edits), true
-		hb.Places = s.placesHeld(key, len(hb.Holds) > 0)
-		out, err := encodeHeartbeat(hb)
-		if err != nil {
-			return err
-		}
-		nv, err := s.b.CompareAndWrite(ctx, loc, oid, ver, out)
-		s.hbMu.Lock()
-		if err == nil {
-			s.hbLast[key] = hbWritten{ver: nv, hb: *hb}
-			for img, add := range edits {
-				if cur, ok := s.hbEdits[key][img]; ok && cur == add {
-					delete(s.hbEdits[key], img) // written; an edit made since stays
-				}
-			}
-		} else if s.hbLast[key].ver == ver {
-			delete(s.hbLast, key) // read it again: another write came between, or this one's fate is unknown
-		}
-		s.hbMu.Unlock()
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, ErrConflict) {
-			return fmt.Errorf("heartbeat in %s: %w", key, err)
-		}
-	}
-	return fmt.Errorf("heartbeat in %s: %w: written concurrently (is node id %s used twice?)", key, ErrBusy, s.cfg.Node.ID)
-}
-
-// placesHeld lists the places where this store heartbeats for holds: those whose last written
-// heartbeat or pending edits list a hold, and here (the place key being written) when here
-// holds one.
-func (s *Store) placesHeld(here string, holdsHere bool) []string {
-	s.hbMu.Lock()
-	defer s.hbMu.Unlock()
-	var out []string
-	for key, last := range s.hbLast {
-		if key != here && len(editHolds(slices.Clone(last.hb.Holds), s.hbEdits[key])) > 0 {
-			out = append(out, key)
-		}
-	}
-	for key, edits := range s.hbEdits {
-		if _, written := s.hbLast[key]; !written && key != here && len(editHolds(nil, edits)) > 0 {
-			out = append(out, key)
-		}
-	}
-	if holdsHere {
-		out = append(out, here)
-	}
-	sort.Strings(out)
-	return out
-}
-
 // placeOf is the pool and namespace a place key names (poolNS's inverse).
 func placeOf(key string) Image {
 	pool, ns, _ := strings.Cut(key, "/")
 	return Image{Pool: pool, Namespace: ns}
-}
-
-// NoteHold has img listed among this node's holds (add) or no longer (drop) by the next
-// heartbeat in its place. Acquire adds the image itself, before its claim; the agent adds the
-// holds it finds at its start (those of an agent before the list), and a release drops them.
-func (s *Store) NoteHold(img Image, add bool) {
-	key := record.PoolNS(img)
-	s.hbMu.Lock()
-	defer s.hbMu.Unlock()
-	if s.hbEdits[key] == nil {
-		s.hbEdits[key] = map[string]bool{}
-	}
-	s.hbEdits[key][img.Image] = add
-}
-
-// Holds are the images this node's last heartbeat in img's place listed, and the edits not
-// written yet (for tests and status).
-func (s *Store) Holds(pool, namespace string) []string {
-	key := record.PoolNS(Image{Pool: pool, Namespace: namespace})
-	s.hbMu.Lock()
-	defer s.hbMu.Unlock()
-	return editHolds(slices.Clone(s.hbLast[key].hb.Holds), s.hbEdits[key])
-}
-
-// listedNow says whether img may be listed among this node's holds in its place now: written,
-// an edit to add it not written yet, or this store has not read or written its heartbeat
-// there yet (what an agent before it wrote may list it).
-func (s *Store) listedNow(img Image) bool {
-	key := record.PoolNS(img)
-	s.hbMu.Lock()
-	defer s.hbMu.Unlock()
-	if add, edited := s.hbEdits[key][img.Image]; edited {
-		return add
-	}
-	last, ok := s.hbLast[key]
-	return !ok || slices.Contains(last.hb.Holds, img.Image)
 }
 
 // unlistUnsent drops img from this node's holds again after an Acquire that sent no claim,
@@ -465,19 +296,6 @@ func (s *Store) unlistUnsent(img Image, wasListed bool) {
 	if !wasListed {
 		s.NoteHold(img, false)
 	}
-}
-
-// mayList says whether this node's heartbeat in img's place may list img: it does, or it has
-// not been read or written by this store yet.
-func (s *Store) mayList(img Image) bool {
-	key := record.PoolNS(img)
-	s.hbMu.Lock()
-	defer s.hbMu.Unlock()
-	last, ok := s.hbLast[key]
-	if _, edited := s.hbEdits[key][img.Image]; edited || !ok {
-		return true
-	}
-	return slices.Contains(last.hb.Holds, img.Image)
 }
 
 // editHolds applies edits (image: add or drop) to a sorted list of images.

@@ -113,7 +113,7 @@ func (s *Store) acquireInput(ctx context.Context, req Request) (acquireInput, re
 		return acquireInput{}, readResult{}, err
 	}
 	img := req.Image
-	listed := s.listedNow(img)
+	listed := s.hb.listedNow(img)
 	var (
 		round                   sync.WaitGroup
 		info                    record.ImageInfo
@@ -291,7 +291,7 @@ func (s *Store) coverage(ctx context.Context, cur *Record) (map[string]BlockEntr
 // notifyAll leaves notices (notify) after a change that is written, and hands the failures to
 // Config.OnNoticeFailed.
 func (s *Store) notifyAll(ctx context.Context, img Image, what string, holds map[string]uint64) {
-	for _, err := range s.notify(ctx, img, what, holds) {
+	for _, err := range s.notices.leave(ctx, img, what, holds) {
 		if s.cfg.OnNoticeFailed != nil {
 			s.cfg.OnNoticeFailed(err)
 		}
@@ -471,7 +471,7 @@ func (s *Store) ReleaseHold(ctx context.Context, img Image, epoch uint64) (Relea
 	if err != nil {
 		return ReleaseResult{}, fmt.Errorf("release %s: %w", img, err)
 	}
-	if holdsNone && s.mayList(img) {
+	if holdsNone && s.hb.mayList(img) {
 		// no longer listed among this node's holds: noted after the release, so the list stays
 		// a superset of its holds; written by Unlist or the next heartbeat
 		s.NoteHold(img, false)

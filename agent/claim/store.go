@@ -93,34 +93,17 @@ type Store struct {
 	keepMu   sync.Mutex
 	kept     map[string]keptAt
 	silent   map[string]markSeen // fenced nodes' heartbeat marks, by place and node (silentFor)
-	// list is the cluster's blocklist as last read, mon the monitors' clock as estimated from
-	// this store's fresh entries (enforce.go)
-	listMu sync.Mutex
-	list   listing
-	mon    monClock
-	// hbLast is this store's last heartbeat write in each place (Heartbeat)
-	hbMu   sync.Mutex
-	hbLast map[string]hbWritten
-	// hbEdits are the changes to the holds a heartbeat lists, by place, not written yet
-	// (image: added, or dropped)
-	hbEdits map[string]map[string]bool
-	// hbGates let one heartbeat write at a time run in each place, and answer the callers
-	// that a write started after them has covered (Heartbeat)
-	hbGates map[string]*hbGate
-	// pendingNotices are the notices not written yet (RetryNotices)
-	noticeMu       sync.Mutex
-	pendingNotices []pendingNotice
-	// ids are the image ids this store last saw, by image (inspectImage): the watchers of the
-	// header they name are listed in the same round as the id is read
-	idMu sync.Mutex
-	ids  map[Image]string
-	// recs are the claim records this store last read to change them or wrote, with their
-	// object versions: updateKnown's first guess, which its compare-and-set checks
-	recMu sync.Mutex
-	recs  map[Image]readResult
+	// view is the cluster's blocklist as last read, and the monitors' clock (listing.go)
+	view *blocklistView
+	// hb writes this node's heartbeats (heartbeats.go)
+	hb *heartbeats
+	// notices are the notes left for nodes whose holds this store changed (notices.go)
+	notices *noticeBox
+	// cache is what this store last saw of each image: records and ids (cache.go)
+	cache *recordCache
 }
 
-// maxKnownIDs bounds Store.ids and Store.recs: when full one is emptied, and the next look at
+// maxKnownIDs bounds the record cache's maps and the fenced nodes' marks: when full one is emptied, and the next look at
 // or change of each image takes one round trip more.
 const maxKnownIDs = 4096
 
@@ -154,8 +137,12 @@ func NewStoreOn(b Backend, cfg Config) (*Store, error) {
 		start := time.Now()
 		cfg.Mono = func() time.Duration { return time.Since(start) } // monotonic reading
 	}
-	return &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver(), kept: map[string]keptAt{}, swapSeen: map[Image]swapSighting{}, silent: map[string]markSeen{}, hbLast: map[string]hbWritten{},
-		hbEdits: map[string]map[string]bool{}, hbGates: map[string]*hbGate{}, ids: map[Image]string{}, recs: map[Image]readResult{}}, nil
+	s := &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver(), kept: map[string]keptAt{}, swapSeen: map[Image]swapSighting{}, silent: map[string]markSeen{}}
+	s.hb = newHeartbeats(b, cfg.Node.ID, cfg.Now, s.me)
+	s.cache = newRecordCache()
+	s.notices = &noticeBox{b: b, self: cfg.Node.ID, now: cfg.Now}
+	s.view = &blocklistView{b: b, now: cfg.Now, mono: cfg.Mono, serve: func() time.Duration { return s.fenceCheck() / 2 }}
+	return s, nil
 }
 
 // FSID is the cluster's fsid.
@@ -192,32 +179,6 @@ func (s *Store) readAt(ctx context.Context, img Image) readResult {
 	return readResult{rec: rec, ver: ver}
 }
 
-// remember keeps rec, at object version ver, as the record last seen of img (nil: forget it).
-func (s *Store) remember(img Image, rec *Record, ver uint64) {
-	s.recMu.Lock()
-	defer s.recMu.Unlock()
-	if rec == nil {
-		delete(s.recs, img)
-		return
-	}
-	if len(s.recs) >= maxKnownIDs {
-		clear(s.recs)
-	}
-	s.recs[img] = readResult{rec: rec.Clone(), ver: ver}
-}
-
-// lastSeen is the record last seen of img and its version (nil when none is remembered).
-func (s *Store) lastSeen(img Image) *readResult {
-	s.recMu.Lock()
-	defer s.recMu.Unlock()
-	r, ok := s.recs[img]
-	if !ok {
-		return nil
-	}
-	r.rec = r.rec.Clone()
-	return &r
-}
-
 // cas writes rec if and only if the object is still at version ver (0: does not exist yet),
 // in ONE atomic write. A lost race returns ErrConflict.
 func (s *Store) cas(ctx context.Context, img Image, ver uint64, rec *Record) error {
@@ -232,10 +193,10 @@ func (s *Store) cas(ctx context.Context, img Image, ver uint64, rec *Record) err
 	}
 	nv, err := s.b.CompareAndWrite(ctx, img, record.ObjectOf(img), ver, data)
 	if err != nil {
-		s.remember(img, nil, 0) // lost, or its fate unknown: read it again next time
+		s.cache.remember(img, nil, 0) // lost, or its fate unknown: read it again next time
 		return err
 	}
-	s.remember(img, rec, nv)
+	s.cache.remember(img, rec, nv)
 	return nil
 }
 
@@ -266,7 +227,7 @@ func (s *Store) updateFrom(ctx context.Context, img Image, first *readResult, de
 // write nothing, or an error, is made again on a fresh read. decide must have no side effect
 // (no fence): it may run on a record that is no longer there.
 func (s *Store) updateKnown(ctx context.Context, img Image, decide func(cur *Record, ver uint64) (*Record, error)) (*Record, error) {
-	return s.updateOn(ctx, img, s.lastSeen(img), true, decide)
+	return s.updateOn(ctx, img, s.cache.lastSeen(img), true, decide)
 }
 
 func (s *Store) updateOn(ctx context.Context, img Image, first *readResult, guess bool, decide func(cur *Record, ver uint64) (*Record, error)) (*Record, error) {
@@ -289,7 +250,7 @@ func (s *Store) updateOn(ctx context.Context, img Image, first *readResult, gues
 			return nil, err
 		}
 		if !guessing {
-			s.remember(img, cur, ver) // the records this store changes, not every one it lists
+			s.cache.remember(img, cur, ver) // the records this store changes, not every one it lists
 		}
 		var in *Record
 		if cur != nil {
@@ -326,20 +287,13 @@ func (s *Store) updateOn(ctx context.Context, img Image, first *readResult, gues
 // inspectImage checks that the image exists and lists its watchers, other than this client:
 // one round trip when the image still has the id this store last saw (Backend.ImageInfo).
 func (s *Store) inspectImage(ctx context.Context, img Image) (record.ImageInfo, error) {
-	s.idMu.Lock()
-	known := s.ids[img]
-	s.idMu.Unlock()
+	known := s.cache.id(img)
 	info, err := s.b.ImageInfo(ctx, img, known)
 	if err != nil {
 		return record.ImageInfo{}, err
 	}
 	if info.ID != known {
-		s.idMu.Lock()
-		if len(s.ids) >= maxKnownIDs {
-			clear(s.ids)
-		}
-		s.ids[img] = info.ID
-		s.idMu.Unlock()
+		s.cache.noteID(img, info.ID)
 	}
 	own := s.b.OwnAddr() // without it every watcher counts, ours too: stricter, never looser
 	kept := info.Watchers[:0:0]
