@@ -179,7 +179,7 @@ func New(opts Options) (*Daemon, error) {
 	d.metrics = d.newMetrics()
 	d.locks = &saga.Locks{}
 	d.sagas = &saga.Sagas{Agent: sagaAgent{d}, Config: d.cfg, Kernel: d.kernel, State: st, Node: d.node, Locks: d.locks,
-		Audit: d.audit, Metrics: d.metrics, Log: d.log, Fault: opts.Fault,
+		Audit: d.audit, Metrics: d.metrics, Log: d.log, Fault: opts.Fault, RebootedBefore: d.rebootedBefore,
 		KernelRelease: opts.KernelRelease, LibradosRelease: opts.LibradosRelease}
 	d.admin = &admin.Admin{Agent: adminAgent{d}, NodeID: d.cfg.NodeID, Kernel: d.kernel, State: st, Audit: d.audit, Metrics: d.metrics, Log: d.log}
 	d.watchState()

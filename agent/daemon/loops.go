@@ -391,7 +391,7 @@ func (d *Daemon) checkClaim(ctx context.Context, cl *cluster, store *claim.Store
 				Message: fmt.Sprintf("claim on %s is lost, device %s left in place: %v", m.Key, m.Device, err)})
 		}
 		d.setLost(m.Key, err.Error()+d.selfFencedNote(m))
-		d.keepFenced(ctx, cl, m, err)
+		d.sagas.KeepFenced(ctx, cl, m, err)
 	default:
 		msg := "claim not checked: " + err.Error()
 		if d.problem(m.Key) != msg {

@@ -55,7 +55,7 @@ func (a sagaAgent) ClusterByFSID(fsid string) saga.Cluster {
 }
 
 func (a sagaAgent) DeviceGone(ctx context.Context, m state.Mapping, how string) error {
-	return a.d.deviceGone(ctx, m, how)
+	return a.d.sagas.DeviceGone(ctx, m, how)
 }
 
 func (a sagaAgent) FencedMappingGone(ctx context.Context, store *claim.Store, m state.Mapping) {
@@ -85,3 +85,9 @@ func (c *cluster) MapDefaults(ref image.Ref) (krbd.ClusterDefaults, error) { ret
 
 // Secret is the agent's cephx key for the cluster, known once it has connected (saga.Cluster).
 func (c *cluster) Secret() (string, error) { return c.secret() }
+
+// Connected is the cluster's claim store when connected now; it never connects (saga.Cluster).
+func (c *cluster) Connected() (*claim.Store, bool) {
+	store, _, ok := c.connected()
+	return store, ok
+}

@@ -236,7 +236,7 @@ func (r *mapRun) claim(ctx context.Context) error {
 	r.run.onFail(func(ctx context.Context) error { return r.s.releaseAndUnlist(ctx, r.store, t.img, epoch) })
 	// not written: the state stays "claiming" until the device is recorded ("mapped"). A
 	// crash in between leaves "claiming", whose recovery looks for the device by names and
-	// adopts it when this node's claim is there (settleClaiming): one fsync fewer per map
+	// adopts it when this node's claim is there (Sagas.Resume, saga/resume.go): one fsync fewer per map
 	r.m.Epoch = epoch
 	r.steps.mark("claim")
 	return nil

@@ -3,14 +3,16 @@
 // claim. A map resolves the image and what this node already has, writes its intent, claims,
 // writes the claim, maps in the kernel, records the mapping's client in the claim and writes
 // the mapping; an unmap finds the device, writes its intent, unmaps, releases the claim and
-// forgets the mapping. The outcome (audit entry, metrics, log) is recorded once, at the end; a
-// claim made, and a takeover's fences, are audited the moment they are made.
+// forgets the mapping. What an interrupted saga leaves (its persisted phase) is finished or
+// undone by Resume (resume.go). The outcome (audit entry, metrics, log) is recorded once, at
+// the end; a claim made, and a takeover's fences, are audited the moment they are made.
 // Sagas of one image are serialised by its lock (Locks); other images proceed in parallel.
 package saga
 
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -41,6 +43,8 @@ type Cluster interface {
 	// MapDefaults is the cluster's rbd_default_map_options for an image (mapdefault.Read),
 	// read once Claims has connected.
 	MapDefaults(ref image.Ref) (krbd.ClusterDefaults, error)
+	// Connected is its claim store when connected now (it never connects).
+	Connected() (*claim.Store, bool)
 }
 
 // Agent is what the sagas use of the running agent beyond the parts in Sagas.
@@ -87,6 +91,9 @@ type Sagas struct {
 	// LibradosRelease is the Ceph release of the librados the agent loads ("" when not known):
 	// with KernelRelease, which key types this node uses (krbd.CheckNodeKey).
 	LibradosRelease string
+	// RebootedBefore, when set, is when the agent found the node rebooted since the state was
+	// last written: a mapping written before it lost its device to the reboot (DeviceGone).
+	RebootedBefore time.Time
 	// Fault, when set, is called before every step; an error fails the step, and ErrCrash
 	// makes the saga stop dead as if the process had been killed (tests).
 	Fault func(saga, step string) error
