@@ -149,7 +149,7 @@ func (in acquireInput) again(cur *Record, mine *Holder) (acquirePlan, error) {
 		return acquirePlan{}, fmt.Errorf("%w: this node already holds %s as %s, not %s", ErrInvalid, in.Image, cur.Access, in.Access)
 	}
 	if mine.Fenced {
-		return acquirePlan{}, &LostError{Image: in.Image, Epoch: mine.Epoch, Record: cur, Why: "this node's hold was fenced by an admin; release it (rbd-owner release --force) before mapping again"}
+		return acquirePlan{}, &LostError{Image: in.Image, Epoch: mine.Epoch, Record: cur, Why: "this node's hold was fenced by an admin", OwnFenced: true}
 	}
 	if w := unexplained(in.Info.Watchers, cur.Holders); w != nil {
 		return acquirePlan{}, fmt.Errorf("%w: %s has watchers no claim explains: %s (mapped or opened outside rbd-owner?)", ErrBusy, in.Image, strings.Join(w, ", "))

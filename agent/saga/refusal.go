@@ -35,13 +35,26 @@ func (r *Refusal) Unwrap() error { return r.Err }
 // Details fills in the API's error: the claim's facts (claim.HeldError.Details), then this
 // caller's next steps.
 func (r *Refusal) Details(e *api.Error) {
-	r.Held.Details(e)
+	if r.Held != nil {
+		r.Held.Details(e)
+	} else {
+		e.Image = r.Spec
+	}
 	e.NextSteps, e.Advice = r.Steps, r.Advice
 }
 
 // refusal wraps err, when it is a claim refusal, with this caller's next steps; any other
 // error is returned as it is.
 func (s *Sagas) refusal(c Caller, t target, err error) error {
+	var lost *claim.LostError
+	if errors.As(err, &lost) && lost.OwnFenced {
+		release := "rbd-owner release --force " + t.img.String()
+		if len(s.Config.Clusters) > 1 {
+			release = "rbd-owner release --cluster " + t.key.Cluster + " --force " + t.img.String()
+		}
+		return &Refusal{Err: err, Spec: t.img.String(), Steps: []api.Step{{Run: release, Why: "before mapping again: an admin fenced this node's hold"}},
+			Advice: "release it (rbd-owner release --force) before mapping again"}
+	}
 	var held *claim.HeldError
 	if !errors.As(err, &held) {
 		return err

@@ -74,8 +74,20 @@ func TestRefusalIsData(t *testing.T) {
 			}
 		}
 	}
+	// this node's own hold, fenced by an admin: released before it is mapped here again, said
+	// in the words of before and as a step
+	s := &Sagas{Config: &config.Config{Clusters: []config.Cluster{{ID: "lab"}}}}
+	lost := fmt.Errorf("acquire %s: %w", img, &claim.LostError{Image: img, Epoch: 3, Why: "this node's hold was fenced by an admin", OwnFenced: true})
+	err := s.refusal(Caller{}, target{img: img, spec: img}, lost)
+	e := &api.Error{}
+	if d, ok := err.(api.Detailer); ok {
+		d.Details(e)
+	}
+	if !errors.Is(err, claim.ErrFenced) || err.Error() != "acquire rbd/img: claim on rbd/img at epoch 3 is lost: this node's hold was fenced by an admin; release it (rbd-owner release --force) before mapping again" ||
+		e.Image != "rbd/img" || len(e.NextSteps) != 1 || e.NextSteps[0].Run != "rbd-owner release --force rbd/img" {
+		t.Fatalf("own fenced hold: %q, details %+v", err, e)
+	}
 	// any other error is not a refusal
-	s := &Sagas{Config: &config.Config{}}
 	if err := s.refusal(Caller{}, target{img: img}, claim.ErrFenced); !errors.Is(err, claim.ErrFenced) || errors.As(err, new(*Refusal)) {
 		t.Fatalf("a lost claim became a refusal: %v", err)
 	}

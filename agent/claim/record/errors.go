@@ -202,6 +202,9 @@ type LostError struct {
 	Epoch  uint64
 	Record *Record // the record as found (nil if it is gone)
 	Why    string
+	// OwnFenced: a map found this node's own hold fenced by an admin (it is released before
+	// the image is mapped here again: the caller says how).
+	OwnFenced bool
 }
 
 // Is makes errors.Is(err, ErrFenced) true.
