@@ -54,10 +54,6 @@ func (a sagaAgent) ClusterByFSID(fsid string) saga.Cluster {
 	return nil
 }
 
-func (a sagaAgent) DeviceGone(ctx context.Context, m state.Mapping, how string) error {
-	return a.d.sagas.DeviceGone(ctx, m, how)
-}
-
 func (a sagaAgent) FencedMappingGone(ctx context.Context, store *claim.Store, m state.Mapping) {
 	a.d.fencedMappingGone(ctx, store, m)
 }

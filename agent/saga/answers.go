@@ -29,7 +29,7 @@ func (s *Sagas) alreadyMapped(ctx context.Context, t target, store *claim.Store,
 	}
 	if err != nil || dev.Spec() != t.spec || dev.ClientAddr != m.ClientAddr {
 		// the device went away without us: release its claim now, then map afresh
-		if err := s.Agent.DeviceGone(ctx, m, "found missing at map time"); err != nil {
+		if err := s.DeviceGone(ctx, m, "found missing at map time"); err != nil {
 			return nil, true, fmt.Errorf("map %s: its old device is gone and releasing its claim failed: %w", t.spec, err)
 		}
 		return nil, false, nil

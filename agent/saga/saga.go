@@ -53,8 +53,6 @@ type Agent interface {
 	Cluster(id string) (Cluster, error)
 	// ClusterByFSID is the configured cluster connected with that fsid, nil when none is.
 	ClusterByFSID(fsid string) Cluster
-	// DeviceGone handles a managed device found gone: its claim released, device_lost audited.
-	DeviceGone(ctx context.Context, m state.Mapping, how string) error
 	// FencedMappingGone reports that this node's fenced mapping m no longer exists.
 	FencedMappingGone(ctx context.Context, store *claim.Store, m state.Mapping)
 	// WatchHeld starts (held) or ends the watch of an image a map was refused for because
