@@ -237,9 +237,7 @@ func (c *unmanagedCall) fence(ctx context.Context, cur *Record) (*Record, error)
 		}
 		c.fenced = &Intruder{NodeID: s.cfg.Node.ID, Device: u.Device, Addr: u.ClientAddr, SharedClient: !u.OwnClient,
 			At: s.cfg.Now().UTC(), Expires: until.UTC(), BootID: s.cfg.Node.BootID, Incarnation: s.cfg.Node.Incarnation}
-		s.keepMu.Lock()
-		s.markKept(keepKey(u.Image, entry{intruder: true, node: s.cfg.Node.ID, addr: u.ClientAddr}))
-		s.keepMu.Unlock()
+		s.book.markNow(keepKey(u.Image, entry{intruder: true, node: s.cfg.Node.ID, addr: u.ClientAddr}))
 	}
 	in := *c.fenced
 	in.Holders = holdersText(c.res.Holders)

@@ -37,51 +37,6 @@ func (s *Store) checkEvery() time.Duration { return s.fenceCheck() / 2 }
 // over, and never finds the node down).
 func (s *Store) rebootLookEvery() time.Duration { return s.cfg.Lease / 2 }
 
-// keptAt is when this store last checked an entry, on both its clocks: the monotonic one
-// (immune to steps of the wall clock) and the wall clock (which goes on while the machine is
-// suspended, when the monotonic one stops); and when it last looked at the fenced node's
-// heartbeat (monotonic).
-type keptAt struct {
-	mono   time.Duration
-	wall   time.Time
-	looked time.Duration
-	looks  bool
-}
-
-// dueAt says whether an entry this store last checked at k (ok: it did) is due again: never
-// checked by this process, or half a FenceCheck ago by either clock.
-func (s *Store) dueAt(k keptAt, ok bool) bool {
-	return !ok || s.cfg.Mono()-k.mono >= s.checkEvery() || s.cfg.Now().Sub(k.wall) >= s.checkEvery()
-}
-
-// markKept records that this store just checked (or made) the entry keyed k (keepMu held).
-func (s *Store) markKept(k string) { s.markKeptAt(k, s.cfg.Mono(), s.cfg.Now()) }
-
-// markKeptAt records that this store checked the entry keyed k on what it knew at mono and wall
-// (keepMu held): a check counts from the time it read the listing, not from when it ended.
-func (s *Store) markKeptAt(k string, mono time.Duration, wall time.Time) {
-	at := s.kept[k]
-	at.mono, at.wall = mono, wall
-	s.kept[k] = at
-}
-
-// markLooked records that this store just read the fenced node's heartbeat for entry k.
-func (s *Store) markLooked(k string) {
-	s.keepMu.Lock()
-	defer s.keepMu.Unlock()
-	at := s.kept[k]
-	at.looked, at.looks = s.cfg.Mono(), true
-	s.kept[k] = at
-}
-
-// lookDue says whether the fenced node of entry k is due for a look at its heartbeat.
-func (s *Store) lookDue(k string) bool {
-	s.keepMu.Lock()
-	defer s.keepMu.Unlock()
-	at, ok := s.kept[k]
-	return !ok || !at.looks || s.cfg.Mono()-at.looked >= s.rebootLookEvery()
-}
-
 // KeepReport is what KeepFences did with one claim's fences.
 type KeepReport struct {
 	// Renewed are the fences whose entries were lengthened now as they aged (with their new
@@ -149,14 +104,7 @@ func (s *Store) Due(img Image, rec *Record) bool {
 	if len(rec.ToLift()) > 0 {
 		return true
 	}
-	s.keepMu.Lock()
-	defer s.keepMu.Unlock()
-	for _, e := range liveEntries(rec) {
-		if k, ok := s.kept[keepKey(img, e)]; s.dueAt(k, ok) {
-			return true
-		}
-	}
-	return false
+	return len(s.book.due(img, liveEntries(rec), nil)) > 0
 }
 
 // KeepFences checks the image's live fences and intruders that are due against the cluster's
@@ -237,14 +185,7 @@ func (r keepRound) changes() bool { return len(r.renewed)+len(r.gone)+len(r.lift
 // could not be read go to rep.Unchecked; the cluster calls that failed are returned.
 func (s *Store) keepDue(ctx context.Context, img Image, cur *Record, rep *KeepReport) (keepRound, []error) {
 	round := keepRound{added: map[string]bool{}, renewed: map[string]time.Time{}, gone: map[string]string{}, judged: map[string]time.Time{}, lifted: map[string]time.Time{}}
-	var due []entry
-	s.keepMu.Lock()
-	for _, e := range liveEntries(cur) {
-		if at, ok := s.kept[keepKey(img, e)]; s.dueAt(at, ok) {
-			due = append(due, e)
-		}
-	}
-	s.keepMu.Unlock()
+	due := s.book.due(img, liveEntries(cur), nil)
 	lift := cur.ToLift()
 	if len(due)+len(lift) == 0 {
 		return round, nil
@@ -279,13 +220,13 @@ func (s *Store) keepOne(ctx context.Context, img Image, e entry, entries []Block
 	k := keepKey(img, e)
 	le, st := s.judge(entries, e.addr, e.expires)
 	down := false
-	if st != inForce || s.lookDue(k) {
+	if st != inForce || s.book.lookDue(k) {
 		why, dn, err := s.fencedNode(ctx, img, e)
 		if err != nil {
 			// not known: the entry is kept all the same, and the read's failure reported
 			rep.Unchecked = append(rep.Unchecked, err)
 		}
-		s.markLooked(k)
+		s.book.markLooked(k)
 		if why != "" {
 			round.gone[k], round.judged[k] = why, e.at
 			return nil
@@ -294,10 +235,7 @@ func (s *Store) keepOne(ctx context.Context, img Image, e entry, entries []Block
 	}
 	kf := KeptFence{NodeID: e.node, Addr: e.addr, Expires: e.expires, Intruder: e.intruder}
 	until, how, err := s.ensure(ctx, e.addr, le, st, entries, swapCovered, down)
-	s.keepMu.Lock()
-	s.markKeptAt(k, checked.mono, checked.wall)
-	s.pruneKept()
-	s.keepMu.Unlock()
+	s.book.markAt(k, checked.mono, checked.wall)
 	fault := EntryFault{Image: img, KeptFence: kf, Kind: "short", Listed: le.Until, Recorded: e.expires, Now: until, How: how}
 	if st == missing {
 		fault.Kind = "missing"
@@ -391,17 +329,7 @@ func (s *Store) renewDue(ctx context.Context, img Image, rec *Record, done map[s
 	if rec == nil {
 		return nil
 	}
-	var due []entry
-	s.keepMu.Lock()
-	for _, e := range liveEntries(rec) {
-		if _, ok := done[keepKey(img, e)]; ok {
-			continue
-		}
-		if at, ok := s.kept[keepKey(img, e)]; s.dueAt(at, ok) {
-			due = append(due, e)
-		}
-	}
-	s.keepMu.Unlock()
+	due := s.book.due(img, liveEntries(rec), done)
 	if len(due) > 0 {
 		entries, read, err := s.view.read(ctx)
 		if err != nil {
@@ -417,9 +345,7 @@ func (s *Store) renewDue(ctx context.Context, img Image, rec *Record, done map[s
 			if err != nil {
 				return fmt.Errorf("node %s's fence %s, which the claim keeps, could not be put in force first: %w", e.node, e.addr, err)
 			}
-			s.keepMu.Lock()
-			s.markKeptAt(k, read.mono, read.wall)
-			s.keepMu.Unlock()
+			s.book.markAt(k, read.mono, read.wall)
 			done[k] = until
 		}
 	}
@@ -466,34 +392,7 @@ func (s *Store) fencedNode(ctx context.Context, img Image, e entry) (string, boo
 	// another agent under that node id says nothing of the fenced kernel: the fenced agent's
 	// silence goes on as first seen
 	other := hb != nil && e.inc != "" && hb.Incarnation != e.inc
-	return "", s.silentFor(record.PoolNS(img)+"\x00"+e.node, heartbeatMark(ver, hb), other) >= s.cfg.Lease, nil
-}
-
-// silentFor notes a look at a node's heartbeat mark in a place and says for how long this store
-// has seen that same mark there (0 at the first look, or when it changed). A mark changes at
-// every heartbeat write and never comes back, so the same one twice means no write in between,
-// however far apart the looks (unlike a takeover's lease, which the Observer judges only on
-// looks at least once a lease apart, nothing here grants a hold).
-// other says that the mark is another agent's under the same node id (another incarnation):
-// it neither starts nor ends a silence seen before.
-func (s *Store) silentFor(key string, mark Mark, other bool) time.Duration {
-	s.keepMu.Lock()
-	defer s.keepMu.Unlock()
-	now := s.cfg.Mono()
-	if seen, ok := s.silent[key]; ok && (seen.mark == mark || other) {
-		return now - seen.since
-	}
-	if len(s.silent) >= maxKnownIDs {
-		clear(s.silent)
-	}
-	s.silent[key] = markSeen{mark: mark, since: now}
-	return 0
-}
-
-// markSeen is a heartbeat mark as first seen (silentFor).
-type markSeen struct {
-	mark  Mark
-	since time.Duration
+	return "", s.book.silentFor(record.PoolNS(img)+"\x00"+e.node, heartbeatMark(ver, hb), other) >= s.cfg.Lease, nil
 }
 
 // heartbeatRead is a fenced node's heartbeat as already read (fencedNode).
@@ -536,16 +435,6 @@ func (s *Store) rebooted(ctx context.Context, img Image, e entry, read *heartbea
 		return "", nil
 	}
 	return fmt.Sprintf("node %s rebooted since the fence (boot_id %s, its heartbeat now %s): its kernel client is gone", e.node, e.bootID, hb.BootID), nil
-}
-
-// pruneKept forgets renewals older than a fence's life (keepMu held).
-func (s *Store) pruneKept() {
-	now := s.cfg.Mono()
-	for k, at := range s.kept {
-		if now-at.mono > s.cfg.FenceExpiry {
-			delete(s.kept, k)
-		}
-	}
 }
 
 // FenceGone records that node's mapping with client address addr no longer exists (its agent

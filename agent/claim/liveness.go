@@ -230,7 +230,7 @@ func (s *Store) leases(ctx context.Context, img Image, cur *Record, recordVer ui
 		v := s.obs.Look(Sighting{Place: record.PoolNS(img), Image: img.Image, Node: h.NodeID, Hold: holdOf(h), Mark: mark}, s.cfg.Mono(), lease)
 		// the same look tells a keeper of this holder's fence, should it be fenced, for how long
 		// its heartbeat has been silent (fencedNode)
-		s.silentFor(record.PoolNS(img)+"\x00"+h.NodeID, mark, hb != nil && h.Incarnation != "" && hb.Incarnation != h.Incarnation)
+		s.book.silentFor(record.PoolNS(img)+"\x00"+h.NodeID, mark, hb != nil && h.Incarnation != "" && hb.Incarnation != h.Incarnation)
 		if v.Changed && hb != nil && s.cfg.OnSkew != nil {
 			skew := hb.RenewedAt.Sub(s.cfg.Now())
 			if skew <= time.Second && -skew <= lease/3 {

@@ -347,9 +347,7 @@ func (s *Store) fence(ctx context.Context, img Image, h Holder, now time.Time, m
 		return Fence{}, err
 	}
 	if s.lengthened(until) { // else due at once: the keepers' next check lengthens it
-		s.keepMu.Lock()
-		s.markKept(keepKey(img, entry{node: h.NodeID, addr: addr}))
-		s.keepMu.Unlock()
+		s.book.markNow(keepKey(img, entry{node: h.NodeID, addr: addr}))
 	}
 	if s.afterFence != nil {
 		s.afterFence()

@@ -87,12 +87,11 @@ type Store struct {
 	// afterFence runs after each blocklisting (tests use it to interleave a holder's renewal)
 	afterFence func()
 	obs        *Observer
-	// kept is when (Mono) this store last checked each live fence (see KeepFences)
+	// book is when this store last checked each live fence it keeps (fencebook.go)
+	book *fenceBook
+	// swapMu guards swapSeen: the swap marks of other calls seen, by image (swapmark.go)
 	swapMu   sync.Mutex
-	swapSeen map[Image]swapSighting // the swap marks of other calls seen, by image (swapmark.go)
-	keepMu   sync.Mutex
-	kept     map[string]keptAt
-	silent   map[string]markSeen // fenced nodes' heartbeat marks, by place and node (silentFor)
+	swapSeen map[Image]swapSighting
 	// view is the cluster's blocklist as last read, and the monitors' clock (listing.go)
 	view *blocklistView
 	// hb writes this node's heartbeats (heartbeats.go)
@@ -137,7 +136,9 @@ func NewStoreOn(b Backend, cfg Config) (*Store, error) {
 		start := time.Now()
 		cfg.Mono = func() time.Duration { return time.Since(start) } // monotonic reading
 	}
-	s := &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver(), kept: map[string]keptAt{}, swapSeen: map[Image]swapSighting{}, silent: map[string]markSeen{}}
+	s := &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver(), swapSeen: map[Image]swapSighting{}}
+	s.book = &fenceBook{now: cfg.Now, mono: cfg.Mono, checkEvery: s.checkEvery, lookEvery: s.rebootLookEvery, expiry: cfg.FenceExpiry,
+		kept: map[string]keptAt{}, silent: map[string]markSeen{}}
 	s.hb = newHeartbeats(b, cfg.Node.ID, cfg.Now, s.me)
 	s.cache = newRecordCache()
 	s.notices = &noticeBox{b: b, self: cfg.Node.ID, now: cfg.Now}
