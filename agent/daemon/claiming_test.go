@@ -22,7 +22,7 @@ func TestHeartbeatGoesOnWhileAClaimMayHaveBeenWritten(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000036")
 	var beats atomic.Int64
 	var fail atomic.Bool
-	c.m.SetHook(func(_ context.Context, call string, img claim.Image) error {
+	c.M.SetHook(func(_ context.Context, call string, img claim.Image) error {
 		switch {
 		case call == "write" && img.Image == "":
 			beats.Add(1)
@@ -33,9 +33,9 @@ func TestHeartbeatGoesOnWhileAClaimMayHaveBeenWritten(t *testing.T) {
 	})
 	// no reconcile round: it would settle the claiming state
 	n := startMemDaemonWith(t, noReconcile, c)
-	defer n.stop(t)
-	c.m.AddImage(claim.Image{Pool: "rbd", Image: "x"}, "id-x")
-	n.k.AddImage("rbd", "", "x", 16<<20)
+	defer n.stop()
+	c.M.AddImage(claim.Image{Pool: "rbd", Image: "x"}, "id-x")
+	n.kernel.AddImage("rbd", "", "x", 16<<20)
 	fail.Store(true)
 	if _, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "x"}, nil); err == nil {
 		t.Fatal("the map succeeded")
@@ -54,7 +54,7 @@ func TestHeartbeatGoesOnWhileAClaimMayHaveBeenWritten(t *testing.T) {
 func TestHeartbeatGoesOnWhileAnUnmapIsStuck(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000037")
 	var beats atomic.Int64
-	c.m.SetHook(func(_ context.Context, call string, img claim.Image) error {
+	c.M.SetHook(func(_ context.Context, call string, img claim.Image) error {
 		if call == "write" && img.Image == "" {
 			beats.Add(1)
 		}
@@ -65,13 +65,13 @@ func TestHeartbeatGoesOnWhileAnUnmapIsStuck(t *testing.T) {
 		kc.EBusyRetry = time.Hour // the unmap stays stuck until the device is closed
 		o.Kernel = krbd.New(kc)
 	}, c)
-	defer n.stop(t)
+	defer n.stop()
 	busy := n.mapImage(t, c, "only")
 	dev, err := n.d.kernel.FindByPath(busy.Device)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.k.SetOpen(dev.ID, true)
+	n.kernel.SetOpen(dev.ID, true)
 	unmapped := make(chan error, 1)
 	go func() {
 		_, err := n.d.Unmap(context.Background(), api.UnmapRequest{Cluster: "c1", Pool: "rbd", Image: "only"}, nil)
@@ -88,7 +88,7 @@ func TestHeartbeatGoesOnWhileAnUnmapIsStuck(t *testing.T) {
 		t.Fatalf("the unmap of an open device ended: %v", err)
 	default:
 	}
-	n.k.SetOpen(dev.ID, false)
+	n.kernel.SetOpen(dev.ID, false)
 	select {
 	case err := <-unmapped:
 		if err != nil {

@@ -22,7 +22,7 @@ func TestARemoveEventWhileAnotherOperationRunsIsNotDropped(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000041")
 	// no reconcile round: only the remove event may release the claim
 	n := startMemDaemonWith(t, noReconcile, c)
-	defer n.stop(t)
+	defer n.stop()
 	resp := n.mapImage(t, c, "x")
 	dev, err := n.d.kernel.FindByPath(resp.Device)
 	if err != nil {
@@ -53,13 +53,13 @@ func TestARemoveEventWhileAnotherOperationRunsIsNotDropped(t *testing.T) {
 	}
 
 	// the device is removed behind the agent's back meanwhile
-	if err := n.k.WriteControl(n.k.Sysfs+"/bus/rbd/remove_single_major", []byte(fmt.Sprint(dev.ID))); err != nil {
+	if err := n.kernel.WriteControl(n.kernel.Sysfs+"/bus/rbd/remove_single_major", []byte(fmt.Sprint(dev.ID))); err != nil {
 		t.Fatal(err)
 	}
 	// events are handled in order: once a device mapped after the removal is judged, the
 	// remove event has been handled (and, before the fix, dropped)
-	n.k.AddImage("rbd", "", "probe", 16<<20)
-	other := krbd.New(n.k.Config())
+	n.kernel.AddImage("rbd", "", "probe", 16<<20)
+	other := krbd.New(n.kernel.Config())
 	probe, err := other.Map(context.Background(), krbd.Spec{Pool: "rbd", Image: "probe"},
 		krbd.MapOptions{Monitors: []string{"203.0.113.1:6789"}, User: "u", Secret: memSecret})
 	if err != nil {

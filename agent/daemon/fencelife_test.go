@@ -43,7 +43,7 @@ type fenceLife struct {
 func newFenceLife(t *testing.T, fsid string) *fenceLife {
 	f := &fenceLife{c: newMemCluster("c1", "rbd", fsid), wall: &wallClock{t: time.Now().UTC()}, mono: &monoClock{}, expiry: time.Hour,
 		sweep: make(chan time.Time)}
-	f.c.m.SetClock(f.wall.Now)
+	f.c.M.SetClock(f.wall.Now)
 	f.b = startMemDaemonWith(t, func(o *Options) {
 		o.Config.NodeID = "node-b"
 		o.Config.FenceExpiry = config.Duration(f.expiry)
@@ -98,7 +98,7 @@ func (f *fenceLife) sweepSeen(t *testing.T) {
 // takeOver has node-b map image with takeover once node-a's lease ran out on its clock.
 func (f *fenceLife) takeOver(t *testing.T, image string) *api.MapResponse {
 	t.Helper()
-	f.b.k.AddImage("rbd", "", image, 16<<20)
+	f.b.kernel.AddImage("rbd", "", image, 16<<20)
 	req := api.MapRequest{Cluster: "c1", Pool: "rbd", Image: image, Takeover: true, Requester: "test"}
 	lease := f.b.d.cfg.LeaseDuration.D()
 	for _, d := range []time.Duration{lease / 2, lease/2 + time.Second} { // looked at within every lease
@@ -124,11 +124,11 @@ func (f *fenceLife) outlive(t *testing.T, addr string) {
 	for i := 0; i < 24; i++ {
 		f.sweepSeen(t)
 		waitFor(t, "the fence of "+addr+" renewed with more than half its life left", func() bool {
-			until, ok := f.c.m.BlocklistedUntil(addr)
+			until, ok := f.c.M.BlocklistedUntil(addr)
 			return ok && until.Sub(f.wall.Now()) > f.expiry/2
 		})
 		f.advance(step)
-		if !f.c.m.Blocklisted(addr) {
+		if !f.c.M.Blocklisted(addr) {
 			t.Fatalf("after %s: the fence of %s expired", time.Duration(i+1)*step, addr)
 		}
 	}
@@ -139,13 +139,13 @@ func (f *fenceLife) outlive(t *testing.T, addr string) {
 // frozen node, must stay blocklisted all along: its entry is renewed by the holder of record.
 func TestFenceOutlivesItsExpiryWhileTheNewHolderHolds(t *testing.T) {
 	f := newFenceLife(t, "00000000-0000-4000-8000-000000000024")
-	defer f.b.stop(t)
+	defer f.b.stop()
 	a := startMemDaemonWith(t, func(o *Options) { o.Config.NodeID = "node-a" }, f.c)
 	ra := a.mapImage(t, f.c, "held")
-	a.stop(t) // frozen, as far as the cluster can tell: its device stays
+	a.stop() // frozen, as far as the cluster can tell: its device stays
 	f.takeOver(t, "held")
 	addr := ra.Claim.Holders[0].ClientAddr
-	if !f.c.m.Blocklisted(addr) {
+	if !f.c.M.Blocklisted(addr) {
 		t.Fatalf("node-a's mapping %s was not fenced", addr)
 	}
 	f.outlive(t, addr)
@@ -156,10 +156,10 @@ func TestFenceOutlivesItsExpiryWhileTheNewHolderHolds(t *testing.T) {
 // sweep of the pool), and stays in the record.
 func TestFenceOutlivesItsExpiryAfterTheClaimIsReleased(t *testing.T) {
 	f := newFenceLife(t, "00000000-0000-4000-8000-000000000025")
-	defer f.b.stop(t)
+	defer f.b.stop()
 	a := startMemDaemonWith(t, func(o *Options) { o.Config.NodeID = "node-a" }, f.c)
 	ra := a.mapImage(t, f.c, "released")
-	a.stop(t)
+	a.stop()
 	f.takeOver(t, "released")
 	if _, err := f.b.d.Unmap(context.Background(), api.UnmapRequest{Cluster: "c1", Pool: "rbd", Image: "released"}, nil); err != nil {
 		t.Fatalf("node-b's unmap: %v", err)
@@ -181,10 +181,10 @@ func TestFenceOutlivesItsExpiryAfterTheClaimIsReleased(t *testing.T) {
 // agent is cut by that fence too and cannot keep anything: node-b must.
 func TestWholeNodeFenceOutlivesItsExpiry(t *testing.T) {
 	f := newFenceLife(t, "00000000-0000-4000-8000-000000000026")
-	defer f.b.stop(t)
+	defer f.b.stop()
 	img := claim.Image{Pool: "rbd", Image: "whole"}
-	f.c.m.AddImage(img, "id-whole")
-	a, err := claim.NewStoreOn(f.c.m, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }}, Lease: 30 * time.Second})
+	f.c.M.AddImage(img, "id-whole")
+	a, err := claim.NewStoreOn(f.c.M, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }}, Lease: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestWholeNodeFenceOutlivesItsExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.takeOver(t, "whole")
-	if !f.c.m.Blocklisted("10.0.0.1:0/0") {
+	if !f.c.M.Blocklisted("10.0.0.1:0/0") {
 		t.Fatal("node-a's whole address was not fenced")
 	}
 	f.outlive(t, "10.0.0.1:0/0")
@@ -200,7 +200,7 @@ func TestWholeNodeFenceOutlivesItsExpiry(t *testing.T) {
 
 func inspectMem(t *testing.T, c *memCluster, img claim.Image) *claim.Record {
 	t.Helper()
-	s, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "observer"}})
+	s, err := claim.NewStoreOn(c.M, claim.Config{Node: claim.Node{ID: "observer"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func (c *cutBackend) Blocklist(ctx context.Context, addr string, expire time.Dur
 // cutNode starts node-a's agent on f's cluster through a cutBackend, with boot id boot.
 func (f *fenceLife) cutNode(t *testing.T, boot string, stateDir ...string) (*memDaemon, *cutBackend) {
 	t.Helper()
-	cb := &cutBackend{Backend: f.c.m}
+	cb := &cutBackend{Backend: f.c.M}
 	a := startMemDaemonWith(t, func(o *Options) {
 		o.Config.NodeID = "node-a"
 		o.BootID = boot
@@ -284,9 +284,9 @@ func (f *fenceLife) cutNode(t *testing.T, boot string, stateDir ...string) (*mem
 // it: node-a's agent records the mapping gone in the fence, and node-b stops renewing it.
 func TestFenceEndsOnceTheFencedNodeUnmaps(t *testing.T) {
 	f := newFenceLife(t, "00000000-0000-4000-8000-000000000027")
-	defer f.b.stop(t)
+	defer f.b.stop()
 	a, cb := f.cutNode(t, "boot-a-1")
-	defer a.stop(t)
+	defer a.stop()
 	ra := a.mapImage(t, f.c, "healed")
 	addr := ra.Claim.Holders[0].ClientAddr
 	cb.cut.Store(true)
@@ -304,14 +304,14 @@ func TestFenceEndsOnceTheFencedNodeUnmaps(t *testing.T) {
 	if len(fs) != 1 || fs[0].Live() || !strings.Contains(fs[0].Gone, "unmapped") {
 		t.Fatalf("fences %+v; want node-a's marked gone (unmapped)", fs)
 	}
-	until, _ := f.c.m.BlocklistedUntil(addr)
+	until, _ := f.c.M.BlocklistedUntil(addr)
 	f.advance(f.expiry / 2)
 	time.Sleep(100 * time.Millisecond) // a few of node-b's rounds: none may renew it
-	if u, _ := f.c.m.BlocklistedUntil(addr); u.After(until) {
+	if u, _ := f.c.M.BlocklistedUntil(addr); u.After(until) {
 		t.Fatalf("a gone fence was renewed (until %s, was %s)", u, until)
 	}
 	f.advance(f.expiry)
-	if f.c.m.Blocklisted(addr) {
+	if f.c.M.Blocklisted(addr) {
 		t.Fatal("the entry of a gone fence did not run out")
 	}
 }
@@ -322,15 +322,15 @@ func TestFenceEndsOnceTheFencedNodeUnmaps(t *testing.T) {
 // either way the fence ends, saying why, and its entry runs out.
 func TestFenceEndsOnceTheFencedNodeRebooted(t *testing.T) {
 	f := newFenceLife(t, "00000000-0000-4000-8000-000000000028")
-	defer f.b.stop(t)
+	defer f.b.stop()
 	a, cb := f.cutNode(t, "boot-a-1")
 	ra := a.mapImage(t, f.c, "rebooted")
 	addr := ra.Claim.Holders[0].ClientAddr
 	cb.cut.Store(true)
 	f.takeOver(t, "rebooted")
-	a.stop(t)
+	a.stop()
 	a2, _ := f.cutNode(t, "boot-a-2", a.d.cfg.StateDir) // the same node after a reboot
-	defer a2.stop(t)
+	defer a2.stop()
 	a2.mapImage(t, f.c, "other")
 	img := claim.Image{Pool: "rbd", Image: "rebooted"}
 	f.advance(f.expiry / 4) // node-b's next renewal of the fence is due
@@ -339,7 +339,7 @@ func TestFenceEndsOnceTheFencedNodeRebooted(t *testing.T) {
 		t.Fatalf("gone %q; want the unmap or the reboot named", g)
 	}
 	f.advance(f.expiry)
-	if f.c.m.Blocklisted(addr) {
+	if f.c.M.Blocklisted(addr) {
 		t.Fatal("the entry of a rebooted node's fence did not run out")
 	}
 }
@@ -350,18 +350,18 @@ func TestFenceEndsOnceTheFencedNodeRebooted(t *testing.T) {
 // nothing of the fenced kernel: the fence stays live and is renewed.
 func TestFenceIsKeptWhenAnotherAgentShowsTheNodesName(t *testing.T) {
 	f := newFenceLife(t, "00000000-0000-4000-8000-000000000029")
-	defer f.b.stop(t)
+	defer f.b.stop()
 	a, cb := f.cutNode(t, "boot-a-1")
 	ra := a.mapImage(t, f.c, "kept")
 	addr := ra.Claim.Holders[0].ClientAddr
 	cb.cut.Store(true)
 	f.takeOver(t, "kept")
 	twin, _ := f.cutNode(t, "boot-twin") // a fresh state directory: another incarnation
-	defer twin.stop(t)
+	defer twin.stop()
 	twin.mapImage(t, f.c, "twin")
 	f.outlive(t, addr)
 	if fs := inspectMem(t, f.c, claim.Image{Pool: "rbd", Image: "kept"}).Fences; !fs[0].Live() {
 		t.Fatalf("the fence ended: %q", fs[0].Gone)
 	}
-	a.stop(t)
+	a.stop()
 }

@@ -44,10 +44,10 @@ func TestFenceNodeFencesEveryHoldAndMapsFollow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(resp.Holds) != 2 || len(resp.Incomplete) != 0 || !c.m.Blocklisted("10.9.9.9:0/1") || !c.m.Blocklisted("10.9.9.9:0/2") {
+	if len(resp.Holds) != 2 || len(resp.Incomplete) != 0 || !c.M.Blocklisted("10.9.9.9:0/1") || !c.M.Blocklisted("10.9.9.9:0/2") {
 		t.Fatalf("fence --node: %+v", resp)
 	}
-	fences := al.find(audit.Fence, "")
+	fences := al.Find(audit.Fence, "")
 	if len(fences) != 3 || fences[0].Image != "dead1" || fences[1].Image != "dead2" || fences[2].Image != "" ||
 		!strings.Contains(fences[2].Message, "fenced node node-a: 2 holds on 2 images") {
 		t.Fatalf("audit: %+v", fences)

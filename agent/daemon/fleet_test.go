@@ -28,6 +28,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim/radosbackend"
 	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/internal/agenttest"
 	"github.com/rbd-owner/rbd-owner/agent/internal/cephtest"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/krbd/fakekernel"
@@ -185,7 +186,7 @@ type fleetNode struct {
 func newFleet(t *testing.T, p fleetParams) *fleet {
 	o := cephtest.Options(t)
 	f := &fleet{t: t, p: p, rev: os.Getenv("RBD_OWNER_FLEET_REV"), counts: newFleetCounts(), out: os.Stdout,
-		fsid: clusterFSID(t), secret: cephtest.Secret(t), mon: cephtest.MonitorV1(t), opts: o,
+		fsid: agenttest.LiveFSID(t), secret: cephtest.Secret(t), mon: cephtest.MonitorV1(t), opts: o,
 		run: fmt.Sprintf("%04x", rand.IntN(1<<16)), mapErrors: map[string]int64{}, figures: map[string]float64{}, audits: map[string]int64{}}
 	if f.rev == "" {
 		f.rev = "unnamed"

@@ -3,8 +3,6 @@ package daemon
 import (
 	"context"
 	"net"
-	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,85 +13,58 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/internal/agenttest"
 	"github.com/rbd-owner/rbd-owner/agent/internal/cephtest"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/krbd/fakekernel"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 )
 
-// node is one simulated node: a fake kernel, a state dir, and a daemon (re-creatable, as
-// after a restart) against the live test cluster.
+// node is one simulated node: an agenttest.Env (a fake kernel, a config, the audit entries and
+// notes the test reads back, and the backend: the live test cluster, clusters in memory, or one
+// never reached) and a daemon on it, re-creatable as after a restart.
 type node struct {
 	t        testing.TB
 	id       string
+	env      *agenttest.Env
 	kernel   *fakekernel.Kernel
 	cfg      *config.Config
 	stateDir string
 	fault    func(saga, step string) error
-
-	mu      sync.Mutex
-	entries []audit.Entry
-	notes   []string
+	// change is applied to the daemon's options at every start, last
+	change func(*Options)
 
 	d      *Daemon
 	cancel context.CancelFunc
-	done   chan error
+	done   chan error    // Run's answer (a test may take it itself)
+	ended  chan struct{} // closed once Run returned and its answer is in done
 	// manual holds the loops (Options.Ticker names) that tick only when the test says so
 	manual map[string]chan time.Time
 }
 
+// newNode is node id on the live test cluster, built (not running: see run).
 func newNode(t testing.TB, id string) *node {
 	t.Helper()
-	fsid := clusterFSID(t)
-	k, err := fakekernel.New(t.TempDir(), fakekernel.Options{FSID: fsid})
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := cephtest.Options(t)
-	if err := k.AddUser(o.User, cephtest.Secret(t)); err != nil {
-		t.Fatal(err)
-	}
-	k.AddPool(cephtest.Pool)
-	n := &node{t: t, id: id, kernel: k, stateDir: t.TempDir()}
-	n.cfg = testConfig(t, id, 200*time.Millisecond, config.Cluster{ID: "test", Monitors: []string{cephtest.MonitorV1(t)}, User: o.User, Keyring: o.Keyring})
-	n.cfg.StateDir = n.stateDir
+	n := envNode(agenttest.NewEnv(t, agenttest.Live(), agenttest.Node(id)), nil)
 	n.start()
-	t.Cleanup(n.stop)
 	return n
 }
 
-// testConfig is a daemon's config for tests: sockets and state in temporary directories, a
-// 30 s lease renewed every renew, manual takeover, 10 s map and mount timeouts.
+// envNode is a node on env whose daemons' options change changes (nil: none); nothing is
+// started yet. The node is stopped when the test ends.
+func envNode(env *agenttest.Env, change func(*Options)) *node {
+	n := &node{t: env.T, id: env.Config.NodeID, env: env, kernel: env.Kernel, cfg: env.Config, stateDir: env.Config.StateDir, change: change}
+	env.T.Cleanup(n.stop)
+	return n
+}
+
+// testConfig is agenttest.TestConfig: a daemon's config for tests.
 func testConfig(t testing.TB, nodeID string, renew time.Duration, clusters ...config.Cluster) *config.Config {
-	dir := t.TempDir()
-	return &config.Config{
-		NodeID: nodeID, Socket: filepath.Join(dir, "s.sock"), StateDir: t.TempDir(), Clusters: clusters,
-		LeaseDuration: config.Duration(30 * time.Second), RenewInterval: config.Duration(renew),
-		TakeoverPolicy: config.TakeoverManual, FenceExpiry: config.Duration(time.Hour),
-		MapTimeout: config.Duration(10 * time.Second), MountTimeout: config.Duration(10 * time.Second),
-		ClaimCheckInterval: config.DefaultClaimCheckInterval,
-	}
+	return agenttest.TestConfig(t, nodeID, renew, clusters...)
 }
 
 // quietLog is a logger that only shows errors.
-func quietLog() *logrus.Logger {
-	log := logrus.New()
-	log.SetLevel(logrus.ErrorLevel)
-	return log
-}
-
-var (
-	fsidOnce sync.Once
-	fsid     string
-)
-
-func clusterFSID(t testing.TB) string {
-	fsidOnce.Do(func() {
-		conn := cephtest.Conn(t)
-		fsid, _ = conn.GetFSID()
-	})
-	return fsid
-}
+func quietLog() *logrus.Logger { return agenttest.QuietLog() }
 
 // start builds a fresh daemon on the node's state dir and fake kernel (a restart).
 func (n *node) start() {
@@ -103,43 +74,50 @@ func (n *node) start() {
 			c.close()
 		}
 	}
-	log := logrus.New()
-	log.SetLevel(logrus.WarnLevel)
-	d, err := New(Options{
-		Config: n.cfg, Log: log,
-		Audit: audit.NewWithSink(log, func(e audit.Entry) {
-			n.mu.Lock()
-			n.entries = append(n.entries, e)
-			n.mu.Unlock()
-		}),
-		Kernel: krbd.New(func() krbd.Config { c := n.kernel.Config(); c.Poll = 20 * time.Millisecond; return c }()),
-		Peers:  &peercred.Policy{AdminGroup: -1, CSIGroup: -1},
-		Notify: func(s string) { n.mu.Lock(); n.notes = append(n.notes, s); n.mu.Unlock() },
+	opts := Options{
+		Config: n.cfg, Log: n.env.Log, Audit: n.env.AuditLogger(),
+		Kernel:   krbd.New(n.env.KernelConfig()),
+		Peers:    &peercred.Policy{AdminGroup: -1, CSIGroup: -1},
+		Watchdog: n.env.Watchdog,
+		Notify:   n.env.Notes.Add,
 		Fault: func(saga, step string) error {
 			if n.fault != nil {
 				return n.fault(saga, step)
 			}
 			return nil
 		},
-	})
+	}
+	if n.env.IsMemory() {
+		opts.Connect = func(_ context.Context, c config.Cluster) (Connection, error) {
+			return Connection{Backend: n.env.Cluster(c.ID).M, Secret: n.env.Secret}, nil
+		}
+	}
+	if n.change != nil {
+		n.change(&opts)
+	}
+	d, err := New(opts)
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	n.d = d
+	n.d, n.id, n.stateDir = d, n.cfg.NodeID, n.cfg.StateDir
 }
 
-// run starts the daemon's Run loop (recovery, API, events) on a socket in a temp dir.
+// run starts the daemon's Run loop (recovery, API, events) and waits for READY=1.
 func (n *node) run() {
 	n.t.Helper()
-	l, err := net.Listen("unix", n.cfg.Socket)
-	if err != nil {
-		n.t.Fatal(err)
+	if n.d.opts.Listener == nil {
+		l, err := net.Listen("unix", n.cfg.Socket)
+		if err != nil {
+			n.t.Fatal(err)
+		}
+		n.d.opts.Listener = l
 	}
-	n.d.opts.Listener = l
-	n.d.opts.Ticker = n.ticker
+	if n.manual != nil {
+		n.d.opts.Ticker = n.ticker
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	n.cancel, n.done = cancel, make(chan error, 1)
-	go func() { n.done <- n.d.Run(ctx) }()
+	n.cancel, n.done, n.ended = cancel, make(chan error, 1), make(chan struct{})
+	go func() { n.done <- n.d.Run(ctx); close(n.ended) }()
 	n.eventually("READY=1 sent", func() bool { return n.noted("READY=1") })
 }
 
@@ -150,11 +128,15 @@ func (n *node) stop() {
 	}
 	n.cancel()
 	select {
-	case err := <-n.done:
-		if err != nil {
-			n.t.Errorf("daemon %s: %v", n.id, err)
+	case <-n.ended:
+		select {
+		case err := <-n.done: // unless the test took it
+			if err != nil {
+				n.t.Errorf("daemon %s: %v", n.id, err)
+			}
+		default:
 		}
-	case <-time.After(20 * time.Second):
+	case <-time.After(30 * time.Second):
 		n.t.Errorf("daemon %s did not stop", n.id)
 	}
 	n.cancel = nil
@@ -200,22 +182,13 @@ func (n *node) reconcileRound() {
 	n.tick("reconcile")
 }
 
-func (n *node) noted(prefix string) bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for _, s := range n.notes {
-		if len(s) >= len(prefix) && s[:len(prefix)] == prefix {
-			return true
-		}
-	}
-	return false
-}
+func (n *node) noted(prefix string) bool { return n.count(prefix) > 0 }
 
-func (n *node) audited(event string) []audit.Entry {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return ofEvent(n.entries, event)
-}
+// count is how many notes sent to systemd begin with prefix.
+func (n *node) count(prefix string) int { return n.env.Notes.Count(prefix) }
+
+// audited returns the audit entries of event recorded so far.
+func (n *node) audited(event string) []audit.Entry { return ofEvent(n.env.Audit.Entries(), event) }
 
 // ofEvent returns the entries of event among es.
 func ofEvent(es []audit.Entry, event string) []audit.Entry {

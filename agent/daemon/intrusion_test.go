@@ -20,6 +20,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/internal/agenttest"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/nodestate"
 	"github.com/rbd-owner/rbd-owner/agent/server"
@@ -27,35 +28,13 @@ import (
 )
 
 // auditLog collects a test daemon's audit entries.
-type auditLog struct {
-	mu      sync.Mutex
-	entries []audit.Entry
-}
-
-func (a *auditLog) sink(e audit.Entry) { a.mu.Lock(); a.entries = append(a.entries, e); a.mu.Unlock() }
-
-func (a *auditLog) find(event, result string) []audit.Entry {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var out []audit.Entry
-	for _, e := range a.entries {
-		if e.Event == event && (result == "" || e.Result == result) {
-			out = append(out, e)
-		}
-	}
-	return out
-}
+type auditLog = agenttest.AuditLog
 
 // startIntrusionDaemon starts node-m on c with the given unmanaged policy, recording its audit.
 func startIntrusionDaemon(t *testing.T, c *memCluster, policy string) (*memDaemon, *auditLog) {
 	t.Helper()
-	al := &auditLog{}
-	n := startMemDaemonWith(t, func(o *Options) {
-		o.Config.Unmanaged = policy
-		o.Audit = audit.NewWithSink(o.Log, al.sink)
-	}, c)
-	t.Cleanup(func() { n.stop(t) })
-	return n, al
+	n := startMemDaemonWith(t, func(o *Options) { o.Config.Unmanaged = policy }, c)
+	return n, n.env.Audit
 }
 
 // handMap maps an image on the fake kernel the way Ceph's `rbd map` would, outside the agent,
@@ -68,8 +47,8 @@ func handMap(t *testing.T, n *memDaemon, c *memCluster, image string, opts ...st
 	}
 	o := append([]string{"name=u", "secret=" + base64.StdEncoding.EncodeToString(raw)}, opts...)
 	before, _ := n.d.kernel.List()
-	add := filepath.Join(n.k.Sysfs, "bus", "rbd", "add_single_major")
-	if err := n.k.WriteControl(add, []byte("203.0.113.1:6789 "+strings.Join(o, ",")+" "+c.pool+" "+image)); err != nil {
+	add := filepath.Join(n.kernel.Sysfs, "bus", "rbd", "add_single_major")
+	if err := n.kernel.WriteControl(add, []byte("203.0.113.1:6789 "+strings.Join(o, ",")+" "+c.Pool+" "+image)); err != nil {
 		t.Fatalf("rbd map by hand: %v", err)
 	}
 	after, _ := n.d.kernel.List()
@@ -93,8 +72,8 @@ func containsDevice(ds []krbd.Device, id int) bool {
 
 func handUnmap(t *testing.T, n *memDaemon, dv krbd.Device) {
 	t.Helper()
-	rm := filepath.Join(n.k.Sysfs, "bus", "rbd", "remove_single_major")
-	if err := n.k.WriteControl(rm, []byte(strconv.Itoa(dv.ID))); err != nil {
+	rm := filepath.Join(n.kernel.Sysfs, "bus", "rbd", "remove_single_major")
+	if err := n.kernel.WriteControl(rm, []byte(strconv.Itoa(dv.ID))); err != nil {
 		t.Fatalf("rbd unmap by hand: %v", err)
 	}
 }
@@ -102,8 +81,8 @@ func handUnmap(t *testing.T, n *memDaemon, dv krbd.Device) {
 // holdElsewhere makes node-a hold image on c with a mapping of its own.
 func holdElsewhere(t *testing.T, c *memCluster, image, addr string) (*claim.Store, uint64) {
 	t.Helper()
-	img := claim.Image{Pool: c.pool, Image: image}
-	a, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Hostname: "host-a"}, Lease: time.Minute, FenceExpiry: time.Hour})
+	img := claim.Image{Pool: c.Pool, Image: image}
+	a, err := claim.NewStoreOn(c.M, claim.Config{Node: claim.Node{ID: "node-a", Hostname: "host-a"}, Lease: time.Minute, FenceExpiry: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,10 +96,7 @@ func holdElsewhere(t *testing.T, c *memCluster, image, addr string) (*claim.Stor
 	return a, res.Holder.Epoch
 }
 
-func addImage(n *memDaemon, c *memCluster, image string) {
-	c.m.AddImage(claim.Image{Pool: c.pool, Image: image}, "id-"+image)
-	n.k.AddImageWithID(c.pool, "", image, "id-"+image, 16<<20)
-}
+func addImage(n *memDaemon, c *memCluster, image string) { n.env.AddImage(c, image) }
 
 // TestIntruderOfAHeldImageIsFencedAtOnce: a plain `rbd map` on this node of an image node-a
 // holds is blocklisted from its add uevent alone (no reconciliation runs meanwhile), recorded
@@ -132,16 +108,16 @@ func TestIntruderOfAHeldImageIsFencedAtOnce(t *testing.T) {
 	addImage(n, c, "held")
 	a, epoch := holdElsewhere(t, c, "held", "10.9.9.9:0/1")
 	dv := handMap(t, n, c, "held", "noshare")
-	waitFor(t, "the intruder's client blocklisted", func() bool { return c.m.Blocklisted(dv.ClientAddr) })
-	if c.m.Blocklisted("10.9.9.9:0/1") {
+	waitFor(t, "the intruder's client blocklisted", func() bool { return c.M.Blocklisted(dv.ClientAddr) })
+	if c.M.Blocklisted("10.9.9.9:0/1") {
 		t.Fatal("the holder's mapping was fenced")
 	}
-	waitFor(t, "the fence audited", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Fenced)) == 1 })
-	e := al.find(audit.UnmanagedDevice, audit.Fenced)[0]
+	waitFor(t, "the fence audited", func() bool { return len(al.Find(audit.UnmanagedDevice, audit.Fenced)) == 1 })
+	e := al.Find(audit.UnmanagedDevice, audit.Fenced)[0]
 	if !e.Error || e.OwnerNode != "node-a" || e.Device != dv.DevNode || !strings.Contains(e.Message, "node-a") || !strings.Contains(e.Message, dv.ClientAddr) {
 		t.Fatalf("audit entry: %+v", e)
 	}
-	img := claim.Image{Pool: c.pool, Image: "held"}
+	img := claim.Image{Pool: c.Pool, Image: "held"}
 	if _, err := a.Renew(context.Background(), img, epoch); err != nil {
 		t.Fatalf("node-a lost its claim: %v", err)
 	}
@@ -167,7 +143,7 @@ func TestIntruderOfAHeldImageIsFencedAtOnce(t *testing.T) {
 		claims[0].Intruders[0].NodeID != "node-m" {
 		t.Fatalf("claims view: %s %v", rr.Body.String(), err)
 	}
-	req := api.ImageRequest{Cluster: "c1", Pool: c.pool, Image: "held"}
+	req := api.ImageRequest{Cluster: "c1", Pool: c.Pool, Image: "held"}
 	if _, err := n.d.admin.Unfence(context.Background(), req, nil); !errors.Is(err, claim.ErrBusy) {
 		t.Fatalf("unfence while the intruder is mapped: %v", err)
 	}
@@ -176,7 +152,7 @@ func TestIntruderOfAHeldImageIsFencedAtOnce(t *testing.T) {
 	if err != nil || len(resp.Unfenced) != 1 || resp.Unfenced[0].ClientAddr != dv.ClientAddr {
 		t.Fatalf("unfence: %+v %v", resp, err)
 	}
-	if c.m.Blocklisted(dv.ClientAddr) {
+	if c.M.Blocklisted(dv.ClientAddr) {
 		t.Fatal("still blocklisted after unfence")
 	}
 	if rec, _ := a.Inspect(context.Background(), img); len(rec.Intruders) != 0 || len(rec.Holders) != 1 {
@@ -195,18 +171,18 @@ func TestSharedClientIntruderIsReportedNotFenced(t *testing.T) {
 	addImage(n, c, "held2")
 	holdElsewhere(t, c, "held2", "10.9.9.9:0/2")
 	d1 := handMap(t, n, c, "free1")
-	waitFor(t, "the free image's mapping reported", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Reported)) == 1 })
+	waitFor(t, "the free image's mapping reported", func() bool { return len(al.Find(audit.UnmanagedDevice, audit.Reported)) == 1 })
 	d2 := handMap(t, n, c, "held2")
 	if d2.ClientAddr != d1.ClientAddr {
 		t.Fatalf("the fake kernel did not share the client: %s vs %s", d1.ClientAddr, d2.ClientAddr)
 	}
-	waitFor(t, "the held image's mapping reported", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Reported)) == 2 })
-	e := al.find(audit.UnmanagedDevice, audit.Reported)[1]
+	waitFor(t, "the held image's mapping reported", func() bool { return len(al.Find(audit.UnmanagedDevice, audit.Reported)) == 2 })
+	e := al.Find(audit.UnmanagedDevice, audit.Reported)[1]
 	if !e.Error || e.OwnerNode != "node-a" || e.Device != d2.DevNode || !strings.Contains(e.Message, "TWO WRITERS ARE POSSIBLE") ||
 		!strings.Contains(e.Message, "drop-in rbd") || !strings.Contains(e.Message, "noshare to the StorageClass's mapOptions") {
 		t.Fatalf("audit: %+v", e)
 	}
-	if c.m.Blocklisted(d1.ClientAddr) || len(al.find(audit.UnmanagedDevice, audit.Fenced)) != 0 {
+	if c.M.Blocklisted(d1.ClientAddr) || len(al.Find(audit.UnmanagedDevice, audit.Fenced)) != 0 {
 		t.Fatal("a shared kernel client was fenced: every mapping of this node that it serves is cut")
 	}
 }
@@ -221,11 +197,11 @@ func TestReadOnlyIntruderIsNeverFenced(t *testing.T) {
 	if !dv.ReadOnly {
 		t.Fatal("the kernel did not show the mapping read-only")
 	}
-	waitFor(t, "the read-only mapping reported", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Reported)) == 1 })
-	if c.m.Blocklisted(dv.ClientAddr) || len(al.find(audit.UnmanagedDevice, audit.Fenced)) != 0 {
+	waitFor(t, "the read-only mapping reported", func() bool { return len(al.Find(audit.UnmanagedDevice, audit.Reported)) == 1 })
+	if c.M.Blocklisted(dv.ClientAddr) || len(al.Find(audit.UnmanagedDevice, audit.Fenced)) != 0 {
 		t.Fatal("a read-only mapping was fenced")
 	}
-	if e := al.find(audit.UnmanagedDevice, audit.Reported)[0]; !strings.Contains(e.Message, "node-a") || !strings.Contains(e.Message, "read-only") {
+	if e := al.Find(audit.UnmanagedDevice, audit.Reported)[0]; !strings.Contains(e.Message, "node-a") || !strings.Contains(e.Message, "read-only") {
 		t.Fatalf("report: %s", e.Message)
 	}
 }
@@ -237,15 +213,15 @@ func TestReportPolicyOnlyReports(t *testing.T) {
 	addImage(n, c, "held")
 	holdElsewhere(t, c, "held", "10.9.9.9:0/4")
 	dv := handMap(t, n, c, "held", "noshare")
-	waitFor(t, "reported", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Reported)) == 1 })
-	if e := al.find(audit.UnmanagedDevice, audit.Reported)[0]; e.OwnerNode != "node-a" {
+	waitFor(t, "reported", func() bool { return len(al.Find(audit.UnmanagedDevice, audit.Reported)) == 1 })
+	if e := al.Find(audit.UnmanagedDevice, audit.Reported)[0]; e.OwnerNode != "node-a" {
 		t.Fatalf("the report does not name the holder: %+v", e)
 	}
 	n.d.reconcile(context.Background())
 	if !n.d.ops.waitIdle(10 * time.Second) {
 		t.Fatal("reconcile did not settle")
 	}
-	if c.m.Blocklisted(dv.ClientAddr) || len(al.find(audit.UnmanagedDevice, audit.Fenced)) != 0 {
+	if c.M.Blocklisted(dv.ClientAddr) || len(al.Find(audit.UnmanagedDevice, audit.Fenced)) != 0 {
 		t.Fatal("the report policy fenced")
 	}
 }
@@ -259,38 +235,38 @@ func TestAdoptOrFenceAdoptsAFreeMapping(t *testing.T) {
 	addImage(n, c, "free")
 	addImage(n, c, "shared")
 	dv := handMap(t, n, c, "free", "noshare")
-	key := state.Key{Cluster: "c1", Ref: krbd.Spec{Pool: c.pool, Image: "free"}}
+	key := state.Key{Cluster: "c1", Ref: krbd.Spec{Pool: c.Pool, Image: "free"}}
 	waitFor(t, "adopted", func() bool { m, ok := n.d.state.Get(key); return ok && m.Phase == state.Mapped })
 	m, _ := n.d.state.Get(key)
 	if m.DeviceID != dv.ID || m.ClientAddr != dv.ClientAddr || m.Epoch != 1 {
 		t.Fatalf("adopted state: %+v", m)
 	}
-	rec, err := n.d.clusters["c1"].store.Inspect(context.Background(), claim.Image{Pool: c.pool, Image: "free"})
+	rec, err := n.d.clusters["c1"].store.Inspect(context.Background(), claim.Image{Pool: c.Pool, Image: "free"})
 	if err != nil || rec.Holder("node-m") == nil || rec.Holder("node-m").ClientAddr != dv.ClientAddr {
 		t.Fatalf("claim after adoption: %+v %v", rec, err)
 	}
 	// the adoption is audited once its state is written: wait for the entry, then look at it
-	waitFor(t, "the adoption audited", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Adopted)) > 0 })
-	if e := al.find(audit.UnmanagedDevice, audit.Adopted); len(e) != 1 || e[0].Epoch != 1 {
+	waitFor(t, "the adoption audited", func() bool { return len(al.Find(audit.UnmanagedDevice, audit.Adopted)) > 0 })
+	if e := al.Find(audit.UnmanagedDevice, audit.Adopted); len(e) != 1 || e[0].Epoch != 1 {
 		t.Fatalf("adoption audit: %+v", e)
 	}
-	ok, err := n.d.Unmap(context.Background(), api.UnmapRequest{Cluster: "c1", Pool: c.pool, Image: "free"}, nil)
+	ok, err := n.d.Unmap(context.Background(), api.UnmapRequest{Cluster: "c1", Pool: c.Pool, Image: "free"}, nil)
 	if err != nil || !ok {
 		t.Fatalf("unmap of the adopted device: %v %v", ok, err)
 	}
-	if rec, _ := n.d.clusters["c1"].store.Inspect(context.Background(), claim.Image{Pool: c.pool, Image: "free"}); !rec.Free() {
+	if rec, _ := n.d.clusters["c1"].store.Inspect(context.Background(), claim.Image{Pool: c.Pool, Image: "free"}); !rec.Free() {
 		t.Fatalf("claim not released: %+v", rec)
 	}
 	sh := handMap(t, n, c, "shared")
 	waitFor(t, "the shareable mapping reported", func() bool {
-		for _, e := range al.find(audit.UnmanagedDevice, audit.Reported) {
+		for _, e := range al.Find(audit.UnmanagedDevice, audit.Reported) {
 			if e.Device == sh.DevNode && strings.Contains(e.Message, "noshare") {
 				return true
 			}
 		}
 		return false
 	})
-	if _, ok := n.d.state.Get(state.Key{Cluster: "c1", Ref: krbd.Spec{Pool: c.pool, Image: "shared"}}); ok {
+	if _, ok := n.d.state.Get(state.Key{Cluster: "c1", Ref: krbd.Spec{Pool: c.Pool, Image: "shared"}}); ok {
 		t.Fatal("a mapping without a client of its own was adopted")
 	}
 }
@@ -305,7 +281,7 @@ func TestOwnMapIsNeverMistakenForAnIntruder(t *testing.T) {
 	al := &auditLog{}
 	key := state.Key{Cluster: "c1", Ref: krbd.Spec{Pool: "rbd", Image: "mine"}}
 	n = startMemDaemonWith(t, func(o *Options) {
-		o.Audit = audit.NewWithSink(o.Log, al.sink)
+		o.Audit = audit.NewWithSink(o.Log, al.Record)
 		// no reconciliation round on its own: only the uevent's judgement can wait for the saga
 		o.Ticker = func(loop string, every time.Duration) (<-chan time.Time, func()) {
 			if loop == "reconcile" {
@@ -322,7 +298,7 @@ func TestOwnMapIsNeverMistakenForAnIntruder(t *testing.T) {
 			return nil
 		}
 	}, c)
-	t.Cleanup(func() { n.stop(t) })
+	t.Cleanup(func() { n.stop() })
 	resp := n.mapImage(t, c, "mine")
 	n.d.reconcile(context.Background())
 	if !n.d.ops.waitIdle(10 * time.Second) {
@@ -333,8 +309,8 @@ func TestOwnMapIsNeverMistakenForAnIntruder(t *testing.T) {
 	if len(devs) != 1 || devs[0].DevNode != resp.Device {
 		t.Fatalf("devices: %+v", devs)
 	}
-	if c.m.Blocklisted(devs[0].ClientAddr) || len(al.find(audit.UnmanagedDevice, "")) != 0 {
-		t.Fatalf("the agent's own mapping was judged unmanaged: %+v", al.find(audit.UnmanagedDevice, ""))
+	if c.M.Blocklisted(devs[0].ClientAddr) || len(al.Find(audit.UnmanagedDevice, "")) != 0 {
+		t.Fatalf("the agent's own mapping was judged unmanaged: %+v", al.Find(audit.UnmanagedDevice, ""))
 	}
 	for _, d := range n.d.Status().Devices {
 		if !d.Managed {
@@ -354,12 +330,12 @@ func TestMapByMonitorsWithOptions(t *testing.T) {
 		kc.UdevTimeout = time.Hour // a map that waits for the held udevd below would hang
 		o.Kernel = krbd.New(kc)
 	}, c1, c2)
-	t.Cleanup(func() { n.stop(t) })
+	t.Cleanup(func() { n.stop() })
 	addImage(n, c1, "img")
 	// noudev (what ceph-csi passes) reaches the kernel client: the map returns while udevd
 	// holds its events
-	n.k.HoldUdev()
-	t.Cleanup(n.k.ReleaseUdev)
+	n.kernel.HoldUdev()
+	t.Cleanup(n.kernel.ReleaseUdev)
 	type result struct {
 		resp *api.MapResponse
 		err  error
@@ -386,7 +362,7 @@ func TestMapByMonitorsWithOptions(t *testing.T) {
 	if resp.Claim == nil || resp.Claim.Cluster != "c1" {
 		t.Fatalf("map by monitors: %+v", resp)
 	}
-	writes := strings.Join(n.k.Writes(), "\n")
+	writes := strings.Join(n.kernel.Writes(), "\n")
 	if !strings.Contains(writes, "queue_depth=128") || strings.Contains(writes, "noudev") {
 		t.Fatalf("kernel writes: %s", writes)
 	}
@@ -413,7 +389,7 @@ func TestIntruderThatCouldNotBeFencedIsSaidSo(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "fsid-intr-fail")
 	var failures atomic.Int32
 	failures.Store(1)
-	c.m.SetHook(func(_ context.Context, call string, _ claim.Image) error {
+	c.M.SetHook(func(_ context.Context, call string, _ claim.Image) error {
 		if call == "blocklist" && failures.Add(-1) >= 0 {
 			return errors.New("the monitors refused the command (EACCES)")
 		}
@@ -423,17 +399,17 @@ func TestIntruderThatCouldNotBeFencedIsSaidSo(t *testing.T) {
 	addImage(n, c, "held")
 	holdElsewhere(t, c, "held", "10.9.9.9:0/1")
 	dv := handMap(t, n, c, "held", "noshare")
-	waitFor(t, "the failed fence audited", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Failed)) == 1 })
-	e := al.find(audit.UnmanagedDevice, audit.Failed)[0]
+	waitFor(t, "the failed fence audited", func() bool { return len(al.Find(audit.UnmanagedDevice, audit.Failed)) == 1 })
+	e := al.Find(audit.UnmanagedDevice, audit.Failed)[0]
 	if !e.Error || e.OwnerNode != "node-a" || !strings.HasPrefix(e.Message, "could NOT fence "+dv.DevNode+": ") ||
 		!strings.Contains(e.Message, "EACCES") || !strings.Contains(e.Message, "and can write") {
 		t.Fatalf("audit entry: %+v", e)
 	}
-	if es := al.find(audit.UnmanagedDevice, audit.Reported); len(es) != 0 {
+	if es := al.Find(audit.UnmanagedDevice, audit.Reported); len(es) != 0 {
 		t.Fatalf("reported as well: %+v", es)
 	}
-	waitFor(t, "the fence tried again until it stands", func() bool { return c.m.Blocklisted(dv.ClientAddr) })
-	waitFor(t, "the fence audited", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Fenced)) == 1 })
+	waitFor(t, "the fence tried again until it stands", func() bool { return c.M.Blocklisted(dv.ClientAddr) })
+	waitFor(t, "the fence audited", func() bool { return len(al.Find(audit.UnmanagedDevice, audit.Fenced)) == 1 })
 	u := nodestate.Unmanaged{Dev: dv, Verdict: claim.FenceIntruder, Why: "rbd/held is held rwo by node-a@1", FenceErr: "the monitors refused"}
 	if p := u.Problem(); !strings.Contains(p, "and NOT fenced: the monitors refused") || strings.Contains(p, "not checked yet") {
 		t.Fatalf("status line of an unfenced intruder: %q", p)
@@ -448,8 +424,8 @@ func TestUnmanagedWithANameTheAgentRefusesIsReported(t *testing.T) {
 	n, al := startIntrusionDaemon(t, c, config.UnmanagedAdoptOrFence)
 	addImage(n, c, "a=b")
 	dv := handMap(t, n, c, "a=b", "noshare")
-	waitFor(t, "reported", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Reported)) == 1 })
-	e := al.find(audit.UnmanagedDevice, audit.Reported)[0]
+	waitFor(t, "reported", func() bool { return len(al.Find(audit.UnmanagedDevice, audit.Reported)) == 1 })
+	e := al.Find(audit.UnmanagedDevice, audit.Reported)[0]
 	if !strings.Contains(e.Message, "no claim protects it") || !strings.Contains(e.Message, "a=b") {
 		t.Fatalf("report: %+v", e)
 	}
@@ -458,7 +434,7 @@ func TestUnmanagedWithANameTheAgentRefusesIsReported(t *testing.T) {
 			t.Fatalf("status line: %q", d.Problem)
 		}
 	}
-	if _, ok := n.d.state.Get(state.Key{Cluster: "c1", Ref: krbd.Spec{Pool: c.pool, Image: "a=b"}}); ok {
+	if _, ok := n.d.state.Get(state.Key{Cluster: "c1", Ref: krbd.Spec{Pool: c.Pool, Image: "a=b"}}); ok {
 		t.Fatal("adopted an image whose name the agent refuses")
 	}
 }
@@ -473,7 +449,7 @@ func TestMapOptionsTheClusterAlsoSets(t *testing.T) {
 		o.Config.Clusters[0].Monitors = []string{"203.0.113.1:3300", "203.0.113.2:3300", "203.0.113.3:3300"}
 		o.Config.Clusters[0].MapOptions = []string{"ms_mode=secure"}
 	}, c1, c2)
-	t.Cleanup(func() { n.stop(t) })
+	t.Cleanup(func() { n.stop() })
 	addImage(n, c1, "same")
 	addImage(n, c1, "other")
 	mons := []string{"203.0.113.1:3300,203.0.113.2:3300,203.0.113.3:3300"}
@@ -481,21 +457,21 @@ func TestMapOptionsTheClusterAlsoSets(t *testing.T) {
 		Options: []string{"noudev", "ms_mode=secure"}}, nil); err != nil {
 		t.Fatalf("a map whose options repeat the cluster's ms_mode: %v", err)
 	}
-	writes := strings.Join(n.k.Writes(), "\n")
+	writes := strings.Join(n.kernel.Writes(), "\n")
 	if strings.Count(writes, "ms_mode=secure") != 1 {
 		t.Fatalf("ms_mode=secure reached the kernel %d times, want once: %s", strings.Count(writes, "ms_mode=secure"), writes)
 	}
-	before := len(n.k.Writes())
+	before := len(n.kernel.Writes())
 	_, err := n.d.Map(context.Background(), api.MapRequest{Monitors: mons, Pool: "rbd", Image: "other",
 		Options: []string{"noudev", "ms_mode=crc"}}, nil)
 	if e := server.APIError(err); e.Code != api.CodeInvalidArgument || !strings.Contains(e.Message, `option "ms_mode"`) ||
 		!strings.Contains(e.Message, "map_options") || strings.Contains(e.Message, "crc") {
 		t.Fatalf("a map whose ms_mode differs from the cluster's: %+v", e)
 	}
-	if len(n.k.Writes()) != before {
-		t.Fatalf("the refused map wrote to the kernel: %v", n.k.Writes()[before:])
+	if len(n.kernel.Writes()) != before {
+		t.Fatalf("the refused map wrote to the kernel: %v", n.kernel.Writes()[before:])
 	}
-	s, err := claim.NewStoreOn(c1.m, claim.Config{Node: claim.Node{ID: "observer"}})
+	s, err := claim.NewStoreOn(c1.M, claim.Config{Node: claim.Node{ID: "observer"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -511,11 +487,11 @@ func TestMapTheKernelWouldRefuseClaimsNothing(t *testing.T) {
 	n := startMemDaemonWith(t, func(o *Options) {
 		o.Config.Clusters[0].Monitors = []string{"v1:203.0.113.1:6789", "[v1:203.0.113.2:6789/0]"}
 	}, c1)
-	t.Cleanup(func() { n.stop(t) })
+	t.Cleanup(func() { n.stop() })
 	addImage(n, c1, "img")
 	var mu sync.Mutex
 	var calls []string
-	c1.m.SetHook(func(_ context.Context, call string, img claim.Image) error {
+	c1.M.SetHook(func(_ context.Context, call string, img claim.Image) error {
 		if img.Image == "img" && call != "read" && call != "image" && call != "imageid" {
 			mu.Lock()
 			calls = append(calls, call)
@@ -534,14 +510,14 @@ func TestMapTheKernelWouldRefuseClaimsNothing(t *testing.T) {
 	if len(changed) != 0 {
 		t.Fatalf("the refused map changed the image's claim: %v", changed)
 	}
-	if w := n.k.Writes(); len(w) != 0 {
+	if w := n.kernel.Writes(); len(w) != 0 {
 		t.Fatalf("the refused map wrote to the kernel: %v", w)
 	}
 	// without the ms_mode, the same cluster maps
 	if _, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "img", Options: []string{"noudev"}}, nil); err != nil {
 		t.Fatalf("a map over msgr1: %v", err)
 	}
-	if w := strings.Join(n.k.Writes(), "\n"); !strings.Contains(w, "203.0.113.1:6789,203.0.113.2:6789 ") {
+	if w := strings.Join(n.kernel.Writes(), "\n"); !strings.Contains(w, "203.0.113.1:6789,203.0.113.2:6789 ") {
 		t.Fatalf("the kernel was not given the v1 monitors: %s", w)
 	}
 }

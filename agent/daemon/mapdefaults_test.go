@@ -28,7 +28,7 @@ import (
 func withMapDefaults(mc *memCluster, read func(image.Ref) (krbd.ClusterDefaults, error)) func(*Options) {
 	return func(o *Options) {
 		o.Connect = func(context.Context, config.Cluster) (Connection, error) {
-			return Connection{Backend: mc.m, Secret: memSecret, MapDefaults: read}, nil
+			return Connection{Backend: mc.M, Secret: memSecret, MapDefaults: read}, nil
 		}
 	}
 }
@@ -43,9 +43,9 @@ func TestAMapTakesTheClustersDefaultOptionsUnlessTheCallerSetsThem(t *testing.T)
 		asked = append(asked, ref)
 		return krbd.ClusterDefaults{Options: "queue_depth=64,alloc_size=65536,share", Level: krbd.LevelPool}, nil
 	}), mc)
-	defer n.stop(t)
-	mc.m.AddImage(claim.Image{Pool: "rbd", Image: "d1"}, "id-d1")
-	n.k.AddImage("rbd", "", "d1", 16<<20)
+	defer n.stop()
+	mc.M.AddImage(claim.Image{Pool: "rbd", Image: "d1"}, "id-d1")
+	n.kernel.AddImage("rbd", "", "d1", 16<<20)
 	if _, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "d1", Options: []string{"queue_depth=128"}}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestAMapTakesTheClustersDefaultOptionsUnlessTheCallerSetsThem(t *testing.T)
 		t.Errorf("the defaults were read for %v, want rbd/d1", asked)
 	}
 	add := ""
-	for _, w := range n.k.Writes() {
+	for _, w := range n.kernel.Writes() {
 		if strings.Contains(w, " d1 ") {
 			add = w
 		}
@@ -89,9 +89,9 @@ func TestAMapWhoseClusterDefaultsCannotBeReadClaimsNothing(t *testing.T) {
 	n := startMemDaemonWith(t, withMapDefaults(mc, func(image.Ref) (krbd.ClusterDefaults, error) {
 		return krbd.ClusterDefaults{}, errors.Join(cephconn.ErrUnavailable, errors.New("open pool rbd: ret=-110"))
 	}), mc)
-	defer n.stop(t)
-	mc.m.AddImage(claim.Image{Pool: "rbd", Image: "d2"}, "id-d2")
-	n.k.AddImage("rbd", "", "d2", 16<<20)
+	defer n.stop()
+	mc.M.AddImage(claim.Image{Pool: "rbd", Image: "d2"}, "id-d2")
+	n.kernel.AddImage("rbd", "", "d2", 16<<20)
 	_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "d2"}, nil)
 	if !fault.Is(err, fault.Unavailable) || !strings.Contains(err.Error(), "rbd_default_map_options") {
 		t.Fatalf("map: %v (%v), want unavailable naming the setting", err, fault.KindOf(err))
@@ -115,11 +115,11 @@ func TestARotatedKeyIsUsedAtTheNextMapAndStatusCountsMappingsOfThePriorKey(t *te
 	n := startMemDaemonWith(t, func(o *Options) {
 		o.KernelRelease, o.LibradosRelease = "6.12.48+deb13-amd64", "20.2.4"
 		o.Connect = func(context.Context, config.Cluster) (Connection, error) {
-			return Connection{Backend: mc.m, Secret: memSecret, Key: func() (string, error) { mu.Lock(); defer mu.Unlock(); return key, nil }}, nil
+			return Connection{Backend: mc.M, Secret: memSecret, Key: func() (string, error) { mu.Lock(); defer mu.Unlock(); return key, nil }}, nil
 		}
 	}, mc)
-	defer n.stop(t)
-	if err := n.k.AddUser("u", newKey); err != nil {
+	defer n.stop()
+	if err := n.kernel.AddUser("u", newKey); err != nil {
 		t.Fatal(err)
 	}
 	prior := func() int {
@@ -153,8 +153,8 @@ func TestARotatedKeyIsUsedAtTheNextMapAndStatusCountsMappingsOfThePriorKey(t *te
 	mu.Lock()
 	key = aes256k
 	mu.Unlock()
-	mc.m.AddImage(claim.Image{Pool: "rbd", Image: "k3"}, "id-k3")
-	n.k.AddImage("rbd", "", "k3", 16<<20)
+	mc.M.AddImage(claim.Image{Pool: "rbd", Image: "k3"}, "id-k3")
+	n.kernel.AddImage("rbd", "", "k3", 16<<20)
 	_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "k3"}, nil)
 	if err == nil || !strings.Contains(err.Error(), "the key is aes256k, which this node cannot use: its kernel 6.12.48+deb13-amd64 needs Linux 7.0 (its librados 20.2.4 reads it)") {
 		t.Fatalf("a map with an aes256k key on 6.12: %v, want refused naming the type, the kernel and librados", err)

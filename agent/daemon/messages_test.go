@@ -43,9 +43,9 @@ func mapOverAPI(t *testing.T, d *Daemon, role peercred.Role, socket string, req 
 // backend's and the cluster's each in turn; and the refusal is audited with the same words.
 func TestMissingImageIsSaidOnce(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000041")
-	c.m.AddImage(claim.Image{Pool: "rbd", Image: "other"}, "id-other") // the pool exists
+	c.M.AddImage(claim.Image{Pool: "rbd", Image: "other"}, "id-other") // the pool exists
 	n, _, audited := nodeB(t, c, "manual")
-	defer n.stop(t)
+	defer n.stop()
 	code, e := mapOverAPI(t, n.d, peercred.RoleCSI, server.SocketCSI, api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "nosuch", Requester: "test"})
 	want := "acquire rbd/nosuch: image rbd/nosuch not found"
 	if code != http.StatusNotFound || e == nil || e.Code != api.CodeNotFound || e.Message != want {
@@ -70,15 +70,15 @@ func TestUnmapOfALostClaimSaysWhatHappened(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000042")
 			n, _, audited := nodeB(t, c, "manual")
-			defer n.stop(t)
-			admin, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }},
+			defer n.stop()
+			admin, err := claim.NewStoreOn(c.M, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }},
 				Lease: 30 * time.Second, FenceExpiry: time.Hour})
 			if err != nil {
 				t.Fatal(err)
 			}
 			img := claim.Image{Pool: "rbd", Image: "lost"}
-			c.m.AddImage(img, "id-lost")
-			n.k.AddImage("rbd", "", "lost", 16<<20)
+			c.M.AddImage(img, "id-lost")
+			n.kernel.AddImage("rbd", "", "lost", 16<<20)
 			resp, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "lost"}, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -135,17 +135,17 @@ func TestUnmapOfALostClaimSaysWhatHappened(t *testing.T) {
 func TestLostMappingShowsTheMonitorsFenceExpiry(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000043")
 	monitors := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
-	c.m.SetClock(func() time.Time { return monitors })
+	c.M.SetClock(func() time.Time { return monitors })
 	n, _, audited := nodeB(t, c, "manual")
-	defer n.stop(t)
-	other, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }},
+	defer n.stop()
+	other, err := claim.NewStoreOn(c.M, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }},
 		Lease: 30 * time.Second, FenceExpiry: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
 	img := claim.Image{Pool: "rbd", Image: "kept"}
-	c.m.AddImage(img, "id-kept")
-	n.k.AddImage("rbd", "", "kept", 16<<20)
+	c.M.AddImage(img, "id-kept")
+	n.kernel.AddImage("rbd", "", "kept", 16<<20)
 	resp, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "kept"}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -206,15 +206,14 @@ func TestMapRefusedForAFullDiskIsAuditedCountedAndLogged(t *testing.T) {
 	for _, step := range []string{"persist-intent", "persist"} {
 		t.Run(step, func(t *testing.T) {
 			c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000044")
-			var mu sync.Mutex
-			var entries []audit.Entry
+			al := &auditLog{}
 			logs := &lockedBuffer{}
 			var stateDir string
 			var st atomic.Pointer[state.Store]
 			n := startMemDaemonWith(t, func(o *Options) {
 				o.Log = logrus.New()
 				o.Log.SetOutput(logs)
-				o.Audit = audit.NewWithSink(quietLog(), func(e audit.Entry) { mu.Lock(); entries = append(entries, e); mu.Unlock() })
+				o.Audit = audit.NewWithSink(quietLog(), al.Record)
 				stateDir = o.Config.StateDir
 				o.Fault = func(saga, s string) error {
 					if saga == "map" && s == step { // from this step on, the disk is full
@@ -224,23 +223,21 @@ func TestMapRefusedForAFullDiskIsAuditedCountedAndLogged(t *testing.T) {
 				}
 			}, c)
 			st.Store(n.d.state)
-			defer n.stop(t)
+			defer n.stop()
 			img := claim.Image{Pool: "rbd", Image: "full"}
-			c.m.AddImage(img, "id-full")
-			n.k.AddImage("rbd", "", "full", 16<<20)
+			c.M.AddImage(img, "id-full")
+			n.kernel.AddImage("rbd", "", "full", 16<<20)
 			code, e := mapOverAPI(t, n.d, peercred.RoleCSI, server.SocketCSI, api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "full", Requester: "test"})
 			want := fmt.Sprintf("cannot write the state file %s/mappings.json: no space left on device; free space in %s, then retry", stateDir, stateDir)
 			if code == http.StatusOK || e == nil || e.Message != want {
 				t.Fatalf("map on a full disk: %d %+v, want %q", code, e, want)
 			}
-			mu.Lock()
 			var audited []string
-			for _, en := range entries {
+			for _, en := range al.Entries() {
 				if en.Image == "full" && en.Result != audit.OK {
 					audited = append(audited, en.Message)
 				}
 			}
-			mu.Unlock()
 			verb := "map refused: "
 			if step == "persist" { // the device was made, then undone
 				verb = "map failed: "
@@ -260,7 +257,7 @@ func TestMapRefusedForAFullDiskIsAuditedCountedAndLogged(t *testing.T) {
 			if want := map[bool]float64{true: 0, false: 1}[step == "persist"]; refusals != want {
 				t.Errorf("map_refusals_total{reason=internal} = %v, want %v", refusals, want)
 			}
-			if rec, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "observer"}}); err != nil {
+			if rec, err := claim.NewStoreOn(c.M, claim.Config{Node: claim.Node{ID: "observer"}}); err != nil {
 				t.Fatal(err)
 			} else if r, err := rec.Inspect(context.Background(), img); err == nil && !r.Free() {
 				t.Errorf("a refused map left a claim: %+v", r.Holders)
@@ -277,9 +274,9 @@ func TestMapRefusedForAFullDiskIsAuditedCountedAndLogged(t *testing.T) {
 func TestUnmapOfAMountedDeviceNamesTheMountPoint(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000045")
 	n, _, audited := nodeB(t, c, "manual")
-	defer n.stop(t)
-	c.m.AddImage(claim.Image{Pool: "rbd", Image: "mounted"}, "id-mounted")
-	n.k.AddImage("rbd", "", "mounted", 16<<20)
+	defer n.stop()
+	c.M.AddImage(claim.Image{Pool: "rbd", Image: "mounted"}, "id-mounted")
+	n.kernel.AddImage("rbd", "", "mounted", 16<<20)
 	resp, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "mounted"}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -288,7 +285,7 @@ func TestUnmapOfAMountedDeviceNamesTheMountPoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := n.k.Mount(dev.ID, 0, "/mnt/x"); err != nil {
+	if err := n.kernel.Mount(dev.ID, 0, "/mnt/x"); err != nil {
 		t.Fatal(err)
 	}
 	_, err = n.d.Unmap(context.Background(), api.UnmapRequest{Cluster: "c1", Pool: "rbd", Image: "mounted"}, nil)

@@ -81,7 +81,7 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 		o.Mono = mono.Now
 		o.Config.Unmanaged = config.UnmanagedFenceIfClaimed
 	}, c)
-	defer n.stop(t)
+	defer n.stop()
 	d := n.d
 	ctx := context.Background()
 	value := func(fams map[string]*dto.MetricFamily, name string, labels lbl) float64 {
@@ -246,7 +246,7 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 func TestPerImageMetrics(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-0000000000a2")
 	n := startMemDaemonWith(t, func(o *Options) { o.Config.PerImageMetrics = true }, c)
-	defer n.stop(t)
+	defer n.stop()
 	r := n.mapImage(t, c, "img")
 	_, fams := scrape(t, n.d, peercred.RoleCSI)
 	if v, ok := sample(fams, "rbd_owner_claim_info", lbl{"cluster": "c1", "pool": "rbd", "image": "img", "device": r.Device, "state": "held"}); !ok || v != 1 {
@@ -262,12 +262,12 @@ func TestMetricsListener(t *testing.T) {
 	if a := off.d.MetricsAddr(); a != "" {
 		t.Fatalf("a metrics listener on %s without metrics_listen", a)
 	}
-	off.stop(t)
+	off.stop()
 
 	on := startMemDaemonWith(t, func(o *Options) { o.Config.MetricsListen = "127.0.0.1:0" }, c)
 	addr := on.d.MetricsAddr()
 	if addr == "" {
-		on.stop(t)
+		on.stop()
 		t.Fatal("no metrics listener with metrics_listen set")
 	}
 	get := func(path string) (int, string) {
@@ -286,7 +286,7 @@ func TestMetricsListener(t *testing.T) {
 	if code, _ := get(api.PathStatus); code != http.StatusNotFound {
 		t.Fatalf("GET %s over TCP: %d, want 404 (only metrics are served there)", api.PathStatus, code)
 	}
-	on.stop(t)
+	on.stop()
 	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 		c.Close()
 		t.Fatalf("the metrics listener %s still answers after the daemon stopped", addr)
@@ -304,7 +304,7 @@ func TestMetricsPortTakenDoesNotStopTheAgent(t *testing.T) {
 	addr := taken.Addr().String()
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000037")
 	n := startMemDaemonWith(t, func(o *Options) { o.Config.MetricsListen = addr }, c)
-	defer n.stop(t)
+	defer n.stop()
 	if a := n.d.MetricsAddr(); a != "" {
 		t.Fatalf("listening on %s while the address is taken", a)
 	}

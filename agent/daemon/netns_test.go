@@ -24,7 +24,7 @@ func TestMapFromAnotherNetworkNamespaceIsRefused(t *testing.T) {
 	}
 	c := newMemCluster("c1", "rbd", "fsid-netns")
 	n := startMemDaemon(t, c)
-	t.Cleanup(func() { n.stop(t) })
+	t.Cleanup(func() { n.stop() })
 	addImage(n, c, "img")
 	// a process in a network namespace of its own, standing in for `nsenter --net=… rbd map`
 	cmd := exec.Command("unshare", "--net", "sleep", "60")

@@ -14,6 +14,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/internal/agenttest"
 	"github.com/rbd-owner/rbd-owner/agent/internal/cephtest"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/krbd/fakekernel"
@@ -37,7 +38,7 @@ func TestPausedOSDDoesNotStopTheOtherClustersRenewals(t *testing.T) {
 	}
 	shared := cephtest.Options(t)
 	sharedMon := cephtest.MonitorV1(t)
-	k, err := fakekernel.New(t.TempDir(), fakekernel.Options{FSID: clusterFSID(t), MonitorFSIDs: map[string]string{priv.Monitor: privFSID}})
+	k, err := fakekernel.New(t.TempDir(), fakekernel.Options{FSID: agenttest.LiveFSID(t), MonitorFSIDs: map[string]string{priv.Monitor: privFSID}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,27 +29,24 @@ func mappedOnce(t *testing.T, c *memCluster, stateDir, bootID, image string) (*m
 	t.Helper()
 	a := startMemDaemonWith(t, func(o *Options) { o.Config.StateDir = stateDir; o.BootID = bootID }, c)
 	addImage(a, c, image) // the kernel and the cluster agree on the image's id
-	resp, err := a.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: image}, nil)
+	resp, err := a.d.Map(context.Background(), api.MapRequest{Cluster: c.ID, Pool: c.Pool, Image: image}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.stop(t)
+	a.stop()
 	return a, resp
 }
 
 // restarted starts an agent again on a's kernel with the state in stateDir, recording its audit.
 func restarted(t *testing.T, a *memDaemon, c *memCluster, stateDir, bootID string, change func(*Options)) (*memDaemon, *auditLog) {
 	t.Helper()
-	al := &auditLog{}
-	b := startMemDaemonOn(t, a.k, func(o *Options) {
+	b := startMemDaemonOn(t, a.kernel, func(o *Options) {
 		o.Config.StateDir, o.BootID = stateDir, bootID
-		o.Audit = audit.NewWithSink(o.Log, al.sink)
 		if change != nil {
 			change(o)
 		}
 	}, c)
-	t.Cleanup(func() { b.stop(t) })
-	return b, al
+	return b, b.env.Audit
 }
 
 // TestCorruptStateIsSetAsideAndRebuilt: an agent whose state file was cut short starts anyway,
@@ -80,7 +77,7 @@ func TestCorruptStateIsSetAsideAndRebuilt(t *testing.T) {
 	if got, _ := os.ReadFile(kept[0]); string(got) != string(data[:len(data)/2]) {
 		t.Fatal("the kept file is not the bad state file")
 	}
-	es := al.find(audit.StateRebuilt, "")
+	es := al.Find(audit.StateRebuilt, "")
 	if len(es) != 1 || !es[0].Warning {
 		t.Fatalf("state_rebuilt audit entries: %+v", es)
 	}
@@ -101,8 +98,8 @@ func TestCorruptStateIsSetAsideAndRebuilt(t *testing.T) {
 	if v, _ := sample(fams, "rbd_owner_state_rebuilt_devices", lbl{"outcome": "adopted"}); v != 1 {
 		t.Errorf("rbd_owner_state_rebuilt_devices{adopted} = %v, want 1", v)
 	}
-	w := c.writes.Load()
-	waitFor(t, "heartbeats after the rebuild", func() bool { return c.writes.Load() >= w+3 })
+	w := c.Writes.Load()
+	waitFor(t, "heartbeats after the rebuild", func() bool { return c.Writes.Load() >= w+3 })
 	waitFor(t, "claim checks without a problem", func() bool { return len(b.d.Status().Problems) == 0 })
 }
 
@@ -123,12 +120,12 @@ func TestCorruptStateOnAnUnwritableDiskStillRenews(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, _ := restarted(t, a, c, stateDir, "boot-1", nil)
-	key := state.Key{Cluster: c.id, Ref: claimRef(c, "img")}
+	key := state.Key{Cluster: c.ID, Ref: claimRef(c, "img")}
 	if m, ok := b.d.state.Get(key); !ok || m.Phase != state.Mapped || m.Device != resp.Device {
 		t.Fatalf("not adopted back in memory: %+v %v; status %+v", m, ok, b.d.Status())
 	}
-	w := c.writes.Load()
-	waitFor(t, "heartbeats", func() bool { return c.writes.Load() >= w+3 })
+	w := c.Writes.Load()
+	waitFor(t, "heartbeats", func() bool { return c.Writes.Load() >= w+3 })
 	problems := b.d.Status().Problems
 	if len(problems) != 1 || !strings.Contains(problems[0], "cannot write the state file") {
 		t.Fatalf("problems %q, want only the state file's (the claim is checked and fine)", problems)
@@ -150,13 +147,13 @@ func TestCorruptStateOnAnUnwritableDiskStillRenews(t *testing.T) {
 func TestFailingStateWriteKeepsTheAgentRenewing(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000032")
 	n := startMemDaemon(t, c)
-	defer n.stop(t)
+	defer n.stop()
 	n.mapImage(t, c, "kept")
 	n.d.state.FailWrites(func() error { return syscall.ENOSPC })
 
-	c.m.AddImage(claimRef(c, "new"), "id-new")
-	n.k.AddImage(c.pool, "", "new", 16<<20)
-	_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: "new"}, nil)
+	c.M.AddImage(claimRef(c, "new"), "id-new")
+	n.kernel.AddImage(c.Pool, "", "new", 16<<20)
+	_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: c.ID, Pool: c.Pool, Image: "new"}, nil)
 	if !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("map with the disk full: %v", err)
 	}
@@ -175,8 +172,8 @@ func TestFailingStateWriteKeepsTheAgentRenewing(t *testing.T) {
 			t.Errorf("status's problem %q does not say %q", p, want)
 		}
 	}
-	w := c.writes.Load()
-	waitFor(t, "heartbeats while the state cannot be written", func() bool { return c.writes.Load() >= w+3 })
+	w := c.Writes.Load()
+	waitFor(t, "heartbeats while the state cannot be written", func() bool { return c.Writes.Load() >= w+3 })
 	_, fams := scrape(t, n.d, peercred.RoleAdmin)
 	if v, _ := sample(fams, "rbd_owner_state_write_failures_total", nil); v < 1 {
 		t.Errorf("rbd_owner_state_write_failures_total = %v", v)
@@ -186,7 +183,7 @@ func TestFailingStateWriteKeepsTheAgentRenewing(t *testing.T) {
 	}
 
 	n.d.state.FailWrites(nil)
-	if _, err := n.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: "new"}, nil); err != nil {
+	if _, err := n.d.Map(context.Background(), api.MapRequest{Cluster: c.ID, Pool: c.Pool, Image: "new"}, nil); err != nil {
 		t.Fatalf("map once the disk has room: %v", err)
 	}
 	if p := stateProblem(); p != "" {
@@ -214,7 +211,7 @@ func TestNoJudgementBeforeTheClaimIsRead(t *testing.T) {
 		o.Connect = func(ctx context.Context, _ config.Cluster) (Connection, error) {
 			select {
 			case <-gate:
-				return Connection{Backend: c.m, Secret: memSecret}, nil
+				return Connection{Backend: c.M, Secret: memSecret}, nil
 			case <-ctx.Done():
 				return Connection{}, ctx.Err()
 			}
@@ -233,18 +230,18 @@ func TestNoJudgementBeforeTheClaimIsRead(t *testing.T) {
 	if dev == nil || dev.Managed || !strings.HasPrefix(dev.Problem, "not checked yet: ") || strings.Contains(dev.Problem, "unmap") {
 		t.Fatalf("device while its claim is unread: %+v", dev)
 	}
-	if es := al.find(audit.UnmanagedDevice, ""); len(es) != 0 {
+	if es := al.Find(audit.UnmanagedDevice, ""); len(es) != 0 {
 		t.Fatalf("judged before its claim was read: %+v", es)
 	}
 	close(gate)
 	waitFor(t, "the device adopted back", func() bool {
-		m, ok := b.d.state.Get(state.Key{Cluster: c.id, Ref: claimRef(c, "img")})
+		m, ok := b.d.state.Get(state.Key{Cluster: c.ID, Ref: claimRef(c, "img")})
 		return ok && m.Phase == state.Mapped && m.Device == resp.Device
 	})
-	if es := al.find(audit.UnmanagedDevice, audit.Reported); len(es) != 0 {
+	if es := al.Find(audit.UnmanagedDevice, audit.Reported); len(es) != 0 {
 		t.Fatalf("a healthy device was reported: %+v", es)
 	}
-	if es := al.find(audit.UnmanagedDevice, audit.Adopted); len(es) != 1 {
+	if es := al.Find(audit.UnmanagedDevice, audit.Adopted); len(es) != 1 {
 		t.Fatalf("adoptions: %+v", es)
 	}
 	waitFor(t, "no problem left", func() bool { return len(b.d.Status().Problems) == 0 })
@@ -271,7 +268,7 @@ func TestDeviceGoneAfterARebootIsSaidSo(t *testing.T) {
 			}
 			handUnmap(t, a, krbd.Device{ID: id})
 			b, al := restarted(t, a, c, stateDir, tc.boot, nil)
-			es := al.find(audit.DeviceLost, "")
+			es := al.Find(audit.DeviceLost, "")
 			if len(es) != 1 || !strings.Contains(es[0].Message, tc.want) || strings.Contains(es[0].Message, tc.not) ||
 				es[0].Warning != tc.warning || es[0].Error == tc.warning {
 				t.Fatalf("device_lost entries: %+v, want one saying %q", es, tc.want)
@@ -299,7 +296,7 @@ func TestSkewReportEndsWhenTheClockAgrees(t *testing.T) {
 	}
 }
 
-func claimRef(c *memCluster, name string) image.Ref { return image.Ref{Pool: c.pool, Image: name} }
+func claimRef(c *memCluster, name string) image.Ref { return image.Ref{Pool: c.Pool, Image: name} }
 
 // TestCorruptStateAfterAnInterruptedMapAdoptsItsDevice: a map stopped dead after the kernel
 // made the device and before the claim named its client, then the state file cut short: the
@@ -318,10 +315,10 @@ func TestCorruptStateAfterAnInterruptedMapAdoptsItsDevice(t *testing.T) {
 		}
 	}, c)
 	addImage(a, c, "img")
-	if _, err := a.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: "img"}, nil); !errors.Is(err, ErrCrash) {
+	if _, err := a.d.Map(context.Background(), api.MapRequest{Cluster: c.ID, Pool: c.Pool, Image: "img"}, nil); !errors.Is(err, ErrCrash) {
 		t.Fatalf("map: %v, want the simulated crash", err)
 	}
-	a.stop(t)
+	a.stop()
 	devs, err := a.d.kernel.List()
 	if err != nil || len(devs) != 1 {
 		t.Fatalf("devices after the crash: %+v %v", devs, err)
@@ -330,11 +327,11 @@ func TestCorruptStateAfterAnInterruptedMapAdoptsItsDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, al := restarted(t, a, c, stateDir, "", nil)
-	m, ok := b.d.state.Get(state.Key{Cluster: c.id, Ref: claimRef(c, "img")})
+	m, ok := b.d.state.Get(state.Key{Cluster: c.ID, Ref: claimRef(c, "img")})
 	if !ok || m.Phase != state.Mapped || m.DeviceID != devs[0].ID {
 		t.Fatalf("not adopted back: %+v %v; status %+v", m, ok, b.d.Status())
 	}
-	if c.m.Blocklisted(devs[0].ClientAddr) || len(al.find(audit.UnmanagedDevice, audit.Fenced)) != 0 {
+	if c.M.Blocklisted(devs[0].ClientAddr) || len(al.Find(audit.UnmanagedDevice, audit.Fenced)) != 0 {
 		t.Fatal("this node's own device was fenced")
 	}
 	rec := inspectMem(t, c, claimRef(c, "img"))
@@ -354,16 +351,16 @@ func TestARebuildReleasesTheHoldsItsHeartbeatListsWithoutADevice(t *testing.T) {
 	a := startMemDaemonWith(t, func(o *Options) { o.Config.StateDir = stateDir; o.BootID = "boot-1" }, c)
 	addImage(a, c, "img")
 	addImage(a, c, "img2")
-	if _, err := a.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: "img"}, nil); err != nil {
+	if _, err := a.d.Map(context.Background(), api.MapRequest{Cluster: c.ID, Pool: c.Pool, Image: "img"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	r2, err := a.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: "img2"}, nil)
+	r2, err := a.d.Map(context.Background(), api.MapRequest{Cluster: c.ID, Pool: c.Pool, Image: "img2"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.stop(t)
+	a.stop()
 	id := strings.TrimPrefix(filepath.Base(r2.Device), "rbd")
-	if err := a.k.WriteControl(a.k.Sysfs+"/bus/rbd/remove_single_major", []byte(id)); err != nil {
+	if err := a.kernel.WriteControl(a.kernel.Sysfs+"/bus/rbd/remove_single_major", []byte(id)); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(stateDir, "mappings.json"), []byte(`{"format": 1, "mapp`), 0o600); err != nil {
@@ -376,7 +373,7 @@ func TestARebuildReleasesTheHoldsItsHeartbeatListsWithoutADevice(t *testing.T) {
 	if rec := inspectMem(t, c, claimRef(c, "img")); rec.Holder(b.d.cfg.NodeID) == nil {
 		t.Fatalf("img's holders after the rebuild: %+v; want it still held", rec.Holders)
 	}
-	es := al.find(audit.StateRebuilt, "")
+	es := al.Find(audit.StateRebuilt, "")
 	if len(es) != 1 || !strings.Contains(es[0].Message, "1 released: c1:rbd/img2") {
 		t.Fatalf("state_rebuilt audit entries: %+v", es)
 	}
@@ -393,13 +390,13 @@ func TestAHoldTheRebuildCannotSettleKeepsItsPlaceBeating(t *testing.T) {
 	stateDir := t.TempDir()
 	a := startMemDaemonWith(t, func(o *Options) { o.Config.StateDir = stateDir; o.BootID = "boot-1" }, c)
 	addImage(a, c, "img")
-	r, err := a.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: "img"}, nil)
+	r, err := a.d.Map(context.Background(), api.MapRequest{Cluster: c.ID, Pool: c.Pool, Image: "img"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.stop(t)
+	a.stop()
 	id := strings.TrimPrefix(filepath.Base(r.Device), "rbd")
-	if err := a.k.WriteControl(a.k.Sysfs+"/bus/rbd/remove_single_major", []byte(id)); err != nil {
+	if err := a.kernel.WriteControl(a.kernel.Sysfs+"/bus/rbd/remove_single_major", []byte(id)); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(stateDir, "mappings.json"), []byte(`{"format": 1, "mapp`), 0o600); err != nil {
@@ -407,7 +404,7 @@ func TestAHoldTheRebuildCannotSettleKeepsItsPlaceBeating(t *testing.T) {
 	}
 	var refuse atomic.Bool
 	refuse.Store(true)
-	c.m.SetHook(func(_ context.Context, call string, img claim.Image) error {
+	c.M.SetHook(func(_ context.Context, call string, img claim.Image) error {
 		if call == "write" && img.Image == "img" && refuse.Load() {
 			return errors.New("claim write refused (test)")
 		}
@@ -417,12 +414,12 @@ func TestAHoldTheRebuildCannotSettleKeepsItsPlaceBeating(t *testing.T) {
 	if rec := inspectMem(t, c, claimRef(c, "img")); rec.Holder(b.d.cfg.NodeID) == nil {
 		t.Fatalf("img's holders after the failed release: %+v; want still this node's", rec.Holders)
 	}
-	es := al.find(audit.StateRebuilt, "")
+	es := al.Find(audit.StateRebuilt, "")
 	if len(es) != 1 || !strings.Contains(es[0].Message, "1 not settled: c1:rbd/img (release failed") {
 		t.Fatalf("state_rebuilt audit entries: %+v", es)
 	}
 	beat := func() uint64 {
-		_, v, err := c.m.Read(context.Background(), claim.Image{Pool: c.pool}, claim.HeartbeatPrefix+b.d.cfg.NodeID)
+		_, v, err := c.M.Read(context.Background(), claim.Image{Pool: c.Pool}, claim.HeartbeatPrefix+b.d.cfg.NodeID)
 		if err != nil {
 			return 0
 		}

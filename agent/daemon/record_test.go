@@ -36,7 +36,7 @@ func TestAMappedDeviceIsAnsweredOnlyOnceItsClaimNamesIt(t *testing.T) {
 			}
 			switch via {
 			case "answer":
-				resp, err := n.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: "v"}, nil)
+				resp, err := n.d.Map(context.Background(), api.MapRequest{Cluster: c.ID, Pool: c.Pool, Image: "v"}, nil)
 				if err != nil || !resp.AlreadyMapped || resp.Device != devs[0].DevNode {
 					t.Fatalf("map again: %+v %v, want %s already mapped", resp, err, devs[0].DevNode)
 				}

@@ -30,7 +30,7 @@ func TestReleaseKeepsTheClaimOfAMappedDevice(t *testing.T) {
 			return tk.C, tk.Stop
 		}
 	}, c)
-	defer n.stop(t)
+	defer n.stop()
 	resp := n.mapImage(t, c, "r")
 	ms := n.d.state.All()
 	if len(ms) != 1 {
@@ -45,7 +45,7 @@ func TestReleaseKeepsTheClaimOfAMappedDevice(t *testing.T) {
 	if ok || !fault.Is(err, fault.Invalid) || !strings.Contains(err.Error(), resp.Device) {
 		t.Fatalf("release of a claim whose device is mapped: %v %v, want refused naming %s", ok, err, resp.Device)
 	}
-	rec, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "reader"}})
+	rec, err := claim.NewStoreOn(c.M, claim.Config{Node: claim.Node{ID: "reader"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,13 +13,10 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
-	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/claim/memory"
 	"github.com/rbd-owner/rbd-owner/agent/config"
-	"github.com/rbd-owner/rbd-owner/agent/krbd"
-	"github.com/rbd-owner/rbd-owner/agent/krbd/fakekernel"
-	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/internal/agenttest"
 )
 
 // TestRenewalCostsOneWritePerPool: a renew interval's work (the heartbeats and the round of
@@ -69,27 +66,15 @@ func roundDaemon(t *testing.T, m *memory.Memory, n, inPool int) (*Daemon, *monoC
 // roundDaemonAs is roundDaemon with node id id.
 func roundDaemonAs(t *testing.T, m *memory.Memory, id string, n, inPool int) (*Daemon, *monoClock) {
 	t.Helper()
-	k, err := fakekernel.New(t.TempDir(), fakekernel.Options{FSID: m.FSID()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := k.AddUser("u", memSecret); err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig(t, id, 20*time.Second, config.Cluster{ID: "c1", Monitors: []string{"203.0.113.1:6789"}, User: "u", Keyring: "/nonexistent"})
-	cfg.LeaseDuration = config.Duration(60 * time.Second)
-	log := quietLog()
-	kc := k.Config()
-	kc.Poll = 5 * time.Millisecond
+	env := agenttest.NewEnv(t, agenttest.Memory(&memCluster{ID: "c1", Pool: "rbd", M: m}), agenttest.Node(id), agenttest.Renew(20*time.Second))
+	env.Poll, env.Watchdog = 5*time.Millisecond, 0
 	mono := &monoClock{}
-	d, err := New(Options{Config: cfg, Log: log, Audit: audit.NewWithSink(log, func(audit.Entry) {}), Kernel: krbd.New(kc),
-		Peers: &peercred.Policy{AdminGroup: -1, CSIGroup: -1}, Mono: mono.Now,
-		Connect: func(context.Context, config.Cluster) (Connection, error) {
-			return Connection{Backend: m, Secret: memSecret}, nil
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	nd := envNode(env, func(o *Options) {
+		o.Config.LeaseDuration = config.Duration(60 * time.Second)
+		o.Mono = mono.Now
+	})
+	nd.start()
+	d, k := nd.d, nd.kernel
 	for i := range n {
 		pool := "rbd"
 		if i >= inPool {

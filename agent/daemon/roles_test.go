@@ -9,16 +9,13 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/client"
-	"github.com/rbd-owner/rbd-owner/agent/config"
-	"github.com/rbd-owner/rbd-owner/agent/krbd"
-	"github.com/rbd-owner/rbd-owner/agent/krbd/fakekernel"
+	"github.com/rbd-owner/rbd-owner/agent/internal/agenttest"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/server"
 )
@@ -28,22 +25,11 @@ import (
 // collected in the returned function's answer.
 func offlineDaemon(t *testing.T) (*Daemon, func() []audit.Entry) {
 	t.Helper()
-	k, err := fakekernel.New(t.TempDir(), fakekernel.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig(t, "node-r", 10*time.Second, config.Cluster{ID: "c1", Monitors: []string{"127.0.0.1:9"}, User: "u", Keyring: "/nonexistent"})
-	cfg.CSISocket = filepath.Join(filepath.Dir(cfg.Socket), "csi", "csi.sock")
-	log := quietLog()
-	var mu sync.Mutex
-	var entries []audit.Entry
-	d, err := New(Options{Config: cfg, Log: log, Kernel: krbd.New(k.Config()),
-		Audit: audit.NewWithSink(log, func(e audit.Entry) { mu.Lock(); entries = append(entries, e); mu.Unlock() }),
-		Peers: &peercred.Policy{AdminGroup: -1, CSIGroup: -1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d, func() []audit.Entry { mu.Lock(); defer mu.Unlock(); return append([]audit.Entry(nil), entries...) }
+	n := envNode(agenttest.NewEnv(t, agenttest.Offline()), func(o *Options) {
+		o.Config.CSISocket = filepath.Join(filepath.Dir(o.Config.Socket), "csi", "csi.sock")
+	})
+	n.start()
+	return n.d, n.env.Audit.Entries
 }
 
 // TestRoutesByRole asks every route as each role and checks who is refused (403 + a denied

@@ -317,23 +317,23 @@ func TestClaimIsAuditedWhenMade(t *testing.T) {
 	al := &auditLog{}
 	var atKernel atomic.Int32
 	n := startMemDaemonWith(t, func(o *Options) {
-		o.Audit = audit.NewWithSink(o.Log, al.sink)
+		o.Audit = audit.NewWithSink(o.Log, al.Record)
 		o.Fault = func(saga, step string) error {
 			if saga == "map" && step == "map" {
-				atKernel.Store(int32(len(al.find(audit.Claim, ""))))
+				atKernel.Store(int32(len(al.Find(audit.Claim, ""))))
 			}
 			return nil
 		}
 	}, c)
-	t.Cleanup(func() { n.stop(t) })
+	t.Cleanup(func() { n.stop() })
 	addImage(n, c, "img")
-	if _, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: c.pool, Image: "img"}, nil); err != nil {
+	if _, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: c.Pool, Image: "img"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := atKernel.Load(); got != 1 {
 		t.Fatalf("claim entries in the audit trail when the kernel step began: %d, want 1", got)
 	}
-	if es := al.find(audit.Claim, ""); len(es) != 1 {
+	if es := al.Find(audit.Claim, ""); len(es) != 1 {
 		t.Fatalf("claim entries after the map: %+v, want one", es)
 	}
 }

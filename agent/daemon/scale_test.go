@@ -53,7 +53,7 @@ func TestScaleFigures(t *testing.T) {
 				}
 			},
 			Connect: func(context.Context, config.Cluster) (Connection, error) {
-				return Connection{Backend: c.m, Secret: memSecret}, nil
+				return Connection{Backend: c.M, Secret: memSecret}, nil
 			}})
 		if err != nil {
 			t.Fatal(err)
@@ -72,7 +72,7 @@ func TestScaleFigures(t *testing.T) {
 	d, done, cancel, _ := start()
 	for i := 0; i < nImages; i++ {
 		name := fmt.Sprintf("s%d", i)
-		c.m.AddImage(claim.Image{Pool: "rbd", Image: name}, "id-"+name)
+		c.M.AddImage(claim.Image{Pool: "rbd", Image: name}, "id-"+name)
 		k.AddImageWithID("rbd", "", name, "id-"+name, 1<<20)
 		if _, err := d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: name}, nil); err != nil {
 			t.Fatal(err)

@@ -41,9 +41,9 @@ func crashedMap(t *testing.T, c *memCluster, image, step string) *memDaemon {
 			return nil
 		}
 	}, c)
-	t.Cleanup(func() { n.stop(t) })
+	t.Cleanup(func() { n.stop() })
 	addImage(n, c, image)
-	_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: image}, nil)
+	_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: c.ID, Pool: c.Pool, Image: image}, nil)
 	crash.Store(false)
 	if !errors.Is(err, ErrCrash) {
 		t.Fatalf("want the simulated crash, got %v", err)
@@ -54,7 +54,7 @@ func crashedMap(t *testing.T, c *memCluster, image, step string) *memDaemon {
 // claimReader reads c's claims as a node of its own.
 func claimReader(t *testing.T, c *memCluster) *claim.Store {
 	t.Helper()
-	r, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-r"}, Lease: time.Minute, FenceExpiry: time.Hour})
+	r, err := claim.NewStoreOn(c.M, claim.Config{Node: claim.Node{ID: "node-r"}, Lease: time.Minute, FenceExpiry: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,13 +109,13 @@ func TestSettleClaimingLeavesADeviceWhoseClaimIsAnothers(t *testing.T) {
 	n := startMemDaemonWith(t, func(o *Options) {
 		noReconcile(o)
 		o.Config.Unmanaged = config.UnmanagedFenceIfClaimed
-		o.Audit = audit.NewWithSink(o.Log, al.sink)
+		o.Audit = audit.NewWithSink(o.Log, al.Record)
 	}, c)
-	defer n.stop(t)
+	defer n.stop()
 	addImage(n, c, "y")
 	a, epoch := holdElsewhere(t, c, "y", "10.9.9.9:0/1")
 	key := state.Key{Cluster: "c1", Ref: claimRef(c, "y")}
-	if err := n.d.state.Put(state.Mapping{Key: key, FSID: c.m.FSID(), Phase: state.Claiming, Access: string(claim.RWO), Claimed: true}); err != nil {
+	if err := n.d.state.Put(state.Mapping{Key: key, FSID: c.M.FSID(), Phase: state.Claiming, Access: string(claim.RWO), Claimed: true}); err != nil {
 		t.Fatal(err)
 	}
 	dv := handMap(t, n, c, "y", "noshare") // explained by the half-done map: not judged yet
@@ -128,18 +128,18 @@ func TestSettleClaimingLeavesADeviceWhoseClaimIsAnothers(t *testing.T) {
 	if devs, _ := n.d.kernel.List(); len(devs) != 1 || devs[0].ID != dv.ID {
 		t.Fatalf("devices after settling: %+v, want %s left alone", devs, dv.DevNode)
 	}
-	if c.m.Blocklisted("10.9.9.9:0/1") {
+	if c.M.Blocklisted("10.9.9.9:0/1") {
 		t.Fatal("the holder's mapping was fenced")
 	}
-	img := claim.Image{Pool: c.pool, Image: "y"}
+	img := claim.Image{Pool: c.Pool, Image: "y"}
 	if _, err := a.Renew(context.Background(), img, epoch); err != nil {
 		t.Fatalf("node-a lost its claim: %v", err)
 	}
 	n.d.reconcile(context.Background())
 	waitFor(t, "the device judged, fenced and audited", func() bool {
-		return c.m.Blocklisted(dv.ClientAddr) && len(al.find(audit.UnmanagedDevice, audit.Fenced)) > 0
+		return c.M.Blocklisted(dv.ClientAddr) && len(al.Find(audit.UnmanagedDevice, audit.Fenced)) > 0
 	})
-	if got := al.find(audit.UnmanagedDevice, audit.Fenced); len(got) != 1 || got[0].Device != dv.DevNode {
+	if got := al.Find(audit.UnmanagedDevice, audit.Fenced); len(got) != 1 || got[0].Device != dv.DevNode {
 		t.Fatalf("audit: %+v", got)
 	}
 }

@@ -31,7 +31,7 @@ func slowPool(t *testing.T, honour bool) {
 	release := make(chan struct{})
 	var once sync.Once
 	stall := false
-	c.m.SetHook(func(ctx context.Context, call string, img claim.Image) error {
+	c.M.SetHook(func(ctx context.Context, call string, img claim.Image) error {
 		mu.Lock()
 		if call == "write" && img.Pool == "fast" && img.Image == "" {
 			beats = append(beats, time.Now())
@@ -55,11 +55,11 @@ func slowPool(t *testing.T, honour bool) {
 	n := startMemDaemonWith(t, func(o *Options) {
 		o.Config.RenewInterval = config.Duration(renew)
 	}, c)
-	defer n.stop(t)
+	defer n.stop()
 	defer close(release)
 	n.mapImage(t, c, "f")
-	slow := &memCluster{id: "c1", pool: "slow", m: c.m}
-	n.k.AddPool("slow")
+	slow := &memCluster{ID: "c1", Pool: "slow", M: c.M}
+	n.kernel.AddPool("slow")
 	for i := range 32 {
 		n.mapImage(t, slow, fmt.Sprintf("s%d", i))
 	}

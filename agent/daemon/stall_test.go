@@ -4,80 +4,27 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
-	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
-	"github.com/rbd-owner/rbd-owner/agent/claim/memory"
-	"github.com/rbd-owner/rbd-owner/agent/config"
+	"github.com/rbd-owner/rbd-owner/agent/internal/agenttest"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/krbd/fakekernel"
-	"github.com/rbd-owner/rbd-owner/agent/peercred"
 )
 
-const memSecret = "AQBzXHxlAAAAABAAm0Tq4kVJ2HbsYQ1rLA5pUw=="
+// memSecret is the key of a memory cluster's user.
+const memSecret = agenttest.Secret
 
 // memCluster is an in-memory cluster for a daemon under test, with a hook that counts the
 // claim writes and can stall every call.
-type memCluster struct {
-	id, pool string
-	m        *memory.Memory
-	writes   atomic.Int64
-	stall    atomic.Bool   // stall calls from now on (until released)
-	entered  chan struct{} // closed when the first stalled call is blocked
-	release  chan struct{} // closed to let the stalled calls go
-	once     sync.Once
-}
+type memCluster = agenttest.Cluster
 
-func newMemCluster(id, pool, fsid string) *memCluster {
-	c := &memCluster{id: id, pool: pool, m: memory.New(fsid), entered: make(chan struct{}), release: make(chan struct{})}
-	c.m.SetHook(func(_ context.Context, call string, _ claim.Image) error {
-		if call == "write" {
-			c.writes.Add(1)
-		}
-		if c.stall.Load() {
-			c.once.Do(func() { close(c.entered) })
-			<-c.release // a cluster that does not answer, and a call that does not honour its deadline
-		}
-		return nil
-	})
-	return c
-}
+func newMemCluster(id, pool, fsid string) *memCluster { return agenttest.NewCluster(id, pool, fsid) }
 
-// memNodeDaemon is a running daemon on a fake kernel whose clusters are in memory: no Ceph
-// needed. It returns the daemon and the notes sent to systemd.
-type memDaemon struct {
-	d      *Daemon
-	k      *fakekernel.Kernel
-	mu     sync.Mutex
-	notes  []string
-	audit  []audit.Entry
-	cancel context.CancelFunc
-	done   chan error
-}
-
-// audited returns the audit entries of event recorded so far.
-func (n *memDaemon) audited(event string) []audit.Entry {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return ofEvent(n.audit, event)
-}
-
-func (n *memDaemon) count(prefix string) int {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	c := 0
-	for _, s := range n.notes {
-		if strings.HasPrefix(s, prefix) {
-			c++
-		}
-	}
-	return c
-}
+// memDaemon is a running node on clusters in memory: no Ceph needed.
+type memDaemon = node
 
 func startMemDaemon(t *testing.T, clusters ...*memCluster) *memDaemon {
 	t.Helper()
@@ -94,57 +41,14 @@ func startMemDaemonWith(t *testing.T, change func(*Options), clusters ...*memClu
 // restarted on the same node.
 func startMemDaemonOn(t *testing.T, k *fakekernel.Kernel, change func(*Options), clusters ...*memCluster) *memDaemon {
 	t.Helper()
-	if k == nil {
-		var err error
-		if k, err = fakekernel.New(t.TempDir(), fakekernel.Options{FSID: clusters[0].m.FSID()}); err != nil {
-			t.Fatal(err)
-		}
-		if err := k.AddUser("u", memSecret); err != nil {
-			t.Fatal(err)
-		}
+	var opts []agenttest.Option
+	if k != nil {
+		opts = append(opts, agenttest.OnKernel(k))
 	}
-	byID := map[string]*memCluster{}
-	var ccfg []config.Cluster
-	for _, c := range clusters {
-		byID[c.id] = c
-		ccfg = append(ccfg, config.Cluster{ID: c.id, Monitors: []string{"203.0.113.1:6789"}, User: "u", Keyring: "/nonexistent"})
-	}
-	cfg := testConfig(t, "node-m", 100*time.Millisecond, ccfg...)
-	log := quietLog()
-	n := &memDaemon{k: k}
-	kc := k.Config()
-	kc.Poll = 10 * time.Millisecond
-	opts := Options{Config: cfg, Log: log, Audit: audit.NewWithSink(log, func(e audit.Entry) { n.mu.Lock(); n.audit = append(n.audit, e); n.mu.Unlock() }), Kernel: krbd.New(kc),
-		Peers: &peercred.Policy{AdminGroup: -1, CSIGroup: -1}, Watchdog: 2 * time.Second,
-		Notify: func(s string) { n.mu.Lock(); n.notes = append(n.notes, s); n.mu.Unlock() },
-		Connect: func(_ context.Context, c config.Cluster) (Connection, error) {
-			return Connection{Backend: byID[c.ID].m, Secret: memSecret}, nil
-		}}
-	if change != nil {
-		change(&opts)
-	}
-	d, err := New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.d = d
-	ctx, cancel := context.WithCancel(context.Background())
-	n.cancel, n.done = cancel, make(chan error, 1)
-	go func() { n.done <- d.Run(ctx) }()
-	waitFor(t, "READY=1", func() bool { return n.count("READY=1") > 0 })
+	n := envNode(agenttest.NewEnv(t, agenttest.Memory(clusters...), opts...), change)
+	n.start()
+	n.run()
 	return n
-}
-
-func (n *memDaemon) stop(t *testing.T) {
-	n.cancel()
-	select {
-	case err := <-n.done:
-		if err != nil {
-			t.Errorf("daemon: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Error("daemon did not stop")
-	}
 }
 
 // waitFor polls cond; the bound only turns a hang into a failure, it is never what a test
@@ -160,13 +64,13 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func (n *memDaemon) mapImage(t *testing.T, c *memCluster, name string) *api.MapResponse {
+func (n *node) mapImage(t *testing.T, c *memCluster, name string) *api.MapResponse {
 	t.Helper()
-	c.m.AddImage(claim.Image{Pool: c.pool, Image: name}, "id-"+name)
-	n.k.AddImage(c.pool, "", name, 16<<20)
-	resp, err := n.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: name, Requester: "test"}, nil)
+	c.M.AddImage(claim.Image{Pool: c.Pool, Image: name}, "id-"+name)
+	n.kernel.AddImage(c.Pool, "", name, 16<<20)
+	resp, err := n.d.Map(context.Background(), api.MapRequest{Cluster: c.ID, Pool: c.Pool, Image: name, Requester: "test"}, nil)
 	if err != nil {
-		t.Fatalf("map %s/%s on %s: %v", c.pool, name, c.id, err)
+		t.Fatalf("map %s/%s on %s: %v", c.Pool, name, c.ID, err)
 	}
 	return resp
 }
@@ -179,19 +83,19 @@ func TestStalledClusterDoesNotStopRenewalsOrTheWatchdog(t *testing.T) {
 	healthy := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000001")
 	stalled := newMemCluster("c2", "slow", "00000000-0000-4000-8000-000000000001")
 	n := startMemDaemon(t, healthy, stalled)
-	defer n.stop(t)
-	defer func() { stalled.stall.Store(false); close(stalled.release) }()
+	defer n.stop()
+	defer func() { stalled.Stall.Store(false); close(stalled.Release) }()
 	n.mapImage(t, healthy, "fast")
 	n.mapImage(t, stalled, "slow")
 
-	stalled.stall.Store(true)
+	stalled.Stall.Store(true)
 	select {
-	case <-stalled.entered:
+	case <-stalled.Entered:
 	case <-time.After(30 * time.Second):
 		t.Fatal("no call reached the stalled cluster")
 	}
-	w0, p0 := healthy.writes.Load(), n.count("WATCHDOG=1")
-	waitFor(t, "3 renewals on the healthy cluster", func() bool { return healthy.writes.Load() >= w0+3 })
+	w0, p0 := healthy.Writes.Load(), n.count("WATCHDOG=1")
+	waitFor(t, "3 renewals on the healthy cluster", func() bool { return healthy.Writes.Load() >= w0+3 })
 	waitFor(t, "2 watchdog pings", func() bool { return n.count("WATCHDOG=1") >= p0+2 })
 	waitFor(t, "status naming the stalled cluster", func() bool {
 		for _, p := range n.d.Status().Problems {
@@ -204,7 +108,7 @@ func TestStalledClusterDoesNotStopRenewalsOrTheWatchdog(t *testing.T) {
 	// an API call that needs the stalled cluster does not stop another on the healthy one
 	n.mapImage(t, healthy, "fast2")
 	select {
-	case <-stalled.release:
+	case <-stalled.Release:
 		t.Fatal("the stalled call was released before the assertions")
 	default:
 	}
@@ -221,17 +125,17 @@ func TestStuckUnmapDoesNotStopRenewalsOrTheWatchdog(t *testing.T) {
 		kc.EBusyRetry = time.Hour
 		o.Kernel = krbd.New(kc)
 	}, c)
-	defer n.stop(t)
+	defer n.stop()
 	busy := n.mapImage(t, c, "busy")
 	n.mapImage(t, c, "other")
 	dev, err := n.d.kernel.FindByPath(busy.Device)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.k.SetOpen(dev.ID, true)
+	n.kernel.SetOpen(dev.ID, true)
 	removes := func() int {
 		c := 0
-		for _, w := range n.k.Writes() {
+		for _, w := range n.kernel.Writes() {
 			if strings.Contains(w, "remove") {
 				c++
 			}
@@ -245,15 +149,15 @@ func TestStuckUnmapDoesNotStopRenewalsOrTheWatchdog(t *testing.T) {
 		unmapped <- err
 	}()
 	waitFor(t, "a refused remove (EBUSY)", func() bool { return removes() > r0 })
-	w0, p0 := c.writes.Load(), n.count("WATCHDOG=1")
-	waitFor(t, "3 renewals", func() bool { return c.writes.Load() >= w0+3 })
+	w0, p0 := c.Writes.Load(), n.count("WATCHDOG=1")
+	waitFor(t, "3 renewals", func() bool { return c.Writes.Load() >= w0+3 })
 	waitFor(t, "2 watchdog pings", func() bool { return n.count("WATCHDOG=1") >= p0+2 })
 	select {
 	case err := <-unmapped:
 		t.Fatalf("the unmap of an open device ended before it was closed: %v", err)
 	default:
 	}
-	n.k.SetOpen(dev.ID, false)
+	n.kernel.SetOpen(dev.ID, false)
 	select {
 	case err := <-unmapped:
 		if err != nil {

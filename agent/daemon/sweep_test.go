@@ -18,7 +18,7 @@ import (
 func TestOrphanSweep(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000003")
 	n := startMemDaemon(t, c)
-	defer n.stop(t)
+	defer n.stop()
 	bg := context.Background()
 	for _, name := range []string{"gone", "kept", "held", "raced"} {
 		n.mapImage(t, c, name)
@@ -29,25 +29,25 @@ func TestOrphanSweep(t *testing.T) {
 		}
 	}
 	img := func(name string) claim.Image { return claim.Image{Pool: "rbd", Image: name} }
-	c.m.RemoveImage(img("gone"))
-	c.m.RemoveImage(img("held")) // (a mapped image cannot really be removed; its claim must stay anyway)
-	c.m.RemoveImage(img("raced"))
+	c.M.RemoveImage(img("gone"))
+	c.M.RemoveImage(img("held")) // (a mapped image cannot really be removed; its claim must stay anyway)
+	c.M.RemoveImage(img("raced"))
 	// "raced": recreated and claimed by another node between the sweep's check and its delete
-	other, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-x"}})
+	other, err := claim.NewStoreOn(c.M, claim.Config{Node: claim.Node{ID: "node-x"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	hook := func(ctx context.Context, call string, im claim.Image) error {
 		if call == "imageid" && im == img("raced") {
-			c.m.SetHook(nil)
-			c.m.AddImage(img("raced"), "id-raced-2")
+			c.M.SetHook(nil)
+			c.M.AddImage(img("raced"), "id-raced-2")
 			if _, err := other.Acquire(ctx, claim.Request{Image: img("raced")}); err != nil {
 				t.Errorf("the racing acquire: %v", err)
 			}
 		}
 		return nil
 	}
-	c.m.SetHook(hook)
+	c.M.SetHook(hook)
 	if got := n.d.state.ClaimPools(); len(got) != 1 || got[0] != (state.Pool{Cluster: "c1", Pool: "rbd"}) {
 		t.Fatalf("claim pools %+v", got)
 	}
@@ -56,7 +56,7 @@ func TestOrphanSweep(t *testing.T) {
 		t.Fatalf("sweep removed %d (%v), want 1", removed, err)
 	}
 	for name, want := range map[string]bool{"gone": false, "kept": true, "held": true, "raced": true} {
-		if v := c.m.Version(img(name)); (v != 0) != want {
+		if v := c.M.Version(img(name)); (v != 0) != want {
 			t.Errorf("%s: record present %v, want %v", name, v != 0, want)
 		}
 	}
@@ -70,14 +70,14 @@ func TestOrphanSweep(t *testing.T) {
 func TestOrphanSweepRunsByItself(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000004")
 	n := startMemDaemonWith(t, func(o *Options) { o.Config.OrphanSweepInterval = config.Duration(200 * time.Millisecond) }, c)
-	defer n.stop(t)
+	defer n.stop()
 	n.mapImage(t, c, "gone")
 	if _, err := n.d.Unmap(context.Background(), api.UnmapRequest{Cluster: "c1", Pool: "rbd", Image: "gone"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	c.m.RemoveImage(claim.Image{Pool: "rbd", Image: "gone"})
+	c.M.RemoveImage(claim.Image{Pool: "rbd", Image: "gone"})
 	waitFor(t, "the sweep to remove the orphaned claim", func() bool {
-		return c.m.Version(claim.Image{Pool: "rbd", Image: "gone"}) == 0
+		return c.M.Version(claim.Image{Pool: "rbd", Image: "gone"}) == 0
 	})
 }
 

@@ -34,9 +34,9 @@ func TestTakeoverWaitsOutTheHoldersLeaseOnTheClaimersClock(t *testing.T) {
 		o.Mono = monoB.Now
 		o.Now = func() time.Time { return time.Now().Add(time.Hour) }
 	}, c)
-	defer b.stop(t)
+	defer b.stop()
 	ra := a.mapImage(t, c, "shared")
-	b.k.AddImage("rbd", "", "shared", 16<<20)
+	b.kernel.AddImage("rbd", "", "shared", 16<<20)
 	req := api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "shared", Takeover: true, Requester: "test"}
 	lease := a.d.cfg.LeaseDuration.D()
 
@@ -58,16 +58,16 @@ func TestTakeoverWaitsOutTheHoldersLeaseOnTheClaimersClock(t *testing.T) {
 	}
 	// node-b waits out its watch on its own clock, three times; node-a renews in between
 	for i := range 3 {
-		before := c.m.Version(claim.Image{Pool: "rbd", Image: "shared"})
-		hb := c.writes.Load()
-		waitFor(t, "node-a's heartbeat", func() bool { return c.writes.Load() > hb+1 })
+		before := c.M.Version(claim.Image{Pool: "rbd", Image: "shared"})
+		hb := c.Writes.Load()
+		waitFor(t, "node-a's heartbeat", func() bool { return c.Writes.Load() > hb+1 })
 		monoB.Advance(lease + time.Second)
 		_ = refused("a live holder after a lease on node-b's clock") // it fails the test itself
-		if v := c.m.Version(claim.Image{Pool: "rbd", Image: "shared"}); v != before {
+		if v := c.M.Version(claim.Image{Pool: "rbd", Image: "shared"}); v != before {
 			t.Fatalf("round %d: a refused takeover changed the claim (version %d → %d)", i, before, v)
 		}
 	}
-	a.stop(t) // node-a dies: its heartbeat stops
+	a.stop() // node-a dies: its heartbeat stops
 	_ = refused("the first look after node-a stopped")
 	monoB.Advance(lease - time.Second)
 	_ = refused("a moment before node-a's lease ran out on node-b's clock")
@@ -79,7 +79,7 @@ func TestTakeoverWaitsOutTheHoldersLeaseOnTheClaimersClock(t *testing.T) {
 	if rb.Claim == nil || rb.Claim.Epoch != ra.Claim.Epoch+1 {
 		t.Fatalf("takeover: %+v (node-a had epoch %d)", rb.Claim, ra.Claim.Epoch)
 	}
-	if !c.m.Blocklisted(ra.Claim.Holders[0].ClientAddr) {
+	if !c.M.Blocklisted(ra.Claim.Holders[0].ClientAddr) {
 		t.Fatalf("node-a's mapping %s was not fenced", ra.Claim.Holders[0].ClientAddr)
 	}
 }

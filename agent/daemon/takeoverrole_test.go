@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -44,9 +43,9 @@ func TestTakeoverNeedsTheAdminRoleOrThePolicy(t *testing.T) {
 func takeoverByRole(t *testing.T, policy string) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000032")
 	n, mono, audited := nodeB(t, c, policy)
-	defer n.stop(t)
+	defer n.stop()
 	// node-a: another agent on the same cluster, stopped after mapping (its heartbeat stays)
-	a, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Hostname: "host-a", Incarnation: "i-a",
+	a, err := claim.NewStoreOn(c.M, claim.Config{Node: claim.Node{ID: "node-a", Hostname: "host-a", Incarnation: "i-a",
 		Addr: func() string { return "10.0.0.1" }}, Lease: 30 * time.Second, FenceExpiry: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -74,8 +73,8 @@ func takeoverByRole(t *testing.T, policy string) {
 				image := fmt.Sprintf("img%d", i)
 				name := fmt.Sprintf("%s@%s takeover=%v %s", who.role, who.socket, takeover, hold)
 				img := claim.Image{Pool: "rbd", Image: image}
-				c.m.AddImage(img, "id-"+image)
-				n.k.AddImage("rbd", "", image, 16<<20)
+				c.M.AddImage(img, "id-"+image)
+				n.kernel.AddImage("rbd", "", image, 16<<20)
 				r, err := a.Acquire(context.Background(), claim.Request{Image: img})
 				if err != nil {
 					t.Fatal(err)
@@ -90,7 +89,7 @@ func takeoverByRole(t *testing.T, policy string) {
 					}
 				}
 				if covered { // the holder's node blocklisted by someone else, as ceph-csi's fallback does
-					if _, err := c.m.Blocklist(context.Background(), fmt.Sprintf("10.0.%d.1:0/0", i), time.Hour); err != nil {
+					if _, err := c.M.Blocklist(context.Background(), fmt.Sprintf("10.0.%d.1:0/0", i), time.Hour); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -131,18 +130,18 @@ func takeoverByRole(t *testing.T, policy string) {
 					if len(got) == 0 {
 						t.Errorf("%s: no denied audit entry naming the takeover", name)
 					}
-					if taken || (!fenced && !covered && c.m.Blocklisted(addr)) {
-						t.Errorf("%s: refused, yet taken %v / fenced %v", name, taken, c.m.Blocklisted(addr))
+					if taken || (!fenced && !covered && c.M.Blocklisted(addr)) {
+						t.Errorf("%s: refused, yet taken %v / fenced %v", name, taken, c.M.Blocklisted(addr))
 					}
 				case fenced || mayExpire || mayCover:
-					if code != http.StatusOK || !taken || !c.m.Blocklisted(addr) {
-						t.Errorf("%s: %d %+v, taken %v, fenced %v: want taken over", name, code, e, taken, c.m.Blocklisted(addr))
+					if code != http.StatusOK || !taken || !c.M.Blocklisted(addr) {
+						t.Errorf("%s: %d %+v, taken %v, fenced %v: want taken over", name, code, e, taken, c.M.Blocklisted(addr))
 					}
 					if f := rec.Fences; mayCover && !mayExpire && (len(f) != 1 || f[0].Addr != addr || f[0].By != "node-b" || len(refusals) != 0) {
 						t.Errorf("%s: a blocklisted hold is not taken over at once with this node's own fence: %+v, refusals %q", name, f, refusals)
 					}
 				default:
-					if code != http.StatusConflict || e == nil || e.Code != api.CodeClaimedElsewhere || taken || (!covered && c.m.Blocklisted(addr)) {
+					if code != http.StatusConflict || e == nil || e.Code != api.CodeClaimedElsewhere || taken || (!covered && c.M.Blocklisted(addr)) {
 						t.Errorf("%s: %d %+v, taken %v: want refused as held elsewhere, nothing fenced", name, code, e, taken)
 					}
 					if e != nil && e.RetryAfterSeconds != 0 {
@@ -201,15 +200,15 @@ func takeoverByRole(t *testing.T, policy string) {
 func TestWholeNodeFenceIsNamedAsSuch(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000033")
 	n, mono, audited := nodeB(t, c, config.TakeoverManual)
-	defer n.stop(t)
-	a, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }},
+	defer n.stop()
+	a, err := claim.NewStoreOn(c.M, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }},
 		Lease: 30 * time.Second, FenceExpiry: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
 	img := claim.Image{Pool: "rbd", Image: "half"}
-	c.m.AddImage(img, "id-half")
-	n.k.AddImage("rbd", "", "half", 16<<20)
+	c.M.AddImage(img, "id-half")
+	n.kernel.AddImage("rbd", "", "half", 16<<20)
 	if _, err := a.Acquire(context.Background(), claim.Request{Image: img}); err != nil { // and node-a stops before its map
 		t.Fatal(err)
 	}
@@ -220,8 +219,8 @@ func TestWholeNodeFenceIsNamedAsSuch(t *testing.T) {
 			break
 		}
 	}
-	if err != nil || !c.m.Blocklisted("10.0.0.1:0/0") {
-		t.Fatalf("takeover of a hold with no mapping address: %v, whole node fenced %v", err, c.m.Blocklisted("10.0.0.1:0/0"))
+	if err != nil || !c.M.Blocklisted("10.0.0.1:0/0") {
+		t.Fatalf("takeover of a hold with no mapping address: %v, whole node fenced %v", err, c.M.Blocklisted("10.0.0.1:0/0"))
 	}
 	for _, e := range audited() {
 		if e.Event == audit.Takeover {
@@ -242,22 +241,22 @@ func TestWholeNodeFenceIsNamedAsSuch(t *testing.T) {
 func TestAgentKeepsWatchingBetweenSparseRetries(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000034")
 	var reads atomic.Int64 // of w's claim and of node-a's heartbeat beside it: looks
-	c.m.SetHook(func(_ context.Context, call string, img claim.Image) error {
+	c.M.SetHook(func(_ context.Context, call string, img claim.Image) error {
 		if call == "read" && img.Image == "w" {
 			reads.Add(1)
 		}
 		return nil
 	})
 	n, mono, _ := nodeB(t, c, config.TakeoverAfterLeaseExpiry)
-	defer n.stop(t)
-	a, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }},
+	defer n.stop()
+	a, err := claim.NewStoreOn(c.M, claim.Config{Node: claim.Node{ID: "node-a", Addr: func() string { return "10.0.0.1" }},
 		Lease: 30 * time.Second, FenceExpiry: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
 	img := claim.Image{Pool: "rbd", Image: "w"}
-	c.m.AddImage(img, "id-w")
-	n.k.AddImage("rbd", "", "w", 16<<20)
+	c.M.AddImage(img, "id-w")
+	n.kernel.AddImage("rbd", "", "w", 16<<20)
 	r, err := a.Acquire(context.Background(), claim.Request{Image: img})
 	if err != nil {
 		t.Fatal(err)
@@ -278,7 +277,7 @@ func TestAgentKeepsWatchingBetweenSparseRetries(t *testing.T) {
 	if _, err := n.d.Map(context.Background(), req, nil); err != nil {
 		t.Fatalf("a retry after 40 s of silence from the caller, with the agent watching: %v", err)
 	}
-	if !c.m.Blocklisted("10.0.0.1:0/9") {
+	if !c.M.Blocklisted("10.0.0.1:0/9") {
 		t.Fatal("taken without fencing node-a's mapping")
 	}
 }
@@ -288,15 +287,12 @@ func TestAgentKeepsWatchingBetweenSparseRetries(t *testing.T) {
 func nodeB(t *testing.T, c *memCluster, policy string) (*memDaemon, *monoClock, func() []audit.Entry) {
 	t.Helper()
 	mono := &monoClock{}
-	var mu sync.Mutex
-	var entries []audit.Entry
 	n := startMemDaemonWith(t, func(o *Options) {
 		o.Config.NodeID = "node-b"
 		o.Config.TakeoverPolicy = policy
 		o.Mono = mono.Now
-		o.Audit = audit.NewWithSink(quietLog(), func(e audit.Entry) { mu.Lock(); entries = append(entries, e); mu.Unlock() })
 	}, c)
-	return n, mono, func() []audit.Entry { mu.Lock(); defer mu.Unlock(); return append([]audit.Entry(nil), entries...) }
+	return n, mono, n.env.Audit.Entries
 }
 
 // asAdmin is ctx as a call from an admin on the main socket (a map asking takeover needs it).
@@ -309,7 +305,7 @@ func asAdmin(ctx context.Context) context.Context {
 func TestTakeoverOfAnUnknownCallerIsRefused(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000038")
 	n, _, audited := nodeB(t, c, config.TakeoverManual)
-	defer n.stop(t)
+	defer n.stop()
 	_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "x", Takeover: true}, nil)
 	if !fault.Is(err, fault.PermissionDenied) {
 		t.Fatalf("takeover from an unknown caller: %v, want permission denied", err)
@@ -327,15 +323,15 @@ func TestTakeoverOfAnUnknownCallerIsRefused(t *testing.T) {
 func TestRefusalUnderAfterLeaseExpirySaysWhenOnce(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000039")
 	n, _, _ := nodeB(t, c, config.TakeoverAfterLeaseExpiry)
-	defer n.stop(t)
-	a, err := claim.NewStoreOn(c.m, claim.Config{Node: claim.Node{ID: "node-a", Hostname: "host-a", Addr: func() string { return "10.0.0.1" }},
+	defer n.stop()
+	a, err := claim.NewStoreOn(c.M, claim.Config{Node: claim.Node{ID: "node-a", Hostname: "host-a", Addr: func() string { return "10.0.0.1" }},
 		Lease: 30 * time.Second, FenceExpiry: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
 	img := claim.Image{Pool: "rbd", Image: "once"}
-	c.m.AddImage(img, "id-once")
-	n.k.AddImage("rbd", "", "once", 16<<20)
+	c.M.AddImage(img, "id-once")
+	n.kernel.AddImage("rbd", "", "once", 16<<20)
 	if _, err := a.Acquire(context.Background(), claim.Request{Image: img}); err != nil {
 		t.Fatal(err)
 	}

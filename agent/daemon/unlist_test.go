@@ -19,7 +19,7 @@ import (
 func TestUnmapUnlistsBesideItsLastStateWrite(t *testing.T) {
 	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000042")
 	n := startMemDaemonWith(t, noReconcile, c)
-	defer n.stop(t)
+	defer n.stop()
 	n.mapImage(t, c, "x")
 	ms := n.d.state.All()
 	if len(ms) != 1 {
@@ -28,7 +28,7 @@ func TestUnmapUnlistsBesideItsLastStateWrite(t *testing.T) {
 	key := ms[0].Key
 
 	var armed, waited, sawForget atomic.Bool
-	c.m.SetHook(func(_ context.Context, call string, img claim.Image) error {
+	c.M.SetHook(func(_ context.Context, call string, img claim.Image) error {
 		if call != "write" || img.Image != "" || !armed.Load() || waited.Swap(true) {
 			return nil
 		}
@@ -57,7 +57,7 @@ func TestUnmapUnlistsBesideItsLastStateWrite(t *testing.T) {
 	if rec := inspectMem(t, c, claim.Image{Pool: "rbd", Image: "x"}); !rec.Free() {
 		t.Fatalf("claim after the unmap: %+v", rec)
 	}
-	data, _, err := c.m.Read(context.Background(), claim.Image{Pool: "rbd"}, claim.HeartbeatPrefix+"node-m")
+	data, _, err := c.M.Read(context.Background(), claim.Image{Pool: "rbd"}, claim.HeartbeatPrefix+"node-m")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,13 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sirupsen/logrus"
-
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
-	"github.com/rbd-owner/rbd-owner/agent/claim/memory"
-	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/image"
+	"github.com/rbd-owner/rbd-owner/agent/internal/agenttest"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/krbd/fakekernel"
 	"github.com/rbd-owner/rbd-owner/agent/nodestate"
@@ -21,8 +18,8 @@ import (
 )
 
 const (
-	testFSID   = "a7f64266-0894-4f1e-a635-d0aeaca0e993" // the fake kernel's default
-	testSecret = "AQBzXHxlAAAAABAAm0Tq4kVJ2HbsYQ1rLA5pUw=="
+	testFSID   = "a7f64266-0894-4f1e-a635-d0aeaca0e993"
+	testSecret = agenttest.Secret
 )
 
 // fakeCluster is a configured cluster on an in-memory claim store.
@@ -36,7 +33,7 @@ func (c *fakeCluster) MapDefaults(image.Ref) (krbd.ClusterDefaults, error) {
 	return krbd.ClusterDefaults{}, nil
 }
 func (c *fakeCluster) MapOptions() krbd.MapOptions {
-	return krbd.MapOptions{Monitors: []string{"203.0.113.1:6789"}, User: "rbdowner"}
+	return krbd.MapOptions{Monitors: []string{agenttest.MemoryMonitor}, User: agenttest.User}
 }
 
 // fakeAgent is the agent around the sagas: one cluster.
@@ -64,54 +61,42 @@ func (a *fakeAgent) FencedMappingGone(context.Context, *claim.Store, state.Mappi
 func (a *fakeAgent) WatchHeld(state.Key, bool)     {}
 func (a *fakeAgent) ClusterLabel(id string) string { return id }
 
-// resumeRig is one node's sagas on a fake kernel, a state dir and an in-memory cluster that a
-// second node ("other") shares.
+// resumeRig is one node's sagas on an agenttest.Env (a fake kernel, a state dir, an audit log)
+// with an in-memory cluster that a second node ("other") shares.
 type resumeRig struct {
-	s       *Sagas
-	kernel  *fakekernel.Kernel
-	cl      *fakeCluster
-	other   *claim.Store
-	mu      sync.Mutex
-	entries []audit.Entry
-	spec    image.Ref
-	img     claim.Image
-	key     state.Key
+	s      *Sagas
+	env    *agenttest.Env
+	kernel *fakekernel.Kernel
+	cl     *fakeCluster
+	other  *claim.Store
+	spec   image.Ref
+	img    claim.Image
+	key    state.Key
 }
 
 func newResumeRig(t *testing.T) *resumeRig {
 	t.Helper()
-	k, err := fakekernel.New(t.TempDir(), fakekernel.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := k.AddUser("rbdowner", testSecret); err != nil {
-		t.Fatal(err)
-	}
-	k.AddImage("rbd", "", "img1", 64<<20)
-	kc := k.Config()
-	kc.Poll = 20 * time.Millisecond
-	mem := memory.New(testFSID)
+	c := agenttest.NewCluster("test", "rbd", testFSID)
+	env := agenttest.NewEnv(t, agenttest.Memory(c), agenttest.Node("node-a"))
 	spec := image.Ref{Pool: "rbd", Image: "img1"}
-	mem.AddImage(spec.Head(), "id1")
+	env.AddImage(c, spec.Image)
 	store := func(id string) *claim.Store {
-		s, err := claim.NewStoreOn(mem, claim.Config{Node: claim.Node{ID: id, Hostname: "host-" + id, AgentVersion: "test"},
+		s, err := claim.NewStoreOn(c.M, claim.Config{Node: claim.Node{ID: id, Hostname: "host-" + id, AgentVersion: "test"},
 			Lease: 15 * time.Second, FenceExpiry: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return s
 	}
-	st, err := state.Open(t.TempDir())
+	st, err := state.Open(env.Config.StateDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := logrus.New()
-	log.SetLevel(logrus.ErrorLevel)
-	r := &resumeRig{kernel: k, cl: &fakeCluster{store: store("node-a")}, other: store("node-b"), spec: spec, img: spec.Head(),
+	r := &resumeRig{env: env, kernel: env.Kernel, cl: &fakeCluster{store: store("node-a")}, other: store("node-b"), spec: spec, img: spec.Head(),
 		key: state.Key{Cluster: "test", Ref: spec}}
-	r.s = &Sagas{Agent: &fakeAgent{cl: r.cl}, Config: &config.Config{NodeID: "node-a", FenceExpiry: config.Duration(time.Hour)},
-		Kernel: krbd.New(kc), State: st, Node: nodestate.New(st), Locks: &Locks{}, Log: log,
-		Audit: audit.NewWithSink(log, func(e audit.Entry) { r.mu.Lock(); r.entries = append(r.entries, e); r.mu.Unlock() })}
+	r.s = &Sagas{Agent: &fakeAgent{cl: r.cl}, Config: env.Config,
+		Kernel: krbd.New(env.KernelConfig()), State: st, Node: nodestate.New(st), Locks: &Locks{}, Log: env.Log,
+		Audit: env.AuditLogger()}
 	return r
 }
 
@@ -156,10 +141,8 @@ func (r *resumeRig) resume(t *testing.T) error {
 }
 
 func (r *resumeRig) events() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	var out []string
-	for _, e := range r.entries {
+	for _, e := range r.env.Audit.Entries() {
 		out = append(out, e.Event)
 	}
 	return out
