@@ -36,7 +36,7 @@ AGENT_ENV    = CGO_CPPFLAGS="-D_FORTIFY_SOURCE=2 -DRBD_OWNER_LIBRADOS_DEV=$(CEPH
                CGO_CFLAGS="-O2 -fstack-protector-strong -fstack-clash-protection -fcf-protection" \
                CGO_LDFLAGS="-Wl,-z,relro -Wl,-z,now"
 
-.PHONY: all build test deps-lab unit model e2e e2e-trixie-reef e2e-prod matrix chaos bench-go lab lab-sh lab-down bench package debs cli-docs pkg-meta package-check lint metrics-check k8s-check k8s-e2e k8s-lab k8s-lab-down deps clean
+.PHONY: all build test deps-lab unit model e2e e2e-trixie-reef e2e-prod matrix chaos bench-go lab lab-sh lab-down bench package debs cli-docs pkg-meta package-check lint metrics-check k8s-check k8s-e2e k8s-lab k8s-lab-down deps shape clean
 all: build
 
 deps:
@@ -269,6 +269,12 @@ lint: deps
 	$(GO) tool -modfile=tools/lint/go.mod golangci-lint run --build-tags "$(CEPH_TAG)" ./...
 	@tests/import-graph -q
 	@tests/lint-shell
+
+# Structure figures of the claim and daemon packages from their source (agent/internal/shape,
+# issue 52): per type its methods, lines, mutex and map fields; the links between each package's
+# files, those that run upward (within a cycle) and the files in cycles; the longest function.
+shape:
+	@$(GO) run ./agent/internal/shape ./agent/claim ./agent/daemon
 
 clean:
 	rm -rf bin dist

@@ -35,63 +35,124 @@ type fenceLife struct {
 	mono   *monoClock
 	b      *memDaemon
 	expiry time.Duration
-	// sweep is node-b's sweep loop's ticker: a real one every 20 ms feeds it, and sweepSeen
-	// sends the test's own
+	// sweep is node-b's sweep loop's ticker: the test's ticks (sweepSeen, swept), and in a
+	// scene that is not stepped those of a real ticker every 20 ms too
 	sweep chan time.Time
+	// stepped: only the test ticks node-b's sweep loop, and its renewal rounds never run
+	// (newSteppedFenceLife)
+	stepped bool
 }
 
-func newFenceLife(t *testing.T, fsid string) *fenceLife {
+// newFenceLife starts node-b with its renewal rounds on their usual ticker (every renew
+// interval of real time) and its sweep loop's checks every 20 ms of real time (what is due is
+// judged on the clocks).
+func newFenceLife(t *testing.T, fsid string) *fenceLife { return startFenceLife(t, fsid, false) }
+
+// newSteppedFenceLife is newFenceLife with node-b's renewal rounds stopped and its sweep loop
+// ticked by the test alone: nothing of node-b's that keeps fences runs on real time. outlive
+// needs it: each of its steps moves the clocks only while nothing of node-b's is looking at
+// them, then has one sweep run at the clocks as they are and waits until it has ended.
+func newSteppedFenceLife(t *testing.T, fsid string) *fenceLife { return startFenceLife(t, fsid, true) }
+
+func startFenceLife(t *testing.T, fsid string, stepped bool) *fenceLife {
 	f := &fenceLife{c: newMemCluster("c1", "rbd", fsid), wall: &wallClock{t: time.Now().UTC()}, mono: &monoClock{}, expiry: time.Hour,
-		sweep: make(chan time.Time)}
+		sweep: make(chan time.Time), stepped: stepped}
 	f.c.M.SetClock(f.wall.Now)
 	f.b = startMemDaemonWith(t, func(o *Options) {
 		o.Config.NodeID = "node-b"
 		o.Config.FenceExpiry = config.Duration(f.expiry)
 		o.Config.OrphanSweepInterval = config.Duration(time.Hour)
 		o.Mono, o.Now = f.mono.Now, f.wall.Now
-		// the sweep's checks come every 20 ms of real time; what is due is judged on the clocks
 		o.Ticker = func(loop string, every time.Duration) (<-chan time.Time, func()) {
-			if loop != "sweep" {
-				tk := time.NewTicker(every)
-				return tk.C, tk.Stop
+			switch {
+			case loop == "sweep" && stepped:
+				return f.sweep, func() {}
+			case loop == "sweep":
+				return f.feedSweep()
+			case loop == "renew c1" && stepped:
+				return make(chan time.Time), func() {} // its first round, at start, holds nothing
 			}
-			tk, stop := time.NewTicker(20*time.Millisecond), make(chan struct{})
-			go func() {
-				defer tk.Stop()
-				for {
-					select {
-					case now := <-tk.C:
-						select {
-						case f.sweep <- now:
-						case <-stop:
-							return
-						}
-					case <-stop:
-						return
-					}
-				}
-			}()
-			return f.sweep, func() { close(stop) }
+			tk := time.NewTicker(every)
+			return tk.C, tk.Stop
 		}
 	}, f.c)
 	return f
 }
 
+// feedSweep feeds f.sweep from a real ticker every 20 ms until its stop is called.
+func (f *fenceLife) feedSweep() (<-chan time.Time, func()) {
+	tk, stop := time.NewTicker(20*time.Millisecond), make(chan struct{})
+	go func() {
+		defer tk.Stop()
+		for {
+			select {
+			case now := <-tk.C:
+				select {
+				case f.sweep <- now:
+				case <-stop:
+					return
+				}
+			case <-stop:
+				return
+			}
+		}
+	}()
+	return f.sweep, func() { close(stop) }
+}
+
 // advance moves both clocks by d.
 func (f *fenceLife) advance(d time.Duration) { f.wall.Advance(d); f.mono.Advance(d) }
 
-// sweepSeen returns once node-b's sweep loop has looked at the clocks as they are now: the
+// tickSweep hands node-b's sweep loop one tick.
+func (f *fenceLife) tickSweep(t *testing.T) {
+	t.Helper()
+	select {
+	case f.sweep <- time.Now():
+	case <-time.After(30 * time.Second):
+		t.Fatal("node-b's sweep loop takes no tick")
+	}
+}
+
+// sweepSeen returns once node-b's sweep loop has looked at the clocks as they are now, and so
+// scheduled the pools it sweeps (the first sweep of each at most one sweep period later): the
 // second of two ticks is taken only after the first one's round of scheduling is over. (The
-// clocks move faster than its 20 ms ticker: a pool first seen only after several steps was
-// scheduled past the clocks' last step, and the test waited for a sweep that never came.)
+// second one's round may still be running, and may look at the clocks after they moved on.)
 func (f *fenceLife) sweepSeen(t *testing.T) {
 	t.Helper()
-	for range 2 {
-		select {
-		case f.sweep <- time.Now():
-		case <-time.After(30 * time.Second):
-			t.Fatal("node-b's sweep loop takes no tick")
+	f.tickSweep(t)
+	f.tickSweep(t)
+}
+
+// sweptMark is the rbd pool's sweep mark: it moves on when a sweep of it ends having kept every
+// fence that was due (sweepPlace).
+func (f *fenceLife) sweptMark(t *testing.T) uint64 {
+	t.Helper()
+	s, err := claim.NewStoreOn(f.c.M, claim.Config{Node: claim.Node{ID: "observer"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq, err := s.SweptMark(context.Background(), "rbd", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seq
+}
+
+// swept has node-b sweep the pool once at the clocks as they are now (one sweep period after
+// its last sweep: a sweep is due), and returns once that sweep has recorded itself: the mark
+// moved on from before, read before the clocks last moved (the round of the last tick handed
+// over before they moved may be the one that starts this sweep, before swept is called). Ticks
+// go on until then: one that comes before the loop has reaped the last sweep's goroutine starts
+// none, and once one has started the sweep the others find it running or not due.
+func (f *fenceLife) swept(t *testing.T, before uint64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second) // turns a hang into a failure, asserts nothing
+	for f.sweptMark(t) == before {
+		if time.Now().After(deadline) {
+			t.Fatalf("node-b's sweep at %s did not end, or did not record itself (a fence it could not keep?)", f.wall.Now().Format(time.RFC3339))
 		}
+		f.tickSweep(t)
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -114,31 +175,38 @@ func (f *fenceLife) takeOver(t *testing.T, image string) *api.MapResponse {
 	return resp
 }
 
-// outlive moves the clocks through three fence lifetimes, an eighth of one at a time, and
-// requires the fence of addr to be on the blocklist with more than half its life left before
-// every step: whoever keeps it has a few steps to renew it, and the clocks never move past an
-// entry that nobody renewed.
+// outlive moves the clocks through three fence lifetimes, an eighth of one at a time (node-b's
+// sweep period), and requires the fence of addr to be on the blocklist after every step, and to
+// have more than half its life left once node-b's sweep has run at the clocks of that step (the
+// sweep keeps the fences of every claim, held or free). Nothing of node-b's runs while the
+// clocks move: each step waits for the sweep to end before the next one.
 func (f *fenceLife) outlive(t *testing.T, addr string) {
 	t.Helper()
+	if !f.stepped {
+		t.Fatal("outlive needs a scene from newSteppedFenceLife")
+	}
+	f.sweepSeen(t)
 	step := f.expiry / 8
-	for i := 0; i < 24; i++ {
-		f.sweepSeen(t)
-		waitFor(t, "the fence of "+addr+" renewed with more than half its life left", func() bool {
-			until, ok := f.c.M.BlocklistedUntil(addr)
-			return ok && until.Sub(f.wall.Now()) > f.expiry/2
-		})
+	for i := 1; i <= 24; i++ {
+		mark := f.sweptMark(t) // the last sweep's: recorded before swept returned
 		f.advance(step)
 		if !f.c.M.Blocklisted(addr) {
-			t.Fatalf("after %s: the fence of %s expired", time.Duration(i+1)*step, addr)
+			t.Fatalf("after %s: the fence of %s expired", time.Duration(i)*step, addr)
+		}
+		f.swept(t, mark)
+		if until, ok := f.c.M.BlocklistedUntil(addr); !ok || until.Sub(f.wall.Now()) <= f.expiry/2 {
+			t.Fatalf("after %s and node-b's sweep: the fence of %s is listed %v, until %s (%s left); want more than half its life left",
+				time.Duration(i)*step, addr, ok, until.Format(time.RFC3339), until.Sub(f.wall.Now()))
 		}
 	}
 }
 
 // TestFenceOutlivesItsExpiryWhileTheNewHolderHolds: node-a stops with image mapped; node-b
 // takes it over and holds it for three fence lifetimes. node-a's mapping, still there on a
-// frozen node, must stay blocklisted all along: its entry is renewed by the holder of record.
+// frozen node, must stay blocklisted all along: its entry is renewed by node-b, the holder of
+// record (here at its sweeps of the pool, which keep held claims' fences too).
 func TestFenceOutlivesItsExpiryWhileTheNewHolderHolds(t *testing.T) {
-	f := newFenceLife(t, "00000000-0000-4000-8000-000000000024")
+	f := newSteppedFenceLife(t, "00000000-0000-4000-8000-000000000024")
 	defer f.b.stop()
 	a := startMemDaemonWith(t, func(o *Options) { o.Config.NodeID = "node-a" }, f.c)
 	ra := a.mapImage(t, f.c, "held")
@@ -155,7 +223,7 @@ func TestFenceOutlivesItsExpiryWhileTheNewHolderHolds(t *testing.T) {
 // after the takeover, so that nobody holds the claim: its fence is still kept (by node-b's
 // sweep of the pool), and stays in the record.
 func TestFenceOutlivesItsExpiryAfterTheClaimIsReleased(t *testing.T) {
-	f := newFenceLife(t, "00000000-0000-4000-8000-000000000025")
+	f := newSteppedFenceLife(t, "00000000-0000-4000-8000-000000000025")
 	defer f.b.stop()
 	a := startMemDaemonWith(t, func(o *Options) { o.Config.NodeID = "node-a" }, f.c)
 	ra := a.mapImage(t, f.c, "released")
@@ -180,7 +248,7 @@ func TestFenceOutlivesItsExpiryAfterTheClaimIsReleased(t *testing.T) {
 // address before it stopped, so node-b's takeover fences its whole address (ip:0/0). node-a's
 // agent is cut by that fence too and cannot keep anything: node-b must.
 func TestWholeNodeFenceOutlivesItsExpiry(t *testing.T) {
-	f := newFenceLife(t, "00000000-0000-4000-8000-000000000026")
+	f := newSteppedFenceLife(t, "00000000-0000-4000-8000-000000000026")
 	defer f.b.stop()
 	img := claim.Image{Pool: "rbd", Image: "whole"}
 	f.c.M.AddImage(img, "id-whole")
@@ -349,7 +417,7 @@ func TestFenceEndsOnceTheFencedNodeRebooted(t *testing.T) {
 // id, or node-a with its state lost) writes node-a's heartbeat with another boot id. That says
 // nothing of the fenced kernel: the fence stays live and is renewed.
 func TestFenceIsKeptWhenAnotherAgentShowsTheNodesName(t *testing.T) {
-	f := newFenceLife(t, "00000000-0000-4000-8000-000000000029")
+	f := newSteppedFenceLife(t, "00000000-0000-4000-8000-000000000029")
 	defer f.b.stop()
 	a, cb := f.cutNode(t, "boot-a-1")
 	ra := a.mapImage(t, f.c, "kept")
