@@ -106,14 +106,13 @@ type Daemon struct {
 
 	// node is what this node knows of itself (problems, lost claims, unmanaged devices, kept
 	// fences, skews): its own type with its own lock (package nodestate)
-	node       *nodestate.Node
-	beats      loopBeats       // when each loop last beat (see loops.go)
-	watches    takeoverWatches // images waiting to be taken over (watch.go)
-	checks     claimChecks     // when each claim held is next read (checks.go)
-	sweepMarks sweepMarks      // the sweeps of each place seen (sweep.go)
-	unsettled  unsettledHolds  // holds the rebuild could not settle (unsettled.go)
-	renewed    atomic.Int64    // successful heartbeats (tests)
-	judging    atomic.Int64    // judgements of devices under way off the executor (judgeAtOnce)
+	node      *nodestate.Node
+	beats     loopBeats       // when each loop last beat (see loops.go)
+	watches   takeoverWatches // images waiting to be taken over (watch.go)
+	checks    claimChecks     // when each claim held is next read (checks.go)
+	unsettled unsettledHolds  // holds the rebuild could not settle (unsettled.go)
+	renewed   atomic.Int64    // successful heartbeats (tests)
+	judging   atomic.Int64    // judgements of devices under way off the executor (judgeAtOnce)
 	// rebootedBefore: the node rebooted after the state was last written, and before this
 	// time (when the agent started); zero when it did not (or nothing says so)
 	rebootedBefore time.Time
@@ -121,6 +120,8 @@ type Daemon struct {
 	notifyOff      bool          // sd_notify said there is no notify socket (logged once)
 
 	ops *executor
+
+	sweeper *sweeper // the pool sweep (sweep.go)
 
 	admin *admin.Admin // the admin calls (fence, release, unfence, claims, orphans)
 
@@ -191,6 +192,7 @@ func New(opts Options) (*Daemon, error) {
 	for _, c := range d.cfg.Clusters {
 		d.clusters[c.ID] = &cluster{cfg: c, d: d}
 	}
+	d.sweeper = newSweeper(d)
 	return d, nil
 }
 
@@ -322,7 +324,7 @@ func (d *Daemon) startLoops(ctx context.Context) {
 	}
 	d.beat("sweep") // always: the sweep keeps the fences of claims nobody holds
 	d.bg.Add(1)
-	go func() { defer d.bg.Done(); d.sweepLoop(ctx) }()
+	go func() { defer d.bg.Done(); d.sweeper.loop(ctx, d.beatEvery) }()
 }
 
 // watchConfig is how the device watcher is started: on the kernel client's own event source,

@@ -118,7 +118,7 @@ func objectClass(oid string) string {
 // starts carry its name: renewRound.func1). A call none names is "other". Only names, so a
 // renamed function makes its calls "other" and nothing stops compiling.
 var origins = []struct{ fn, origin string }{
-	{"daemon.(*Daemon).sweep", "sweep"}, // sweepLoop, sweepPool: the pool sweep
+	{"daemon.(*sweeper)", "sweep"}, // the pool sweep
 	{"daemon.(*Daemon).Map", "map"},
 	{"daemon.(*Daemon).Unmap", "unmap"},
 	{"daemon.(*heartbeats)", "heartbeat"},
