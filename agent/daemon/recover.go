@@ -29,7 +29,7 @@ func (d *Daemon) recover(ctx context.Context) {
 	for _, c := range d.clusters {
 		wg.Add(1)
 		d.bg.Add(1)
-		go func() { defer d.bg.Done(); defer wg.Done(); d.renewRound(ctx, c) }()
+		go func() { defer d.bg.Done(); defer wg.Done(); d.renewer.round(ctx, c) }()
 	}
 	go func() { wg.Wait(); close(done) }()
 	select {
