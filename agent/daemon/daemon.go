@@ -120,8 +120,9 @@ type Daemon struct {
 
 	ops *executor
 
-	renewer *renewer // the leases' renewals: heartbeats and claim checks (renew.go)
-	sweeper *sweeper // the pool sweep (sweep.go)
+	renewer    *renewer        // the leases' renewals: heartbeats and claim checks (renew.go)
+	intrusions *intrusionJudge // the judge of devices mapped outside rbd-owner (intrusion.go)
+	sweeper    *sweeper        // the pool sweep (sweep.go)
 
 	admin *admin.Admin // the admin calls (fence, release, unfence, claims, orphans)
 
@@ -193,6 +194,7 @@ func New(opts Options) (*Daemon, error) {
 		d.clusters[c.ID] = &cluster{cfg: c, d: d}
 	}
 	d.renewer = newRenewer(d)
+	d.intrusions = newIntrusionJudge(d)
 	d.sweeper = newSweeper(d)
 	return d, nil
 }
@@ -335,9 +337,6 @@ func (d *Daemon) startLoops(ctx context.Context) {
 func (d *Daemon) watchConfig() devwatch.Config {
 	return devwatch.Config{Client: d.kernel, Resync: d.cfg.RenewInterval.D(), Logger: d.log}
 }
-
-// setProblem records what is wrong with k, or ("") that nothing is any more.
-func (d *Daemon) setProblem(k state.Key, p string) { d.node.SetProblem(k, p) }
 
 func (d *Daemon) isLost(k state.Key) bool { return d.node.IsLost(k) }
 

@@ -61,7 +61,7 @@ func (d *Daemon) reconcile(ctx context.Context) {
 	}
 	for _, dv := range devs {
 		if !d.explained(dv, mappings) && d.unexplained(dv) {
-			d.judgeLater(ctx, dv)
+			d.intrusions.judgeLater(ctx, dv)
 		}
 	}
 }
@@ -173,6 +173,6 @@ func (d *Daemon) deviceEvent(ctx context.Context, ev devwatch.Event) {
 			}
 		}
 		// judged at once, once any saga of ours on its image is over (it may be ours)
-		d.judgeAtOnce(ctx, dv)
+		d.intrusions.judgeAtOnce(ctx, dv)
 	}
 }
