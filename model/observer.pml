@@ -5,7 +5,7 @@
  *
  * lease.pml checks the lease rule for one hold that a holder keeps renewing. This model adds
  * what that leaves out: a node renews its heartbeat in a pool only while it holds claims there
- * (daemon/loops.go renewRound), so its heartbeat object stays the same for as long as it holds
+ * (daemon/heartbeat.go heartbeats), so its heartbeat object stays the same for as long as it holds
  * nothing there; and, before F3's fix, the claimer's Observer kept, per (pool, namespace,
  * holder node), the mark it last saw and since when, across holds, for good.
  *
@@ -45,10 +45,10 @@
  *   NO_LOOK_ASSERT  check only that no live node is fenced (a variant may then show whether
  *                   FIX_NODE_FENCE alone keeps a misjudged live node from its fence)
  *   AMB_CLAIM       the claim's compare-and-set may land and still time out: Acquire fails, the
- *                   saga keeps phase claiming, the node does not renew there (renewRound renews
+ *                   saga keeps phase claiming, the node does not renew there (its heartbeats renew
  *                   only for phases claimed and mapped) and the reconciler releases the hold at
  *                   some later moment
- *   RENEW_CLAIMING  (with AMB_CLAIM) a remedy: renewRound renews the heartbeat for a hold in phase
+ *   RENEW_CLAIMING  (with AMB_CLAIM) a remedy: the heartbeats renew the heartbeat for a hold in phase
  *                   claiming too, until the reconciler releases it
  */
 
@@ -163,7 +163,7 @@ end:
        fi
      }
 #endif
-  /* renewRound: a heartbeat in the pool (at most R apart while it holds: see Time) */
+  /* heartbeats: a heartbeat in the pool (at most R apart while it holds: see Time) */
   :: atomic { alive && RENEWS -> HB }
   /* SetMapping: the mapping's client address recorded in the hold */
   :: atomic { alive && aph == HOLDING && !addr -> addr = 1; printf("A: SetMapping: hold #%d records its client address\n", hold) }

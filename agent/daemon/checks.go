@@ -69,7 +69,7 @@ type placeNotices struct {
 
 // readNotices reads this node's notice object in every place of ms, at most renewConcurrency
 // at once, each bounded by the renew interval.
-func (d *Daemon) readNotices(ctx context.Context, cl *cluster, store *claim.Store, ms []state.Mapping) map[place]*placeNotices {
+func (r *renewer) readNotices(ctx context.Context, cl *cluster, store *claim.Store, ms []state.Mapping) map[place]*placeNotices {
 	out := map[place]*placeNotices{}
 	var places []place
 	for _, m := range ms {
@@ -81,12 +81,12 @@ func (d *Daemon) readNotices(ctx context.Context, cl *cluster, store *claim.Stor
 	}
 	var mu sync.Mutex
 	eachBounded(renewConcurrency, places, func(p place) {
-		nctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
+		nctx, cancel := context.WithTimeout(ctx, r.every)
 		ns, ver, err := store.Notices(nctx, p.pool, p.namespace)
 		cancel()
 		pn := &placeNotices{byImage: map[string]claim.Notice{}, ver: ver, failed: err != nil}
 		if err != nil && ctx.Err() == nil {
-			d.log.WithError(err).WithField("cluster", cl.cfg.ID).WithField("place", p.String()).Warn("notices not read: every claim held there is read this round instead")
+			r.log.WithError(err).WithField("cluster", cl.cfg.ID).WithField("place", p.String()).Warn("notices not read: every claim held there is read this round instead")
 		}
 		for _, n := range ns {
 			pn.byImage[n.Image] = n
@@ -113,7 +113,7 @@ func (pn *placeNotices) noticed(m state.Mapping) bool {
 // clearNotices removes, in each place, the notices handled this round: those of claims read
 // (whatever the read found: a lost claim is lost in this node's memory and state from then on),
 // and those of holds this node no longer has. A notice written since the round's read stays.
-func (d *Daemon) clearNotices(ctx context.Context, cl *cluster, store *claim.Store, notices map[place]*placeNotices, read map[state.Key]bool, ms []state.Mapping) {
+func (r *renewer) clearNotices(ctx context.Context, cl *cluster, store *claim.Store, notices map[place]*placeNotices, read map[state.Key]bool, ms []state.Mapping) {
 	held := map[place]map[string]state.Mapping{}
 	for _, m := range ms {
 		p := place{m.Pool, m.Namespace}
@@ -133,11 +133,11 @@ func (d *Daemon) clearNotices(ctx context.Context, cl *cluster, store *claim.Sto
 				done = append(done, img)
 			}
 		}
-		cctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
+		cctx, cancel := context.WithTimeout(ctx, r.every)
 		err := store.ClearNotices(cctx, p.pool, p.namespace, done, pn.ver)
 		cancel()
 		if err != nil && ctx.Err() == nil {
-			d.log.WithError(err).WithField("cluster", cl.cfg.ID).WithField("place", p.String()).Warn("notices not cleared: they are read again next round")
+			r.log.WithError(err).WithField("cluster", cl.cfg.ID).WithField("place", p.String()).Warn("notices not cleared: they are read again next round")
 		}
 	}
 }

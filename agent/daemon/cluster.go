@@ -263,9 +263,9 @@ func (d *Daemon) connectAll(ctx context.Context) {
 	}
 }
 
-// clusterByFSID finds a connected cluster by fsid, without connecting.
-func (d *Daemon) clusterByFSID(fsid string) *cluster {
-	for _, c := range d.clusters {
+// clusterByFSID finds a connected cluster of clusters by fsid, without connecting.
+func clusterByFSID(clusters map[string]*cluster, fsid string) *cluster {
+	for _, c := range clusters {
 		if s, _, ok := c.connected(); ok && s.FSID() == fsid {
 			return c
 		}

@@ -106,14 +106,12 @@ type Daemon struct {
 
 	// node is what this node knows of itself (problems, lost claims, unmanaged devices, kept
 	// fences, skews): its own type with its own lock (package nodestate)
-	node       *nodestate.Node
-	beats      loopBeats       // when each loop last beat (see loops.go)
-	watches    takeoverWatches // images waiting to be taken over (watch.go)
-	checks     claimChecks     // when each claim held is next read (checks.go)
-	sweepMarks sweepMarks      // the sweeps of each place seen (sweep.go)
-	unsettled  unsettledHolds  // holds the rebuild could not settle (unsettled.go)
-	renewed    atomic.Int64    // successful heartbeats (tests)
-	judging    atomic.Int64    // judgements of devices under way off the executor (judgeAtOnce)
+	node      *nodestate.Node
+	beats     loopBeats       // when each loop last beat (see loops.go)
+	watches   takeoverWatches // images waiting to be taken over (watch.go)
+	unsettled unsettledHolds  // holds the rebuild could not settle (unsettled.go)
+	renewed   atomic.Int64    // successful heartbeats (tests)
+	judging   atomic.Int64    // judgements of devices under way off the executor (judgeAtOnce)
 	// rebootedBefore: the node rebooted after the state was last written, and before this
 	// time (when the agent started); zero when it did not (or nothing says so)
 	rebootedBefore time.Time
@@ -121,6 +119,10 @@ type Daemon struct {
 	notifyOff      bool          // sd_notify said there is no notify socket (logged once)
 
 	ops *executor
+
+	renewer    *renewer        // the leases' renewals: heartbeats and claim checks (renew.go)
+	intrusions *intrusionJudge // the judge of devices mapped outside rbd-owner (intrusion.go)
+	sweeper    *sweeper        // the pool sweep (sweep.go)
 
 	admin *admin.Admin // the admin calls (fence, release, unfence, claims, orphans)
 
@@ -191,6 +193,9 @@ func New(opts Options) (*Daemon, error) {
 	for _, c := range d.cfg.Clusters {
 		d.clusters[c.ID] = &cluster{cfg: c, d: d}
 	}
+	d.renewer = newRenewer(d)
+	d.intrusions = newIntrusionJudge(d)
+	d.sweeper = newSweeper(d)
 	return d, nil
 }
 
@@ -318,11 +323,11 @@ func (d *Daemon) startLoops(ctx context.Context) {
 	go func() { defer d.bg.Done(); d.reconcileLoop(ctx) }()
 	for _, c := range d.clusters {
 		d.bg.Add(1)
-		go func() { defer d.bg.Done(); d.renewLoop(ctx, c) }()
+		go func() { defer d.bg.Done(); d.renewer.loop(ctx, c, d.beatEvery) }()
 	}
 	d.beat("sweep") // always: the sweep keeps the fences of claims nobody holds
 	d.bg.Add(1)
-	go func() { defer d.bg.Done(); d.sweepLoop(ctx) }()
+	go func() { defer d.bg.Done(); d.sweeper.loop(ctx, d.beatEvery) }()
 }
 
 // watchConfig is how the device watcher is started: on the kernel client's own event source,
@@ -333,22 +338,7 @@ func (d *Daemon) watchConfig() devwatch.Config {
 	return devwatch.Config{Client: d.kernel, Resync: d.cfg.RenewInterval.D(), Logger: d.log}
 }
 
-// setProblem records what is wrong with k, or ("") that nothing is any more.
-func (d *Daemon) setProblem(k state.Key, p string) { d.node.SetProblem(k, p) }
-
-// setLost records that this node's claim on k is gone (fenced or taken over), counted once.
-func (d *Daemon) setLost(k state.Key, why string) {
-	if d.node.SetLost(k, why) {
-		d.metrics.ClaimLost(k.Cluster)
-	}
-}
-
 func (d *Daemon) isLost(k state.Key) bool { return d.node.IsLost(k) }
-
-func (d *Daemon) problem(k state.Key) string {
-	msg, _ := d.node.Problem(k)
-	return msg
-}
 
 // sinceText is how a problem says since when it has held, in the cluster-neutral UTC.
 func sinceText(t time.Time) string {

@@ -115,16 +115,16 @@ func objectClass(oid string) string {
 
 // origins name where in the agent a call comes from, by a function on its goroutine's stack:
 // the first entry one of whose names is there wins (closures and the goroutines a function
-// starts carry its name: renewRound.func1). A call none names is "other". Only names, so a
+// starts carry its name: checkClaims.func1). A call none names is "other". Only names, so a
 // renamed function makes its calls "other" and nothing stops compiling.
 var origins = []struct{ fn, origin string }{
-	{"daemon.(*Daemon).sweep", "sweep"}, // sweepLoop, sweepPool: the pool sweep
+	{"daemon.(*sweeper)", "sweep"}, // the pool sweep
 	{"daemon.(*Daemon).Map", "map"},
 	{"daemon.(*Daemon).Unmap", "unmap"},
 	{"daemon.(*heartbeats)", "heartbeat"},
-	{"daemon.(*Daemon).heartbeat", "heartbeat"},
-	{"daemon.(*Daemon).watchRound", "watch"}, // takeover watches
-	{"daemon.(*Daemon).renewRound", "renew"}, // the round of claim checks
+	{"daemon.(*renewer).heartbeat", "heartbeat"},
+	{"daemon.(*renewer).watchRound", "watch"}, // takeover watches
+	{"daemon.(*renewer)", "renew"},            // the round of claim checks
 	{"daemon.(*Daemon).reconcile", "reconcile"},
 	{"daemon.(*Daemon).recover", "recover"},
 }

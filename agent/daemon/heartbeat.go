@@ -21,7 +21,7 @@ func (p place) String() string { return livenessPlace(p.pool, p.namespace) }
 // The renew loop owns it: sync starts and stops places as claims come and go, and stop ends
 // them all and waits for them.
 type heartbeats struct {
-	d      *Daemon
+	r      *renewer
 	cl     *cluster
 	mu     sync.Mutex
 	places map[place]context.CancelFunc
@@ -31,8 +31,8 @@ type heartbeats struct {
 	wg    sync.WaitGroup
 }
 
-func newHeartbeats(d *Daemon, cl *cluster) *heartbeats {
-	return &heartbeats{d: d, cl: cl, places: map[place]context.CancelFunc{}, since: map[place]time.Time{}}
+func newHeartbeats(r *renewer, cl *cluster) *heartbeats {
+	return &heartbeats{r: r, cl: cl, places: map[place]context.CancelFunc{}, since: map[place]time.Time{}}
 }
 
 // held returns the places of cl where this node holds claims, or may, in every phase, and
@@ -40,9 +40,9 @@ func newHeartbeats(d *Daemon, cl *cluster) *heartbeats {
 // reconciler settles it; were its liveness to stop, a watcher would judge that claim expired
 // and fence this live node whole: docs/safety.md, F5) and unmapping (a device that may still be
 // open and writing until its claim is released) as much as claimed and mapped.
-func (d *Daemon) held(clusterID string) map[place][]state.Key {
+func (r *renewer) held(clusterID string) map[place][]state.Key {
 	out := map[place][]state.Key{}
-	for _, m := range d.state.All() {
+	for _, m := range r.state.All() {
 		if m.Cluster == clusterID && m.Claimed {
 			p := place{m.Pool, m.Namespace}
 			out[p] = append(out[p], m.Key)
@@ -54,8 +54,8 @@ func (d *Daemon) held(clusterID string) map[place][]state.Key {
 // sync runs a heartbeat for every place this node holds claims in, and stops the others (an
 // acquire writes its own heartbeat first, so a new place is covered until its loop starts).
 func (h *heartbeats) sync(ctx context.Context) {
-	want := h.d.held(h.cl.cfg.ID)
-	for p := range h.d.unsettled.places(h.cl.cfg.ID) {
+	want := h.r.held(h.cl.cfg.ID)
+	for p := range h.r.unsettled.places(h.cl.cfg.ID) {
 		if _, ok := want[p]; !ok {
 			want[p] = nil // a hold the rebuild could not settle: still this node's
 		}
@@ -69,11 +69,11 @@ func (h *heartbeats) sync(ctx context.Context) {
 		}
 	}
 	for p, since := range h.since {
-		if late := time.Since(since); late > h.d.heartbeatTimeout()+h.d.cfg.RenewInterval.D() {
+		if late := time.Since(since); late > h.r.hbTimeout+h.r.every {
 			msg := fmt.Sprintf("lease not renewed: cluster %s has not answered this node's heartbeat in %s for %s", h.cl.cfg.ID, p, late.Round(time.Second))
-			h.d.node.SetPlaceFailing(h.cl.cfg.ID, p.pool, p.namespace, true)
+			h.r.node.SetPlaceFailing(h.cl.cfg.ID, p.pool, p.namespace, true)
 			for _, k := range want[p] {
-				h.d.setProblem(k, msg)
+				h.r.setProblem(k, msg)
 			}
 		}
 	}
@@ -108,7 +108,7 @@ func (h *heartbeats) stop() {
 // run writes the place's heartbeat at once and then every renew interval, until ctx ends. A
 // write still running at a tick makes that tick drop (the ticker's), never two at once.
 func (h *heartbeats) run(ctx context.Context, p place) {
-	tick, stopTick := h.d.ticker(fmt.Sprintf("heartbeat %s %s", h.cl.cfg.ID, p), h.d.cfg.RenewInterval.D())
+	tick, stopTick := h.r.ticker(fmt.Sprintf("heartbeat %s %s", h.cl.cfg.ID, p), h.r.every)
 	defer stopTick()
 	for {
 		h.beat(ctx, p)
@@ -122,10 +122,10 @@ func (h *heartbeats) run(ctx context.Context, p place) {
 
 // beat writes the place's heartbeat once, bounded by the heartbeat deadline.
 func (h *heartbeats) beat(ctx context.Context, p place) {
-	hctx, cancel := context.WithTimeout(ctx, h.d.heartbeatTimeout())
+	hctx, cancel := context.WithTimeout(ctx, h.r.hbTimeout)
 	defer cancel()
-	keys := h.d.held(h.cl.cfg.ID)[p]
-	if len(keys) == 0 && !h.d.unsettled.places(h.cl.cfg.ID)[p] {
+	keys := h.r.held(h.cl.cfg.ID)[p]
+	if len(keys) == 0 && !h.r.unsettled.places(h.cl.cfg.ID)[p] {
 		return // released meanwhile; sync stops this loop
 	}
 	start := time.Now()
@@ -141,14 +141,10 @@ func (h *heartbeats) beat(ctx context.Context, p place) {
 	if err != nil {
 		if ctx.Err() == nil {
 			for _, k := range keys {
-				h.d.setProblem(k, "lease not renewed: "+err.Error())
+				h.r.setProblem(k, "lease not renewed: "+err.Error())
 			}
 		}
 		return
 	}
-	h.d.heartbeat(hctx, h.cl, store, p.pool, p.namespace, keys)
+	h.r.heartbeat(hctx, h.cl, store, p.pool, p.namespace, keys)
 }
-
-// heartbeatTimeout bounds one heartbeat call: the config's HeartbeatTimeout, which the lease
-// bound the config checks is made of (R in model/lease.pml).
-func (d *Daemon) heartbeatTimeout() time.Duration { return d.cfg.HeartbeatTimeout() }

@@ -72,7 +72,7 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 			s.Claims = append(s.Claims, metrics.Claim{Cluster: m.Cluster, Pool: m.Pool, Namespace: m.Namespace, Image: m.Image,
 				Device: m.Device, State: st})
 		}
-		// the places renewRound writes liveness in
+		// the places the renewer's heartbeats write liveness in
 		if nodestate.Holds(m) {
 			p := livenessPlace(m.Pool, m.Namespace)
 			if places[m.Cluster] == nil {

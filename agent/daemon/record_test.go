@@ -44,7 +44,7 @@ func TestAMappedDeviceIsAnsweredOnlyOnceItsClaimNamesIt(t *testing.T) {
 					t.Fatalf("the answer's claim: %+v, want it to name %s", resp.Claim, devs[0].ClientAddr)
 				}
 			case "renewals":
-				n.d.renewRound(context.Background(), n.d.clusters["c1"])
+				n.d.renewer.round(context.Background(), n.d.clusters["c1"])
 			}
 			rec, err := reader.Inspect(context.Background(), img)
 			if err != nil {

@@ -29,7 +29,7 @@ func (d *Daemon) recover(ctx context.Context) {
 	for _, c := range d.clusters {
 		wg.Add(1)
 		d.bg.Add(1)
-		go func() { defer d.bg.Done(); defer wg.Done(); d.renewRound(ctx, c) }()
+		go func() { defer d.bg.Done(); defer wg.Done(); d.renewer.round(ctx, c) }()
 	}
 	go func() { wg.Wait(); close(done) }()
 	select {
@@ -61,7 +61,7 @@ func (d *Daemon) reconcile(ctx context.Context) {
 	}
 	for _, dv := range devs {
 		if !d.explained(dv, mappings) && d.unexplained(dv) {
-			d.judgeLater(ctx, dv)
+			d.intrusions.judgeLater(ctx, dv)
 		}
 	}
 }
@@ -173,6 +173,6 @@ func (d *Daemon) deviceEvent(ctx context.Context, ev devwatch.Event) {
 			}
 		}
 		// judged at once, once any saga of ours on its image is over (it may be ours)
-		d.judgeAtOnce(ctx, dv)
+		d.intrusions.judgeAtOnce(ctx, dv)
 	}
 }

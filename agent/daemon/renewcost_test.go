@@ -29,13 +29,13 @@ func TestRenewalCostsOneWritePerPool(t *testing.T) {
 	m := memory.New("00000000-0000-4000-8000-000000000005")
 	d, _ := roundDaemon(t, m, 68, 64)
 	// one renew interval's work: each place's heartbeat once, and the round of claim checks
-	hb := newHeartbeats(d, d.clusters["c1"])
+	hb := newHeartbeats(d.renewer, d.clusters["c1"])
 	round := func() map[string]int {
 		m.Counts(true)
-		for p := range d.held("c1") {
+		for p := range d.renewer.held("c1") {
 			hb.beat(context.Background(), p)
 		}
-		d.renewRound(context.Background(), d.clusters["c1"])
+		d.renewer.round(context.Background(), d.clusters["c1"])
 		return m.Counts(true)
 	}
 	if first := round(); first["read claim"] != 68 {
@@ -107,7 +107,7 @@ func TestALostClaimIsSeenAtTheNextRoundThroughItsNotice(t *testing.T) {
 	m := memory.New("00000000-0000-4000-8000-000000000006")
 	d, mono := roundDaemon(t, m, 16, 16)
 	cl := d.clusters["c1"]
-	d.renewRound(context.Background(), cl) // the first round reads every claim once
+	d.renewer.round(context.Background(), cl) // the first round reads every claim once
 	mono.Advance(20 * time.Second)
 	if _, err := otherNode(t, m).Fence(context.Background(), claim.Image{Pool: "rbd", Image: "v07"}); err != nil {
 		t.Fatal(err)
@@ -122,7 +122,7 @@ func TestALostClaimIsSeenAtTheNextRoundThroughItsNotice(t *testing.T) {
 		}
 		return nil
 	})
-	d.renewRound(context.Background(), cl)
+	d.renewer.round(context.Background(), cl)
 	if !maps.Equal(read, map[string]bool{"v07": true}) {
 		t.Fatalf("the round after the fence read the claims of %v, want v07's alone (its notice names it)", read)
 	}
@@ -142,7 +142,7 @@ func TestALostClaimIsSeenAtTheNextRoundThroughItsNotice(t *testing.T) {
 	}
 	clear(read)
 	mono.Advance(20 * time.Second)
-	d.renewRound(context.Background(), cl)
+	d.renewer.round(context.Background(), cl)
 	if !maps.Equal(read, map[string]bool{"v07": true}) {
 		t.Fatalf("the next round read the claims of %v, want the lost claim's alone", read)
 	}
@@ -155,13 +155,13 @@ func TestAClaimRemovedByHandIsFoundByTheSlowCheck(t *testing.T) {
 	m := memory.New("00000000-0000-4000-8000-000000000007")
 	d, mono := roundDaemon(t, m, 16, 16)
 	cl := d.clusters["c1"]
-	d.renewRound(context.Background(), cl)
+	d.renewer.round(context.Background(), cl)
 	m.Remove(claim.Image{Pool: "rbd"}, claim.ObjectPrefix+"v03")
 	m.Counts(true)
 	reads, found := 0, time.Duration(0)
 	for at := 20 * time.Second; at <= time.Hour+20*time.Second; at += 20 * time.Second {
 		mono.Advance(20 * time.Second)
-		d.renewRound(context.Background(), cl)
+		d.renewer.round(context.Background(), cl)
 		if found == 0 && slices.ContainsFunc(d.Status().Problems, func(p string) bool { return strings.Contains(p, "rbd/v03") }) {
 			found = at
 		}
@@ -207,7 +207,7 @@ func TestSlowCheckReportsUnexplainedWatchers(t *testing.T) {
 		}
 		return -1
 	}
-	d.renewRound(context.Background(), d.clusters["c1"]) // the first round: every claim's slow check
+	d.renewer.round(context.Background(), d.clusters["c1"]) // the first round: every claim's slow check
 	if n := counted(); n != 1 {
 		t.Fatalf("unexplained_watchers_total %v after the slow check, want 1", n)
 	}
@@ -216,7 +216,7 @@ func TestSlowCheckReportsUnexplainedWatchers(t *testing.T) {
 	}
 	m.Counts(true)
 	mono.Advance(20 * time.Second)
-	d.renewRound(context.Background(), d.clusters["c1"])
+	d.renewer.round(context.Background(), d.clusters["c1"])
 	if got := m.Counts(true); got["image"] != 0 || counted() != 1 {
 		t.Fatalf("a round between slow checks read the image: %v", got)
 	}

@@ -48,7 +48,7 @@ func (a sagaAgent) Cluster(id string) (saga.Cluster, error) {
 }
 
 func (a sagaAgent) ClusterByFSID(fsid string) saga.Cluster {
-	if cl := a.d.clusterByFSID(fsid); cl != nil {
+	if cl := clusterByFSID(a.d.clusters, fsid); cl != nil {
 		return cl
 	}
 	return nil

@@ -7,8 +7,8 @@ import (
 
 // selfFencedNote is what a lost claim's status problem adds about the fence that
 // saga.Sagas.KeepFenced keeps on m's mapping ("" when it keeps none for this very mapping).
-func (d *Daemon) selfFencedNote(m state.Mapping) string {
-	f, ok := d.node.SelfFenceOf(m.Key)
+func (r *renewer) selfFencedNote(m state.Mapping) string {
+	f, ok := r.node.SelfFenceOf(m.Key)
 	if !ok || f.Addr != m.ClientAddr || m.ClientAddr == "" {
 		return ""
 	}

@@ -82,7 +82,7 @@ func slowPool(t *testing.T, honour bool) {
 	mu.Lock()
 	got := append([]time.Time(nil), beats[b0:]...)
 	mu.Unlock()
-	bound := renew + n.d.heartbeatTimeout()
+	bound := renew + n.d.renewer.hbTimeout
 	var worst time.Duration
 	for i := 1; i < len(got); i++ {
 		worst = max(worst, got[i].Sub(got[i-1]))

@@ -51,7 +51,7 @@ func TestOrphanSweep(t *testing.T) {
 	if got := n.d.state.ClaimPools(); len(got) != 1 || got[0] != (state.Pool{Cluster: "c1", Pool: "rbd"}) {
 		t.Fatalf("claim pools %+v", got)
 	}
-	removed, err := n.d.sweepPool(bg, state.Pool{Cluster: "c1", Pool: "rbd"})
+	removed, err := n.d.sweeper.sweepPool(bg, state.Pool{Cluster: "c1", Pool: "rbd"})
 	if err != nil || removed != 1 {
 		t.Fatalf("sweep removed %d (%v), want 1", removed, err)
 	}
@@ -92,9 +92,9 @@ func TestAPlaceIsSweptOncePerPeriodByTheFleetAndNeverListed(t *testing.T) {
 	b, monoB := roundDaemonAs(t, m, "node-d", 0, 0)
 	m.AddImage(claim.Image{Pool: "rbd", Namespace: "empty", Image: "e"}, "id-e") // a namespace without claims
 	pool := state.Pool{Cluster: "c1", Pool: "rbd"}
-	period := a.sweepPeriod()
+	period := a.sweeper.period
 	m.Counts(true)
-	if _, err := a.sweepPool(context.Background(), pool); err != nil {
+	if _, err := a.sweeper.sweepPool(context.Background(), pool); err != nil {
 		t.Fatal(err)
 	}
 	if got := m.Counts(true); got["objects"] != 2 || got["read claim"] != 6 {
@@ -104,7 +104,7 @@ func TestAPlaceIsSweptOncePerPeriodByTheFleetAndNeverListed(t *testing.T) {
 		monoA.Advance(period)
 		monoB.Advance(period)
 		for _, d := range []*Daemon{b, a} {
-			if _, err := d.sweepPool(context.Background(), pool); err != nil {
+			if _, err := d.sweeper.sweepPool(context.Background(), pool); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -130,16 +130,16 @@ func TestANodeThatSkipsASweepStopsReportingItsFences(t *testing.T) {
 	img := freeFencedClaim(t, m)
 	pool := state.Pool{Cluster: "c1", Pool: "rbd"}
 	for _, d := range []*Daemon{a, b} {
-		if _, err := d.sweepPool(ctx, pool); err != nil {
+		if _, err := d.sweeper.sweepPool(ctx, pool); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if !a.keepsFences("c1", img) || !b.keepsFences("c1", img) {
 		t.Fatal("the nodes that swept do not note the free claim's fence")
 	}
-	monoA.Advance(a.sweepPeriod())
-	monoB.Advance(b.sweepPeriod())
-	if _, err := a.sweepPool(ctx, pool); err != nil { // b swept since a's last look: a skips
+	monoA.Advance(a.sweeper.period)
+	monoB.Advance(b.sweeper.period)
+	if _, err := a.sweeper.sweepPool(ctx, pool); err != nil { // b swept since a's last look: a skips
 		t.Fatal(err)
 	}
 	if a.keepsFences("c1", img) {
@@ -167,7 +167,7 @@ func TestASweepThatCouldNotKeepAFenceIsNotMarked(t *testing.T) {
 		return nil
 	})
 	pool := state.Pool{Cluster: "c1", Pool: "rbd"}
-	if _, err := a.sweepPool(ctx, pool); err == nil {
+	if _, err := a.sweeper.sweepPool(ctx, pool); err == nil {
 		t.Fatal("a sweep whose fence renewal failed reported no error")
 	}
 	store, err := a.clusters["c1"].Claims(ctx)
@@ -178,7 +178,7 @@ func TestASweepThatCouldNotKeepAFenceIsNotMarked(t *testing.T) {
 		t.Fatalf("the failed sweep was recorded: mark %d, %v", seq, err)
 	}
 	m.SetHook(nil)
-	if _, err := a.sweepPool(ctx, pool); err != nil {
+	if _, err := a.sweeper.sweepPool(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	if seq, _ := store.SweptMark(ctx, "rbd", ""); seq != 1 {
@@ -203,7 +203,7 @@ func TestASweepThatLeftAFenceShortIsNotMarked(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool := state.Pool{Cluster: "c1", Pool: "rbd"}
-	if _, err := a.sweepPool(ctx, pool); err == nil {
+	if _, err := a.sweeper.sweepPool(ctx, pool); err == nil {
 		t.Fatal("a sweep that left a fence short reported no error")
 	}
 	if until, ok := m.BlocklistedUntil("10.0.0.5:0/5"); !ok || time.Until(until) > 11*time.Minute {

@@ -61,16 +61,16 @@ func (w *takeoverWatches) due(clusterID string, now time.Time) []state.Key {
 
 // watchRound refreshes the watches of cl's images, concurrent within renewConcurrency, each
 // bounded by the heartbeat deadline. An image no other node holds any more is forgotten.
-func (d *Daemon) watchRound(ctx context.Context, cl *cluster, store *claim.Store) {
-	eachBounded(renewConcurrency, d.watches.due(cl.cfg.ID, time.Now()), func(k state.Key) {
-		wctx, cancel := context.WithTimeout(ctx, d.heartbeatTimeout())
+func (r *renewer) watchRound(ctx context.Context, cl *cluster, store *claim.Store) {
+	eachBounded(renewConcurrency, r.watches.due(cl.cfg.ID, time.Now()), func(k state.Key) {
+		wctx, cancel := context.WithTimeout(ctx, r.hbTimeout)
 		leases, err := store.Watch(wctx, k.Ref.Head())
 		cancel()
 		switch {
 		case err != nil:
-			d.log.WithError(err).WithField("image", k.String()).Debug("takeover watch: not refreshed")
+			r.log.WithError(err).WithField("image", k.String()).Debug("takeover watch: not refreshed")
 		case len(leases) == 0:
-			d.watches.drop(k) // free, or this node's: nothing to wait for
+			r.watches.drop(k) // free, or this node's: nothing to wait for
 		}
 	})
 }
