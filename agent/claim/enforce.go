@@ -228,11 +228,30 @@ func (s *Store) ensure(ctx context.Context, addr string, e BlockEntry, st entryS
 			return until, "added again (the cluster lengthened the entry)", nil
 		}
 	}
-	switch mode {
-	case swapBare:
-		return s.swap(ctx, addr, "removed and added again, before the hold it protects was written")
-	case swapNeedsMark:
+	if mode == swapNeedsMark {
 		return e.Until, "", errNeedsMark{addr: addr}
+	}
+	// one removal at a time in this store: two checks of one agent (the holder's round, the
+	// pool sweep) lengthening one entry at once would each remove it, and one would lift its
+	// cover while the other's removal is in force
+	waited, err := s.swapTurn(ctx)
+	if err != nil {
+		return time.Time{}, "", fmt.Errorf("lengthen %s: %w", addr, err)
+	}
+	defer func() { <-s.swapping }()
+	if waited {
+		// another check lengthened entries meanwhile: its cover may be gone, and this entry
+		// lengthened already; judged again on a listing read now
+		s.view.changed()
+		if entries, err = s.view.entries(ctx); err != nil {
+			return time.Time{}, "", fmt.Errorf("lengthen %s: %w", addr, err)
+		}
+		if le, ok := exactEntry(entries, addr); ok && s.lengthened(le.Until) {
+			return le.Until, "", nil
+		}
+	}
+	if mode == swapBare {
+		return s.swap(ctx, addr, "removed and added again, before the hold it protects was written")
 	}
 	if cover, ok := record.CoveringNode(entries, addr); ok {
 		return s.swap(ctx, addr, "removed and added again while "+cover.String()+" cut the same client")
@@ -274,6 +293,25 @@ func (s *Store) fenceEntry(ctx context.Context, addr string, mode enforceMode, d
 		return time.Time{}, false, err
 	}
 	return until, st == missing, nil
+}
+
+// swapTurn waits for this store's turn to remove an entry and add it again (ensure), and says
+// whether it had to wait; the caller gives the turn back (<-s.swapping).
+func (s *Store) swapTurn(ctx context.Context) (bool, error) {
+	select {
+	case s.swapping <- struct{}{}:
+		return false, nil
+	default:
+	}
+	if s.swapWait != nil {
+		s.swapWait()
+	}
+	select {
+	case s.swapping <- struct{}{}:
+		return true, nil
+	case <-ctx.Done():
+		return true, fmt.Errorf("waiting for another lengthening of this agent's: %w", ctx.Err())
+	}
 }
 
 // swap removes addr's entry and adds it again whole (two map epochs).

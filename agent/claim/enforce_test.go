@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -422,5 +423,88 @@ func TestARestartedKeeperBehindTheMonitorsReadsTheirClockBeforeJudgingAnEntry(t 
 	if !ok || !until.After(short) || until.Sub(monNow) < keepExpiry*3/4 {
 		t.Fatalf("after a lease of checks: listed %v until %s, %s left on the monitors' clock (it was listed until %s); want it lengthened to a whole fence_expiry",
 			ok, until, until.Sub(monNow), short)
+	}
+}
+
+// ctxTag names which of two concurrent checks a backend call belongs to.
+type ctxTag struct{}
+
+// TestTwoChecksOfOneAgentNeverUncutAFence: the holder's renewal round and the pool sweep of one
+// agent check the same aging fence at once. One lists its cover and removes the entry; the
+// other, with a listing taken meanwhile, must not remove the entry again under that cover while
+// the first removes its cover: the fenced client would be uncut until it is added back. One
+// lengthening at a time per agent; the check that waited reads the blocklist again.
+func TestTwoChecksOfOneAgentNeverUncutAFence(t *testing.T) {
+	ks := newKeepScene(t)
+	ctx := context.Background()
+	for {
+		ks.clk.Advance(ks.b.fenceCheck())
+		until, _ := ks.m.BlocklistedUntil(ks.addr)
+		if until.Sub(ks.clk.Now()) <= keepExpiry*3/4 {
+			break // aging: the next check lengthens it under a cover
+		}
+		if _, err := ks.b.KeepFences(ctx, ks.img); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	var gaps []string
+	removals := map[string]int{}
+	aAtRemove, releaseA := make(chan struct{}), make(chan struct{})
+	bAtRemove, releaseB := make(chan struct{}), make(chan struct{})
+	ks.m.SetHook(func(ctx context.Context, call string, _ Image) error {
+		who, _ := ctx.Value(ctxTag{}).(string)
+		mu.Lock()
+		if !ks.m.Blocklisted(ks.addr) {
+			gaps = append(gaps, who+" "+call)
+		}
+		n := 0
+		if call == "unblocklist" {
+			removals[who]++
+			n = removals[who]
+		}
+		mu.Unlock()
+		switch {
+		case who == "a" && n == 1: // the entry's removal, under a's cover
+			close(aAtRemove)
+			<-releaseA
+		case who == "b" && n == 1:
+			close(bAtRemove)
+			<-releaseB
+		}
+		return nil
+	})
+	bWaits := make(chan struct{})
+	var once sync.Once
+	ks.b.swapWait = func() { once.Do(func() { close(bWaits) }) }
+	done := make(chan error, 2)
+	go func() {
+		_, err := ks.b.KeepFences(context.WithValue(ctx, ctxTag{}, "a"), ks.img)
+		done <- err
+	}()
+	<-aAtRemove
+	go func() {
+		_, err := ks.b.KeepFences(context.WithValue(ctx, ctxTag{}, "b"), ks.img)
+		done <- err
+	}()
+	select { // b is about to remove the entry itself, or waits for a's lengthening to end
+	case <-bAtRemove:
+	case <-bWaits:
+	}
+	close(releaseA)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	close(releaseB)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(gaps) > 0 {
+		t.Fatalf("%s was not cut off at these calls: %v", ks.addr, gaps)
+	}
+	if until, ok := ks.m.BlocklistedUntil(ks.addr); !ok || until.Sub(ks.clk.Now()) <= keepExpiry*3/4 {
+		t.Fatalf("listed %v until %s: not lengthened", ok, until)
 	}
 }

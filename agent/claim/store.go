@@ -86,6 +86,10 @@ type Store struct {
 	cfg  Config
 	// afterFence runs after each blocklisting (tests use it to interleave a holder's renewal)
 	afterFence func()
+	// swapping is held by the one removal of an entry under way (swapTurn); swapWait runs when
+	// a lengthening waits for another to end (tests)
+	swapping chan struct{}
+	swapWait func()
 	obs        *Observer
 	// book is when this store last checked each live fence it keeps (fencebook.go)
 	book *fenceBook
@@ -136,7 +140,7 @@ func NewStoreOn(b Backend, cfg Config) (*Store, error) {
 		start := time.Now()
 		cfg.Mono = func() time.Duration { return time.Since(start) } // monotonic reading
 	}
-	s := &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver(), swapSeen: map[Image]swapSighting{}}
+	s := &Store{b: b, fsid: b.FSID(), cfg: cfg, obs: NewObserver(), swapSeen: map[Image]swapSighting{}, swapping: make(chan struct{}, 1)}
 	s.book = &fenceBook{now: cfg.Now, mono: cfg.Mono, checkEvery: s.checkEvery, lookEvery: s.rebootLookEvery, expiry: cfg.FenceExpiry,
 		kept: map[string]keptAt{}, silent: map[string]markSeen{}}
 	s.hb = newHeartbeats(b, cfg.Node.ID, cfg.Now, s.me)
