@@ -90,7 +90,7 @@ type Store struct {
 	// a lengthening waits for another to end (tests)
 	swapping chan struct{}
 	swapWait func()
-	obs        *Observer
+	obs      *Observer
 	// book is when this store last checked each live fence it keeps (fencebook.go)
 	book *fenceBook
 	// swapMu guards swapSeen: the swap marks of other calls seen, by image (swapmark.go)
