@@ -217,6 +217,13 @@ func (s *Store) ensure(ctx context.Context, addr string, e BlockEntry, st entryS
 		}
 		return until, "added again", nil
 	}
+	return s.lengthen(ctx, addr, e, entries, mode, down, probed, blind)
+}
+
+// lengthen makes an aging or short entry whole again (ensure): a re-add, in case the cluster
+// lengthens entries; else, one at a time in this store, removed and added again as mode allows:
+// bare before the hold it protects is written, under a cover after.
+func (s *Store) lengthen(ctx context.Context, addr string, e BlockEntry, entries []BlockEntry, mode enforceMode, down, probed, blind bool) (time.Time, string, error) {
 	// a re-add, in case this cluster lengthens entries (none measured does); the probe above
 	// was one
 	if !probed {
