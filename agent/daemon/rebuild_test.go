@@ -106,6 +106,43 @@ func TestCorruptStateIsSetAsideAndRebuilt(t *testing.T) {
 	waitFor(t, "claim checks without a problem", func() bool { return len(b.d.Status().Problems) == 0 })
 }
 
+// TestOwnDeviceAdoptedBackIsNotCalledAnOutsideMapping (issue 52): a device this agent mapped,
+// adopted back after its state file was lost (removed) or cut short, is audited as what it is,
+// mapped by this agent before its state was lost, never as a mapping made outside rbd-owner.
+func TestOwnDeviceAdoptedBackIsNotCalledAnOutsideMapping(t *testing.T) {
+	for _, lose := range []struct {
+		name string
+		do   func(path string) error
+	}{
+		{"removed", os.Remove},
+		{"cut short", func(path string) error { return os.WriteFile(path, []byte(`{"format": 1, "mapp`), 0o600) }},
+	} {
+		t.Run(lose.name, func(t *testing.T) {
+			c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000039")
+			stateDir := t.TempDir()
+			a, resp := mappedOnce(t, c, stateDir, "boot-1", "img")
+			if err := lose.do(filepath.Join(stateDir, "mappings.json")); err != nil {
+				t.Fatal(err)
+			}
+			b, al := restarted(t, a, c, stateDir, "boot-1", nil)
+			waitFor(t, "the adoption audited", func() bool { return len(al.find(audit.UnmanagedDevice, audit.Adopted)) == 1 })
+			e := al.find(audit.UnmanagedDevice, audit.Adopted)[0]
+			for _, want := range []string{resp.Device + " maps rbd/img, mapped by this agent before its state was lost", "adopted back at epoch"} {
+				if !strings.Contains(e.Message, want) {
+					t.Errorf("the adoption's audit %q does not say %q", e.Message, want)
+				}
+			}
+			if strings.Contains(e.Message, "outside rbd-owner") {
+				t.Errorf("the adoption's audit %q calls this agent's own device a mapping made outside rbd-owner", e.Message)
+			}
+			if es := al.find(audit.UnmanagedDevice, ""); len(es) != 1 {
+				t.Errorf("unmanaged_device audit entries %+v, want the adoption alone", es)
+			}
+			waitFor(t, "no problem", func() bool { return len(b.d.Status().Problems) == 0 })
+		})
+	}
+}
+
 // TestCorruptStateOnAnUnwritableDiskStillRenews: the state file is cut short and its
 // directory cannot be written either (a file system gone read-only often does both). The
 // device is adopted back all the same, in memory, so its claim is checked and its lease
