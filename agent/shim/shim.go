@@ -321,6 +321,11 @@ func doMap(ctx context.Context, c *cmdline, env Env) int {
 	resp, err := env.Agent.Map(ctx, req)
 	if err != nil {
 		code, msg := agentError(err, env)
+		var ae *api.Error
+		if !errors.As(err, &ae) {
+			// no refusal: the agent did not answer
+			return fail(env, code, "rbd: map failed: rbd-owner could not map %s: %s", ref, msg)
+		}
 		return fail(env, code, "rbd: map failed: rbd-owner refused to map %s: %s", ref, msg)
 	}
 	if _, err := fmt.Fprintln(env.Stdout, resp.Device); err != nil {
@@ -486,8 +491,14 @@ func agentError(err error, env Env) (int, string) {
 		// the same time for programs): not said twice
 		return code, msg + " [" + ae.Code + "]"
 	}
-	if errors.Is(err, client.ErrUnreachable) {
-		return exitENOTCONN, fmt.Sprintf("the rbd-owner agent does not answer on %s (is rbd-owner installed and running on this node, and its socket directory mounted into this container?): %v", env.Socket, err)
+	switch {
+	case errors.Is(err, client.ErrUnreachable):
+		// the client's error names the socket and what was found there
+		return exitENOTCONN, fmt.Sprintf("%v (is rbd-owner installed and running on this node, and its socket directory mounted into this container?)", err)
+	case errors.Is(err, client.ErrNoAccess):
+		return exitEACCES, fmt.Sprintf("%v: run the plugin as root, or in the socket's group (rbd-owner)", err)
 	}
+	// a call cut off (client.ErrCutOff) says itself that the agent went away and that the
+	// call may be repeated; ceph-csi repeats a failed stage
 	return exitEIO, err.Error()
 }
