@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,6 +21,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/nodestate"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/server"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -178,6 +180,44 @@ func TestCorruptStateOnAnUnwritableDiskStillRenews(t *testing.T) {
 		return err == nil && strings.Contains(string(data), `"image": "img"`)
 	})
 	waitFor(t, "no problem left", func() bool { return len(b.d.Status().Problems) == 0 })
+}
+
+// TestStateUnwritableIsNotInternal (issue 52): a map refused because the node's storage cannot
+// take the state file (a full disk, a quota, a read-only file system) answers code
+// state_unwritable (HTTP 507), not internal, with the same words; any other write failure stays
+// internal.
+func TestStateUnwritableIsNotInternal(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-00000000003a")
+	n := startMemDaemon(t, c)
+	defer n.stop(t)
+	for i, tc := range []struct {
+		errno  syscall.Errno
+		code   string
+		status int
+		next   string
+	}{
+		{syscall.ENOSPC, "state_unwritable", 507, "free space in "},
+		{syscall.EDQUOT, "state_unwritable", 507, "free space in "},
+		{syscall.EROFS, "state_unwritable", 507, "its file system is read-only: remount "},
+		{syscall.EIO, api.CodeInternal, 500, "check that "},
+	} {
+		n.d.state.FailWrites(func() error { return tc.errno })
+		name := fmt.Sprintf("img%d", i)
+		c.m.AddImage(claimRef(c, name), "id-"+name)
+		n.k.AddImage(c.pool, "", name, 16<<20)
+		_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: c.id, Pool: c.pool, Image: name}, nil)
+		if !errors.Is(err, tc.errno) {
+			t.Fatalf("%v: map: %v", tc.errno, err)
+		}
+		e := server.APIError(err)
+		if e.Code != tc.code || api.HTTPStatus(e.Code) != tc.status {
+			t.Errorf("%v: code %s (HTTP %d), want %s (HTTP %d); %q", tc.errno, e.Code, api.HTTPStatus(e.Code), tc.code, tc.status, e.Message)
+		}
+		if want := "cannot write the state file " + n.d.state.Path() + ": " + tc.errno.Error(); !strings.Contains(e.Message, want) || !strings.Contains(e.Message, tc.next) {
+			t.Errorf("%v: message %q, want %q and %q", tc.errno, e.Message, want, tc.next)
+		}
+	}
+	n.d.state.FailWrites(nil)
 }
 
 // TestFailingStateWriteKeepsTheAgentRenewing: with the state file unwritable (a full disk),

@@ -103,6 +103,7 @@ const (
 	exitEIO      = 5
 	exitENOTCONN = 107
 	exitETIMEOUT = 110
+	exitENOSPC   = 28
 	exitSHUTDOWN = 108
 	// EOPNOTSUPP: a map through a device type other than krbd
 	exitEOPNOTSUPP = 95
@@ -482,6 +483,8 @@ func agentError(err error, env Env) (int, string) {
 			code = exitETIMEOUT
 		case api.CodeFenced:
 			code = exitSHUTDOWN
+		case api.CodeStateUnwritable:
+			code = exitENOSPC
 		}
 		msg := ae.Message
 		if ae.Owner != nil && !strings.Contains(msg, ae.Owner.NodeID) {

@@ -441,3 +441,14 @@ func TestCephCSIAgentGoneIsOneLineSayingWhatHappened(t *testing.T) {
 		}
 	}
 }
+
+// TestCephCSIStateUnwritableIsENOSPC (issue 52): a map refused because the agent cannot write its
+// state file (state_unwritable: a full disk, a quota, a read-only file system) exits ENOSPC, not
+// EIO, with the agent's line naming what to free.
+func TestCephCSIStateUnwritableIsENOSPC(t *testing.T) {
+	msg := "cannot write the state file /var/lib/rbd-owner/mappings.json: no space left on device; free space in /var/lib/rbd-owner, then retry"
+	r := run(t, &fakeAgent{mapErr: &api.Error{Code: "state_unwritable", Message: msg}}, "map", "rbd/img")
+	if want := "rbd: map failed: rbd-owner refused to map rbd/img: " + msg + " [state_unwritable]\n"; r.code != 28 || r.stderr != want {
+		t.Fatalf("%+v, want exit 28 (ENOSPC) and stderr %q", r, want)
+	}
+}

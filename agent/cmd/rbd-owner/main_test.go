@@ -678,3 +678,17 @@ func TestMapCutOffByARestartSaysSo(t *testing.T) {
 		t.Errorf("--json: exit %d error %+v, want exit 1, code interrupted", code, e)
 	}
 }
+
+// TestStateUnwritableExitsFailedNamingItsCode (issue 52): the agent's state_unwritable refusal
+// (a full disk) exits 1 with its line and its code, under --json its error object.
+func TestStateUnwritableExitsFailedNamingItsCode(t *testing.T) {
+	msg := "cannot write the state file /var/lib/rbd-owner/mappings.json: no space left on device; free space in /var/lib/rbd-owner, then retry"
+	sock, _ := serve(t, 507, api.ErrorBody{Error: &api.Error{Code: "state_unwritable", Message: msg}})
+	if code, _, errs := cli("--socket", sock, "map", "rbd/img"); code != exitFailed || errs != "rbd-owner map: "+msg+" (state_unwritable)\n" {
+		t.Errorf("exit %d stderr %q, want exit 1 and the agent's line with its code", code, errs)
+	}
+	code, out, _ := cli("--socket", sock, "map", "rbd/img", "--json")
+	if e := oneErrorObject(t, "state_unwritable", out); code != exitFailed || e.Code != "state_unwritable" || e.Message != msg {
+		t.Errorf("--json: exit %d error %+v", code, e)
+	}
+}
