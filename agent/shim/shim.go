@@ -321,7 +321,7 @@ func doMap(ctx context.Context, c *cmdline, env Env) int {
 	}
 	resp, err := env.Agent.Map(ctx, req)
 	if err != nil {
-		code, msg := agentError(err, env)
+		code, msg := agentError(err)
 		var ae *api.Error
 		if !errors.As(err, &ae) {
 			// no refusal: the agent did not answer
@@ -358,7 +358,7 @@ func doUnmap(ctx context.Context, c *cmdline, env Env) int {
 		req.Device = arg
 		resp, err := env.Agent.Unmap(ctx, req)
 		if err != nil {
-			code, msg := agentError(err, env)
+			code, msg := agentError(err)
 			return fail(env, code, "rbd: unmap of %s failed: %s", arg, msg)
 		}
 		if !resp.Unmapped {
@@ -372,7 +372,7 @@ func doUnmap(ctx context.Context, c *cmdline, env Env) int {
 	}
 	st, err := env.Agent.Status(ctx)
 	if err != nil {
-		code, msg := agentError(err, env)
+		code, msg := agentError(err)
 		return fail(env, code, "rbd: unmap of %s failed: %s", ref, msg)
 	}
 	// the devices of this spec, managed or not (one mapped before rbd-owner is unmapped too)
@@ -395,7 +395,7 @@ func doUnmap(ctx context.Context, c *cmdline, env Env) int {
 	}
 	req.Device = found[0].Device
 	if _, err := env.Agent.Unmap(ctx, req); err != nil {
-		code, msg := agentError(err, env)
+		code, msg := agentError(err)
 		return fail(env, code, "rbd: unmap of %s failed: %s", ref, msg)
 	}
 	return exitOK
@@ -416,7 +416,7 @@ type listEntry struct {
 func doList(ctx context.Context, c *cmdline, env Env) int {
 	st, err := env.Agent.Status(ctx)
 	if err != nil {
-		code, msg := agentError(err, env)
+		code, msg := agentError(err)
 		return fail(env, code, "rbd: device list failed: %s", msg)
 	}
 	out := []listEntry{}
@@ -466,7 +466,7 @@ func sortEntries(es []listEntry) {
 // agentError turns an agent error into an exit status (the errno Ceph's rbd would use) and one
 // line for a person: the agent's message (which names the owner and what to do), or how to
 // reach the agent.
-func agentError(err error, env Env) (int, string) {
+func agentError(err error) (int, string) {
 	var ae *api.Error
 	if errors.As(err, &ae) {
 		code := exitEIO
