@@ -356,7 +356,10 @@ const (
 	CodeFenced             = "fenced"
 	CodeClusterUnavailable = "cluster_unavailable"
 	CodeTimeout            = "timeout"
-	CodeInternal           = "internal"
+	// CodeStateUnwritable: the agent cannot write its state file (a full disk or quota, a
+	// read-only file system); the message names the directory and what to do.
+	CodeStateUnwritable = "state_unwritable"
+	CodeInternal        = "internal"
 )
 
 // CodeOf is the contract's code for an error kind (the agent's one classification).
@@ -378,6 +381,8 @@ func CodeOf(k fault.Kind) string {
 		return CodeClusterUnavailable
 	case fault.Timeout:
 		return CodeTimeout
+	case fault.Storage:
+		return CodeStateUnwritable
 	}
 	return CodeInternal
 }
@@ -397,6 +402,8 @@ func HTTPStatus(code string) int {
 		return http.StatusServiceUnavailable
 	case CodeTimeout:
 		return http.StatusGatewayTimeout
+	case CodeStateUnwritable:
+		return http.StatusInsufficientStorage
 	}
 	return http.StatusInternalServerError
 }

@@ -12,18 +12,83 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
 )
 
-// ErrUnreachable says nothing answers on the socket (agent not running, or no access to it).
-var ErrUnreachable = errors.New("rbd-owner agent not reachable")
+// The calls that got no answer from the agent, each with its cause (a syscall.Errno, io.EOF)
+// in the error's chain for errors.Is, and a message that says what happened without Go's dial
+// text ("dial unix ...: connect: ...").
+var (
+	// ErrUnreachable says nothing answers on the socket: it does not exist (no agent, or its
+	// socket unit not started: syscall.ENOENT) or nothing listens on it (ECONNREFUSED).
+	ErrUnreachable = errors.New("rbd-owner agent not reachable")
+	// ErrNoAccess says the caller may not connect to the socket (EACCES, EPERM): it is neither
+	// root nor in the socket's group. Code answers api.CodePermissionDenied.
+	ErrNoAccess = errors.New("no permission on the rbd-owner agent's socket")
+	// ErrCutOff says the request was sent and the connection closed before the answer (io.EOF,
+	// io.ErrUnexpectedEOF, ECONNRESET, EPIPE): the agent went away during the call, so what it
+	// had begun may be done, or undone by its recovery. Every call may be repeated.
+	ErrCutOff = errors.New("the rbd-owner agent went away during the call")
+)
 
-// CodeUnreachable is Code's answer for ErrUnreachable. It is not one of the agent's codes (no
-// agent answered); the CLI's --json error objects carry it.
-const CodeUnreachable = "unreachable"
+// CodeUnreachable is Code's answer for ErrUnreachable, and CodeInterrupted for ErrCutOff. They
+// are not among the agent's codes (no agent answered); the CLI's --json error objects carry them.
+const (
+	CodeUnreachable = "unreachable"
+	CodeInterrupted = "interrupted"
+)
+
+// noAnswer is a call that got no answer: kind is one of the sentinels above, msg what a person
+// reads, cause the error the transport returned (kept for errors.Is, not printed).
+type noAnswer struct {
+	kind  error
+	msg   string
+	cause error
+}
+
+func (e *noAnswer) Error() string   { return e.msg }
+func (e *noAnswer) Unwrap() []error { return []error{e.kind, e.cause} }
+
+// dialFailed classifies a failed connection to the socket by its errno.
+func (c *Client) dialFailed(err error) error {
+	switch {
+	case errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM):
+		return &noAnswer{ErrNoAccess, "no permission to connect to the rbd-owner agent's socket " + c.socket, err}
+	case errors.Is(err, syscall.ENOENT):
+		return &noAnswer{ErrUnreachable, "no rbd-owner agent answers on " + c.socket + ": the socket does not exist", err}
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return &noAnswer{ErrUnreachable, "no rbd-owner agent answers on " + c.socket + ": nothing listens on the socket (connection refused)", err}
+	}
+	return &noAnswer{ErrUnreachable, fmt.Sprintf("no rbd-owner agent answers on %s: %v", c.socket, err), err}
+}
+
+// cutOff says whether a call whose request was sent failed because the connection closed
+// before the whole answer came.
+func cutOff(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// cutOffError is ErrCutOff for a call, saying what may have become of it: a map or an unmap
+// the agent had begun is finished or undone by its recovery, and repeating it is safe.
+func cutOffError(method, path string, err error) error {
+	msg := fmt.Sprintf("the rbd-owner agent went away during %s %s (its connection closed before the answer: it stopped or restarted)", method, path)
+	switch path {
+	case api.PathMap:
+		msg += "; its recovery may have finished the map or undone it: repeat the map (a map of an image this node holds is answered with its device)"
+	case api.PathUnmap:
+		msg += "; its recovery may have finished the unmap or undone it: repeat the unmap (an image no longer mapped is answered unmapped: false)"
+	default:
+		msg += "; what it had begun may be done or not: repeat the call"
+	}
+	return &noAnswer{ErrCutOff, msg, err}
+}
 
 // Client talks to one agent. It is safe for concurrent use.
 type Client struct {
@@ -141,17 +206,27 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	var sent atomic.Bool // the whole request was written to the agent
+	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteRequest: func(i httptrace.WroteRequestInfo) { sent.Store(i.Err == nil) },
+	}))
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		var op *net.OpError
-		if errors.As(err, &op) && op.Op == "dial" {
-			return fmt.Errorf("%w at %s: %w", ErrUnreachable, c.socket, err)
+		switch {
+		case errors.As(err, &op) && op.Op == "dial":
+			return c.dialFailed(err)
+		case sent.Load() && cutOff(err):
+			return cutOffError(method, path, err)
 		}
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer func() { _ = resp.Body.Close() }() // read to its end or failed: its close loses nothing
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
+		if cutOff(err) {
+			return cutOffError(method, path, err)
+		}
 		return fmt.Errorf("%s %s: read answer: %w", method, path, err)
 	}
 	if resp.StatusCode != http.StatusOK {
@@ -169,8 +244,9 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 
 // Code returns the code of a call's error: "" only when err is nil; the agent's code (api.Code*)
 // when the agent answered with an error; CodeUnreachable when nothing answered on the socket;
-// api.CodeTimeout when the call's context or the client's backstop ran out; else api.CodeInternal.
-// So a caller's `case "":` is reached on success alone.
+// api.CodePermissionDenied when the caller may not connect to it; CodeInterrupted when the agent
+// went away during the call; api.CodeTimeout when the call's context or the client's backstop
+// ran out; else api.CodeInternal. So a caller's `case "":` is reached on success alone.
 func Code(err error) string {
 	if err == nil {
 		return ""
@@ -179,8 +255,13 @@ func Code(err error) string {
 	if errors.As(err, &ae) {
 		return ae.Code
 	}
-	if errors.Is(err, ErrUnreachable) {
+	switch {
+	case errors.Is(err, ErrUnreachable):
 		return CodeUnreachable
+	case errors.Is(err, ErrNoAccess):
+		return api.CodePermissionDenied
+	case errors.Is(err, ErrCutOff):
+		return CodeInterrupted
 	}
 	var te interface{ Timeout() bool }
 	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &te) && te.Timeout()) {

@@ -17,6 +17,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/server"
+	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
 // TestEveryKindHasAContractCode: the one classification covers the contract's codes, and every
@@ -31,7 +32,7 @@ func TestEveryKindHasAContractCode(t *testing.T) {
 		seen[code] = true
 	}
 	for _, code := range []string{api.CodeInvalidArgument, api.CodePermissionDenied, api.CodeNotFound, api.CodeClaimedElsewhere,
-		api.CodeBusy, api.CodeFenced, api.CodeClusterUnavailable, api.CodeTimeout, api.CodeInternal} {
+		api.CodeBusy, api.CodeFenced, api.CodeClusterUnavailable, api.CodeTimeout, api.CodeStateUnwritable, api.CodeInternal} {
 		if !seen[code] {
 			t.Errorf("contract code %s is no kind's", code)
 		}
@@ -70,6 +71,9 @@ func TestEveryKindHasAContractCode(t *testing.T) {
 		{"kernel wait past the caller's deadline", fmt.Errorf("%w: %w", krbd.ErrTimeout, context.DeadlineExceeded), api.CodeTimeout, 504},
 		{"caller's deadline", context.DeadlineExceeded, api.CodeTimeout, 504},
 		{"no kernel support", krbd.ErrNoKernelSupport, api.CodeInternal, 500},
+		{"state file on a full disk", fmt.Errorf("%w; free space", &state.WriteError{Path: "/s", Err: syscall.ENOSPC}), api.CodeStateUnwritable, 507},
+		{"state file on a read-only file system", &state.WriteError{Path: "/s", Err: fmt.Errorf("create x.tmp: %w", syscall.EROFS)}, api.CodeStateUnwritable, 507},
+		{"state file, another failure", &state.WriteError{Path: "/s", Err: syscall.EIO}, api.CodeInternal, 500},
 		{"unclassified", errors.New("boom"), api.CodeInternal, 500},
 	} {
 		e := server.APIError(tc.err)

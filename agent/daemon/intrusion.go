@@ -84,7 +84,7 @@ func (j *intrusionJudge) judgeAtOnce(ctx context.Context, dv krbd.Device) {
 		defer j.node.Judged(dv)
 		if err := j.judgeUnmanaged(ctx, dv, true); err != nil {
 			// the reconciler judges it again
-			j.log.WithError(err).WithField("device", dv.DevNode).Error("judging a device mapped outside rbd-owner failed; retrying at the next reconciliation")
+			j.log.WithError(err).WithField("device", dv.DevNode).Error("judging a device this agent's state does not name failed; retrying at the next reconciliation")
 		}
 	}()
 }
@@ -319,14 +319,16 @@ func (j *intrusionJudge) adopted(cl *cluster, store *claim.Store, dv krbd.Device
 	j.node.ForgetUnmanaged(dv.ID)
 	j.node.SetProblem(m.Key, "")
 	j.metrics.Adopted(cl.cfg.ID)
-	how := "adopted"
+	msg := fmt.Sprintf("%s maps %s outside rbd-owner: %s: adopted at epoch %d; rbd-owner manages it from now on (unmap it with rbd-owner unmap)",
+		dv.DevNode, dv.Spec(), res.Why, m.Epoch)
 	if res.Action == claim.AdoptOwn {
-		how = "adopted back (this node's claim recorded it; the agent's state had lost it)"
+		// this agent mapped it, and lost its state since (a rebuild, an interrupted map): not
+		// a mapping made outside rbd-owner
+		msg = fmt.Sprintf("%s maps %s, mapped by this agent before its state was lost: %s: adopted back at epoch %d; rbd-owner manages it again (unmap it with rbd-owner unmap)",
+			dv.DevNode, dv.Spec(), res.Why, m.Epoch)
 	}
 	j.audit.Record(audit.Entry{Event: audit.UnmanagedDevice, Result: audit.Adopted, Cluster: cl.cfg.ID, Pool: dv.Pool, Namespace: dv.Namespace,
-		Image: dv.Image, Device: dv.DevNode, Epoch: m.Epoch, OwnerNode: j.nodeID, Warning: true,
-		Message: fmt.Sprintf("%s maps %s outside rbd-owner: %s: %s at epoch %d; rbd-owner manages it from now on (unmap it with rbd-owner unmap)",
-			dv.DevNode, dv.Spec(), res.Why, how, m.Epoch)})
+		Image: dv.Image, Device: dv.DevNode, Epoch: m.Epoch, OwnerNode: j.nodeID, Warning: true, Message: msg})
 }
 
 // fenceFailed records an intruder that could not be fenced: it can still write to an image

@@ -229,8 +229,8 @@ func TestMapRefusedForAFullDiskIsAuditedCountedAndLogged(t *testing.T) {
 			n.kernel.AddImage("rbd", "", "full", 16<<20)
 			code, e := mapOverAPI(t, n.d, peercred.RoleCSI, server.SocketCSI, api.MapRequest{Cluster: "c1", Pool: "rbd", Image: "full", Requester: "test"})
 			want := fmt.Sprintf("cannot write the state file %s/mappings.json: no space left on device; free space in %s, then retry", stateDir, stateDir)
-			if code == http.StatusOK || e == nil || e.Message != want {
-				t.Fatalf("map on a full disk: %d %+v, want %q", code, e, want)
+			if code != http.StatusInsufficientStorage || e == nil || e.Code != api.CodeStateUnwritable || e.Message != want {
+				t.Fatalf("map on a full disk: %d %+v, want 507 state_unwritable %q", code, e, want)
 			}
 			var audited []string
 			for _, en := range al.Entries() {
@@ -250,12 +250,12 @@ func TestMapRefusedForAFullDiskIsAuditedCountedAndLogged(t *testing.T) {
 				t.Errorf("no error line in the log naming the state file and the next step:\n%s", logs)
 			}
 			_, fams := scrape(t, n.d, peercred.RoleCSI)
-			if v, _ := sample(fams, "rbd_owner_maps_total", lbl{"cluster": "c1", "result": "internal"}); v != 1 {
-				t.Errorf("maps_total{result=internal} = %v, want 1", v)
+			if v, _ := sample(fams, "rbd_owner_maps_total", lbl{"cluster": "c1", "result": "state_unwritable"}); v != 1 {
+				t.Errorf("maps_total{result=state_unwritable} = %v, want 1", v)
 			}
-			refusals, _ := sample(fams, "rbd_owner_map_refusals_total", lbl{"cluster": "c1", "reason": "internal"})
+			refusals, _ := sample(fams, "rbd_owner_map_refusals_total", lbl{"cluster": "c1", "reason": "state_unwritable"})
 			if want := map[bool]float64{true: 0, false: 1}[step == "persist"]; refusals != want {
-				t.Errorf("map_refusals_total{reason=internal} = %v, want %v", refusals, want)
+				t.Errorf("map_refusals_total{reason=state_unwritable} = %v, want %v", refusals, want)
 			}
 			if rec, err := claim.NewStoreOn(c.M, claim.Config{Node: claim.Node{ID: "observer"}}); err != nil {
 				t.Fatal(err)

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,6 +21,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/nodestate"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
+	"github.com/rbd-owner/rbd-owner/agent/server"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -103,6 +105,43 @@ func TestCorruptStateIsSetAsideAndRebuilt(t *testing.T) {
 	waitFor(t, "claim checks without a problem", func() bool { return len(b.d.Status().Problems) == 0 })
 }
 
+// TestOwnDeviceAdoptedBackIsNotCalledAnOutsideMapping (issue 52): a device this agent mapped,
+// adopted back after its state file was lost (removed) or cut short, is audited as what it is,
+// mapped by this agent before its state was lost, never as a mapping made outside rbd-owner.
+func TestOwnDeviceAdoptedBackIsNotCalledAnOutsideMapping(t *testing.T) {
+	for _, lose := range []struct {
+		name string
+		do   func(path string) error
+	}{
+		{"removed", os.Remove},
+		{"cut short", func(path string) error { return os.WriteFile(path, []byte(`{"format": 1, "mapp`), 0o600) }},
+	} {
+		t.Run(lose.name, func(t *testing.T) {
+			c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-000000000039")
+			stateDir := t.TempDir()
+			a, resp := mappedOnce(t, c, stateDir, "boot-1", "img")
+			if err := lose.do(filepath.Join(stateDir, "mappings.json")); err != nil {
+				t.Fatal(err)
+			}
+			b, al := restarted(t, a, c, stateDir, "boot-1", nil)
+			waitFor(t, "the adoption audited", func() bool { return len(al.Find(audit.UnmanagedDevice, audit.Adopted)) == 1 })
+			e := al.Find(audit.UnmanagedDevice, audit.Adopted)[0]
+			for _, want := range []string{resp.Device + " maps rbd/img, mapped by this agent before its state was lost", "adopted back at epoch"} {
+				if !strings.Contains(e.Message, want) {
+					t.Errorf("the adoption's audit %q does not say %q", e.Message, want)
+				}
+			}
+			if strings.Contains(e.Message, "outside rbd-owner") {
+				t.Errorf("the adoption's audit %q calls this agent's own device a mapping made outside rbd-owner", e.Message)
+			}
+			if es := al.Find(audit.UnmanagedDevice, ""); len(es) != 1 {
+				t.Errorf("unmanaged_device audit entries %+v, want the adoption alone", es)
+			}
+			waitFor(t, "no problem", func() bool { return len(b.d.Status().Problems) == 0 })
+		})
+	}
+}
+
 // TestCorruptStateOnAnUnwritableDiskStillRenews: the state file is cut short and its
 // directory cannot be written either (a file system gone read-only often does both). The
 // device is adopted back all the same, in memory, so its claim is checked and its lease
@@ -138,6 +177,44 @@ func TestCorruptStateOnAnUnwritableDiskStillRenews(t *testing.T) {
 		return err == nil && strings.Contains(string(data), `"image": "img"`)
 	})
 	waitFor(t, "no problem left", func() bool { return len(b.d.Status().Problems) == 0 })
+}
+
+// TestStateUnwritableIsNotInternal (issue 52): a map refused because the node's storage cannot
+// take the state file (a full disk, a quota, a read-only file system) answers code
+// state_unwritable (HTTP 507), not internal, with the same words; any other write failure stays
+// internal.
+func TestStateUnwritableIsNotInternal(t *testing.T) {
+	c := newMemCluster("c1", "rbd", "00000000-0000-4000-8000-00000000003a")
+	n := startMemDaemon(t, c)
+	defer n.stop()
+	for i, tc := range []struct {
+		errno  syscall.Errno
+		code   string
+		status int
+		next   string
+	}{
+		{syscall.ENOSPC, "state_unwritable", 507, "free space in "},
+		{syscall.EDQUOT, "state_unwritable", 507, "free space in "},
+		{syscall.EROFS, "state_unwritable", 507, "its file system is read-only: remount "},
+		{syscall.EIO, api.CodeInternal, 500, "check that "},
+	} {
+		n.d.state.FailWrites(func() error { return tc.errno })
+		name := fmt.Sprintf("img%d", i)
+		c.M.AddImage(claimRef(c, name), "id-"+name)
+		n.kernel.AddImage(c.Pool, "", name, 16<<20)
+		_, err := n.d.Map(context.Background(), api.MapRequest{Cluster: c.ID, Pool: c.Pool, Image: name}, nil)
+		if !errors.Is(err, tc.errno) {
+			t.Fatalf("%v: map: %v", tc.errno, err)
+		}
+		e := server.APIError(err)
+		if e.Code != tc.code || api.HTTPStatus(e.Code) != tc.status {
+			t.Errorf("%v: code %s (HTTP %d), want %s (HTTP %d); %q", tc.errno, e.Code, api.HTTPStatus(e.Code), tc.code, tc.status, e.Message)
+		}
+		if want := "cannot write the state file " + n.d.state.Path() + ": " + tc.errno.Error(); !strings.Contains(e.Message, want) || !strings.Contains(e.Message, tc.next) {
+			t.Errorf("%v: message %q, want %q and %q", tc.errno, e.Message, want, tc.next)
+		}
+	}
+	n.d.state.FailWrites(nil)
 }
 
 // TestFailingStateWriteKeepsTheAgentRenewing: with the state file unwritable (a full disk),

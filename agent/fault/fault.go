@@ -38,18 +38,23 @@ const (
 	Unavailable
 	// Timeout: the caller's deadline ran out.
 	Timeout
+	// Storage: this node's storage refused a write the agent must make before it acts (its
+	// state file, on a full disk, over a quota or on a read-only file system): a person frees
+	// space or remounts; neither the request nor the cluster is at fault.
+	Storage
 )
 
 var names = map[Kind]string{
 	Internal: "internal", Invalid: "invalid", PermissionDenied: "permission denied", NotFound: "not found",
 	ClaimedElsewhere: "claimed elsewhere", Busy: "busy", Fenced: "fenced", Unavailable: "unavailable", Timeout: "timeout",
+	Storage: "storage",
 }
 
 func (k Kind) String() string { return names[k] }
 
 // Kinds lists every kind (for table tests).
 func Kinds() []Kind {
-	return []Kind{Internal, Invalid, PermissionDenied, NotFound, ClaimedElsewhere, Busy, Fenced, Unavailable, Timeout}
+	return []Kind{Internal, Invalid, PermissionDenied, NotFound, ClaimedElsewhere, Busy, Fenced, Unavailable, Timeout, Storage}
 }
 
 // sentinel is an error value of a kind. Two sentinels are equal only when they are the same

@@ -33,6 +33,7 @@ func TestAPIErrorByKind(t *testing.T) {
 		fault.Fenced:           {"fenced", http.StatusConflict},
 		fault.Unavailable:      {"cluster_unavailable", http.StatusServiceUnavailable},
 		fault.Timeout:          {"timeout", http.StatusGatewayTimeout},
+		fault.Storage:          {"state_unwritable", http.StatusInsufficientStorage},
 	}
 	type tcase struct {
 		name   string

@@ -103,6 +103,7 @@ const (
 	exitEIO      = 5
 	exitENOTCONN = 107
 	exitETIMEOUT = 110
+	exitENOSPC   = 28
 	exitSHUTDOWN = 108
 	// EOPNOTSUPP: a map through a device type other than krbd
 	exitEOPNOTSUPP = 95
@@ -320,7 +321,12 @@ func doMap(ctx context.Context, c *cmdline, env Env) int {
 	}
 	resp, err := env.Agent.Map(ctx, req)
 	if err != nil {
-		code, msg := agentError(err, env)
+		code, msg := agentError(err)
+		var ae *api.Error
+		if !errors.As(err, &ae) {
+			// no refusal: the agent did not answer
+			return fail(env, code, "rbd: map failed: rbd-owner could not map %s: %s", ref, msg)
+		}
 		return fail(env, code, "rbd: map failed: rbd-owner refused to map %s: %s", ref, msg)
 	}
 	if _, err := fmt.Fprintln(env.Stdout, resp.Device); err != nil {
@@ -352,7 +358,7 @@ func doUnmap(ctx context.Context, c *cmdline, env Env) int {
 		req.Device = arg
 		resp, err := env.Agent.Unmap(ctx, req)
 		if err != nil {
-			code, msg := agentError(err, env)
+			code, msg := agentError(err)
 			return fail(env, code, "rbd: unmap of %s failed: %s", arg, msg)
 		}
 		if !resp.Unmapped {
@@ -366,7 +372,7 @@ func doUnmap(ctx context.Context, c *cmdline, env Env) int {
 	}
 	st, err := env.Agent.Status(ctx)
 	if err != nil {
-		code, msg := agentError(err, env)
+		code, msg := agentError(err)
 		return fail(env, code, "rbd: unmap of %s failed: %s", ref, msg)
 	}
 	// the devices of this spec, managed or not (one mapped before rbd-owner is unmapped too)
@@ -389,7 +395,7 @@ func doUnmap(ctx context.Context, c *cmdline, env Env) int {
 	}
 	req.Device = found[0].Device
 	if _, err := env.Agent.Unmap(ctx, req); err != nil {
-		code, msg := agentError(err, env)
+		code, msg := agentError(err)
 		return fail(env, code, "rbd: unmap of %s failed: %s", ref, msg)
 	}
 	return exitOK
@@ -410,7 +416,7 @@ type listEntry struct {
 func doList(ctx context.Context, c *cmdline, env Env) int {
 	st, err := env.Agent.Status(ctx)
 	if err != nil {
-		code, msg := agentError(err, env)
+		code, msg := agentError(err)
 		return fail(env, code, "rbd: device list failed: %s", msg)
 	}
 	out := []listEntry{}
@@ -460,7 +466,7 @@ func sortEntries(es []listEntry) {
 // agentError turns an agent error into an exit status (the errno Ceph's rbd would use) and one
 // line for a person: the agent's message (which names the owner and what to do), or how to
 // reach the agent.
-func agentError(err error, env Env) (int, string) {
+func agentError(err error) (int, string) {
 	var ae *api.Error
 	if errors.As(err, &ae) {
 		code := exitEIO
@@ -477,6 +483,8 @@ func agentError(err error, env Env) (int, string) {
 			code = exitETIMEOUT
 		case api.CodeFenced:
 			code = exitSHUTDOWN
+		case api.CodeStateUnwritable:
+			code = exitENOSPC
 		}
 		msg := ae.Message
 		if ae.Owner != nil && !strings.Contains(msg, ae.Owner.NodeID) {
@@ -486,8 +494,14 @@ func agentError(err error, env Env) (int, string) {
 		// the same time for programs): not said twice
 		return code, msg + " [" + ae.Code + "]"
 	}
-	if errors.Is(err, client.ErrUnreachable) {
-		return exitENOTCONN, fmt.Sprintf("the rbd-owner agent does not answer on %s (is rbd-owner installed and running on this node, and its socket directory mounted into this container?): %v", env.Socket, err)
+	switch {
+	case errors.Is(err, client.ErrUnreachable):
+		// the client's error names the socket and what was found there
+		return exitENOTCONN, fmt.Sprintf("%v (is rbd-owner installed and running on this node, and its socket directory mounted into this container?)", err)
+	case errors.Is(err, client.ErrNoAccess):
+		return exitEACCES, fmt.Sprintf("%v: run the plugin as root, or in the socket's group (rbd-owner)", err)
 	}
+	// a call cut off (client.ErrCutOff) says itself that the agent went away and that the
+	// call may be repeated; ceph-csi repeats a failed stage
 	return exitEIO, err.Error()
 }

@@ -1,12 +1,16 @@
 package shim
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -384,5 +388,67 @@ func TestMapFailsWhenTheDevicePathCannotBeWritten(t *testing.T) {
 	code := Main("rbd", []string{"--id", "x", "-m", "10.0.0.1", "--keyfile=/k", "map", "rbd/img", "--device-type", "krbd"}, env)
 	if code != exitEIO || !strings.Contains(errb.String(), "rbd/img is mapped as /dev/rbd3, but writing its path failed: broken pipe") {
 		t.Fatalf("exit %d, stderr %q", code, errb.String())
+	}
+}
+
+// TestCephCSIAgentGoneIsOneLineSayingWhatHappened (issue 52): the client's errors that got no
+// answer, as the drop-in prints them for ceph-csi: no socket (ENOTCONN), no permission on it
+// (EACCES, not "is the agent running?"), and a map cut off by an agent restart (EIO: ceph-csi
+// stages again), saying what the CLI says, never Go's dial or EOF text.
+func TestCephCSIAgentGoneIsOneLineSayingWhatHappened(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "none.sock")
+	_, unreachable := client.New(missing).Map(context.Background(), api.MapRequest{Pool: "rbd", Image: "img"})
+	cutSock := filepath.Join(t.TempDir(), "cut.sock")
+	l, err := net.Listen("unix", cutSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = http.ReadRequest(bufio.NewReader(conn))
+			_ = conn.Close()
+		}
+	}()
+	_, cutOff := client.New(cutSock).Map(context.Background(), api.MapRequest{Pool: "rbd", Image: "img"})
+	for _, tc := range []struct {
+		name string
+		err  error
+		code int
+		want []string
+	}{
+		{"no socket", unreachable, exitENOTCONN, []string{"no rbd-owner agent answers on " + missing + ": the socket does not exist", "mounted into this container"}},
+		{"no permission", fmt.Errorf("%w /run/rbd-owner/csi/csi.sock", client.ErrNoAccess), exitEACCES, []string{"/run/rbd-owner/csi/csi.sock", "run the plugin as root, or in the socket's group"}},
+		{"cut off", cutOff, exitEIO, []string{"the rbd-owner agent went away during POST /v1/map", "its recovery may have finished the map or undone it: repeat the map"}},
+	} {
+		r := run(t, &fakeAgent{mapErr: tc.err}, "map", "rbd/img")
+		if r.code != tc.code || strings.Count(r.stderr, "\n") != 1 || !strings.HasPrefix(r.stderr, "rbd: map failed: rbd-owner could not map rbd/img: ") {
+			t.Errorf("%s: %+v, want exit %d and one line", tc.name, r, tc.code)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(r.stderr, w) {
+				t.Errorf("%s: %q does not say %q", tc.name, r.stderr, w)
+			}
+		}
+		for _, bad := range []string{"dial unix", "EOF", "is the agent running"} {
+			if strings.Contains(r.stderr, bad) {
+				t.Errorf("%s: %q says %q", tc.name, r.stderr, bad)
+			}
+		}
+	}
+}
+
+// TestCephCSIStateUnwritableIsENOSPC (issue 52): a map refused because the agent cannot write its
+// state file (state_unwritable: a full disk, a quota, a read-only file system) exits ENOSPC, not
+// EIO, with the agent's line naming what to free.
+func TestCephCSIStateUnwritableIsENOSPC(t *testing.T) {
+	msg := "cannot write the state file /var/lib/rbd-owner/mappings.json: no space left on device; free space in /var/lib/rbd-owner, then retry"
+	r := run(t, &fakeAgent{mapErr: &api.Error{Code: "state_unwritable", Message: msg}}, "map", "rbd/img")
+	if want := "rbd: map failed: rbd-owner refused to map rbd/img: " + msg + " [state_unwritable]\n"; r.code != 28 || r.stderr != want {
+		t.Fatalf("%+v, want exit 28 (ENOSPC) and stderr %q", r, want)
 	}
 }

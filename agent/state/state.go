@@ -14,8 +14,10 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
+	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/image"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 )
@@ -323,7 +325,7 @@ func (s *Store) commitChange(c *change) error {
 	var err error
 	if s.fault != nil {
 		if ferr := s.fault(); ferr != nil {
-			err = fmt.Errorf("cannot write the state file %s: %w", s.path, ferr)
+			err = &WriteError{Path: s.path, Err: ferr}
 		}
 	}
 	if err == nil {
@@ -466,12 +468,33 @@ func save(path, bootID string, n next) error {
 	sort.Slice(f.Mappings, func(i, j int) bool { return f.Mappings[i].Key.String() < f.Mappings[j].Key.String() })
 	data, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {
-		return fmt.Errorf("cannot write the state file %s: %w", path, err)
+		return &WriteError{Path: path, Err: err}
 	}
 	if err := replace(path, append(data, '\n')); err != nil {
-		return fmt.Errorf("cannot write the state file %s: %w", path, err)
+		return &WriteError{Path: path, Err: err}
 	}
 	return nil
+}
+
+// WriteError is a write of the state file that failed. Its kind, by the errno in its chain, is
+// fault.Storage when the node's storage refused it (ENOSPC, EDQUOT, EROFS): the API answers
+// state_unwritable, not internal. Any other failure is unclassified (fault.Internal).
+type WriteError struct {
+	Path string
+	Err  error
+}
+
+func (e *WriteError) Error() string {
+	return "cannot write the state file " + e.Path + ": " + e.Err.Error()
+}
+func (e *WriteError) Unwrap() error { return e.Err }
+
+// Kind classifies the failure (fault.Kinder).
+func (e *WriteError) Kind() fault.Kind {
+	if errors.Is(e.Err, syscall.ENOSPC) || errors.Is(e.Err, syscall.EDQUOT) || errors.Is(e.Err, syscall.EROFS) {
+		return fault.Storage
+	}
+	return fault.Internal
 }
 
 // replace makes data path's content durably: a temporary file beside it, fsynced, renamed

@@ -17,8 +17,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
+	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	"github.com/coreos/go-systemd/v22/journal"
 	"github.com/sirupsen/logrus"
 
@@ -54,11 +56,25 @@ func main() {
 	defer stop()
 	underJournal, jerr := journal.StderrIsJournalStream()
 	if err := run(ctx, a.Config, os.Stderr, underJournal, jerr); err != nil {
+		line := fmt.Sprintf("rbd-owner daemon: %v", err)
+		// systemd's Status line of the unit (`systemctl status rbd-owner`) says it too, and keeps
+		// saying it while the unit stays failed (a start refused by the start limit keeps the
+		// last Status); sent before the process ends, so that systemd still knows its sender
+		// (NotifyAccess=main). Not under systemd (no NOTIFY_SOCKET): nothing is sent.
+		_, _ = sddaemon.SdNotify(false, "STATUS="+firstLine(line))
 		// the agent's one line, as `rbd-owner check-config` prints it; at error priority in the
-		// journal (journald reads the "<3>" and drops it)
-		fmt.Fprintf(os.Stderr, "%srbd-owner daemon: %v\n", priorityPrefix(underJournal, logrus.ErrorLevel), err)
+		// journal (journald reads the "<3>" and drops it): the last line the agent writes
+		fmt.Fprintf(os.Stderr, "%s%s\n", priorityPrefix(underJournal, logrus.ErrorLevel), line)
 		os.Exit(agentflags.ExitFailure)
 	}
+}
+
+// firstLine is s up to its first newline (a notify message's STATUS= is one line).
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
 }
 
 // printLibradosVersion prints the Ceph release of the librados this program loads, for

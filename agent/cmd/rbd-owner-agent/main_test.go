@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -103,5 +105,47 @@ func TestLibradosVersion(t *testing.T) {
 	out, err := cmd.Output()
 	if err != nil || string(out) != release+"\n" {
 		t.Fatalf("librados-version: %v, stdout %q, stderr %q; want %q", err, out, stderr.String(), release+"\n")
+	}
+}
+
+// TestRefusalIsTheUnitsStatus (issue 52): the agent that stops on an error (a config it refuses)
+// sends systemd that one line as the unit's Status (STATUS=, which `systemctl status rbd-owner`
+// shows and keeps while the unit stays failed) before it exits, and writes it last on stderr.
+func TestRefusalIsTheUnitsStatus(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, []byte("node_id: node-a\nstate_dir: "+dir+"\nclusters: []\nlease_duraton: 30s\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "notify")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "RBD_OWNER_AGENT_TEST_ARGS=daemon\n--config="+cfg, "JOURNAL_STREAM=", "NOTIFY_SOCKET="+sock)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err == nil {
+		t.Fatal("the agent started with a config it must refuse")
+	}
+	line := "rbd-owner daemon: config " + cfg + ": line 4: lease_duraton: unknown key; did you mean lease_duration?"
+	if !strings.HasSuffix(stderr.String(), line+"\n") {
+		t.Errorf("stderr %q does not end with the agent's line %q", stderr.String(), line)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var msgs []string
+	buf := make([]byte, 4096)
+	for {
+		n, err := conn.Read(buf)
+		if err != nil {
+			break
+		}
+		msgs = append(msgs, string(buf[:n]))
+		_ = conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	}
+	if len(msgs) == 0 || msgs[len(msgs)-1] != "STATUS="+line {
+		t.Errorf("notify messages %q, want the last to be %q", msgs, "STATUS="+line)
 	}
 }

@@ -179,8 +179,22 @@ func classify(err error) (int, *api.Error, string) {
 		return exitUsage, &api.Error{Code: api.CodeInvalidArgument, Message: ue.msg}, ue.msg
 	}
 	if errors.Is(err, client.ErrUnreachable) {
-		msg := fmt.Sprintf("%v (is the agent running? systemctl status rbd-owner)", err)
+		// the client's error names the socket and what was found there: the next step follows
+		var msg string
+		switch {
+		case errors.Is(err, syscall.ENOENT):
+			msg = fmt.Sprintf("%v: start the agent with `systemctl start rbd-owner.socket rbd-owner` (`systemctl status rbd-owner` says why it is not running)", err)
+		case errors.Is(err, syscall.ECONNREFUSED):
+			msg = fmt.Sprintf("%v: see why with `systemctl status rbd-owner rbd-owner.socket`, then start both again with `systemctl restart rbd-owner.socket rbd-owner`", err)
+		default:
+			msg = fmt.Sprintf("%v (is the agent running? systemctl status rbd-owner)", err)
+		}
 		return exitUnreachable, &api.Error{Code: client.CodeUnreachable, Message: msg}, msg
+	}
+	if errors.Is(err, client.ErrNoAccess) {
+		// not "is the agent running?": it may well be; this caller may not talk to it
+		msg := fmt.Sprintf("%v: run the command as root, or as a member of the socket's group (rbd-owner, or rbd-owner-admin as well for the admin commands: usermod -aG rbd-owner USER, then log in again)", err)
+		return exitFailed, &api.Error{Code: api.CodePermissionDenied, Message: msg}, msg
 	}
 	var ae *api.Error
 	if errors.As(err, &ae) {

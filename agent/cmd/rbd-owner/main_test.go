@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
+	"github.com/rbd-owner/rbd-owner/agent/client"
 )
 
 // serve answers every call with status and body, on a unix socket, and records the requests.
@@ -575,5 +578,120 @@ func TestStatusSaysWhereEachMapOptionCameFrom(t *testing.T) {
 	want := "/dev/rbd0 options: ms_mode=secure (cluster rbd_default_map_options (config)), queue_depth=128 (caller)\n"
 	if code != exitOK || !strings.Contains(out, want) {
 		t.Errorf("exit %d, want %d and the line %q in:\n%s", code, exitOK, want, out)
+	}
+}
+
+// TestNoAgentIsOneLineNamingTheSocketAndTheNextStep (issue 52): with no agent, every command says
+// in one line which socket nothing answers on, what was found there and what to run, never Go's
+// dial text: a missing socket (start the units), a socket nothing listens on (restart them).
+func TestNoAgentIsOneLineNamingTheSocketAndTheNextStep(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "none.sock")
+	dead := filepath.Join(t.TempDir(), "dead.sock")
+	l, err := net.Listen("unix", dead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	_ = l.Close()
+	for _, tc := range []struct {
+		sock string
+		want []string
+	}{
+		{missing, []string{"no rbd-owner agent answers on " + missing + ": the socket does not exist: start the agent with `systemctl start rbd-owner.socket rbd-owner`", "systemctl status rbd-owner"}},
+		{dead, []string{"no rbd-owner agent answers on " + dead + ": nothing listens on the socket (connection refused): see why with `systemctl status rbd-owner rbd-owner.socket`", "`systemctl restart rbd-owner.socket rbd-owner`"}},
+	} {
+		for _, cmd := range jsonCommands {
+			code, out, errs := cli(append([]string{"--socket", tc.sock}, cmd...)...)
+			if code != exitUnreachable || out != "" || !strings.HasPrefix(errs, "rbd-owner "+cmd[0]+": ") || strings.Count(errs, "\n") != 1 {
+				t.Errorf("%q on %s: exit %d stdout %q stderr %q, want exit 4 and one stderr line", cmd, tc.sock, code, out, errs)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(errs, w) {
+					t.Errorf("%q on %s: %q does not say %q", cmd, tc.sock, errs, w)
+				}
+			}
+			for _, dial := range []string{"dial unix", "connect:", "no such file"} {
+				if strings.Contains(errs, dial) {
+					t.Errorf("%q on %s: %q has Go's dial text %q", cmd, tc.sock, errs, dial)
+				}
+			}
+		}
+	}
+}
+
+// TestNoPermissionOnTheSocketIsNotNoAgent (issue 52): EACCES on the socket (client.ErrNoAccess)
+// says the caller lacks permission and what to do, exits 1 (not 4: an agent may be running)
+// with code permission_denied, like the agent's own refusal of a caller's role. (Root may
+// connect to any socket, so the client's error is classified here as the client returns it.)
+func TestNoPermissionOnTheSocketIsNotNoAgent(t *testing.T) {
+	err := fmt.Errorf("%w /run/rbd-owner/rbd-owner.sock", client.ErrNoAccess)
+	code, obj, msg := classify(err)
+	if code != exitFailed || obj.Code != api.CodePermissionDenied || obj.Message != msg {
+		t.Fatalf("classify(%v) = %d %+v %q, want exit 1, permission_denied", err, code, obj, msg)
+	}
+	for _, want := range []string{"/run/rbd-owner/rbd-owner.sock", "run the command as root, or as a member of the socket's group"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("%q does not say %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, "agent running") {
+		t.Errorf("%q asks whether the agent runs", msg)
+	}
+}
+
+// cutOffSocket serves a socket that reads each request and closes the connection unanswered (an
+// agent that restarted during the call).
+func cutOffSocket(t *testing.T) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "s")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = http.ReadRequest(bufio.NewReader(conn))
+			_ = conn.Close()
+		}
+	}()
+	return sock
+}
+
+// TestMapCutOffByARestartSaysSo (issue 52): a map whose connection closed after it was sent
+// exits 1 with code interrupted and one line saying that the agent went away during the map,
+// that its recovery may have finished or undone it, and that it can be repeated; not Go's EOF.
+func TestMapCutOffByARestartSaysSo(t *testing.T) {
+	sock := cutOffSocket(t)
+	code, out, errs := cli("--socket", sock, "map", "rbd/img")
+	if code != exitFailed || out != "" || strings.Count(errs, "\n") != 1 || strings.Contains(errs, "EOF") {
+		t.Fatalf("exit %d stdout %q stderr %q, want exit 1 and one line without Go's EOF", code, out, errs)
+	}
+	for _, want := range []string{"rbd-owner map: the rbd-owner agent went away during POST /v1/map", "its recovery may have finished the map or undone it: repeat the map"} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("%q does not say %q", errs, want)
+		}
+	}
+	code, out, _ = cli("--socket", sock, "map", "rbd/img", "--json")
+	if e := oneErrorObject(t, "map cut off", out); code != exitFailed || e.Code != client.CodeInterrupted || !strings.Contains(e.Message, "repeat the map") {
+		t.Errorf("--json: exit %d error %+v, want exit 1, code interrupted", code, e)
+	}
+}
+
+// TestStateUnwritableExitsFailedNamingItsCode (issue 52): the agent's state_unwritable refusal
+// (a full disk) exits 1 with its line and its code, under --json its error object.
+func TestStateUnwritableExitsFailedNamingItsCode(t *testing.T) {
+	msg := "cannot write the state file /var/lib/rbd-owner/mappings.json: no space left on device; free space in /var/lib/rbd-owner, then retry"
+	sock, _ := serve(t, 507, api.ErrorBody{Error: &api.Error{Code: "state_unwritable", Message: msg}})
+	if code, _, errs := cli("--socket", sock, "map", "rbd/img"); code != exitFailed || errs != "rbd-owner map: "+msg+" (state_unwritable)\n" {
+		t.Errorf("exit %d stderr %q, want exit 1 and the agent's line with its code", code, errs)
+	}
+	code, out, _ := cli("--socket", sock, "map", "rbd/img", "--json")
+	if e := oneErrorObject(t, "state_unwritable", out); code != exitFailed || e.Code != "state_unwritable" || e.Message != msg {
+		t.Errorf("--json: exit %d error %+v", code, e)
 	}
 }

@@ -82,9 +82,12 @@ func sourceDate() (string, error) {
 func manPage(date string) manpage.Page {
 	return manpage.Page{Section: "8", Date: date, Source: "rbd-owner " + version.Version, Sections: []manpage.Section{
 		{Title: "Exit status", Text: fmt.Sprintf(`%d: done. %d: failed (the agent refused or could not do it; the message names the next
-step). %d: a usage error (the command's usage line is printed). %d: the image is held by another
-node (map; the message names it). %d: no agent answers on the socket. %d: status only: the
-agent answers but reports problems (listed as "problem:" lines).
+step; also a caller without permission on the socket, code permission_denied, and a call the
+agent went away during, code interrupted: repeat it). %d: a usage error (the command's usage line
+is printed). %d: the image is held by another
+node (map; the message names it). %d: no agent answers on the socket (it does not exist, or
+nothing listens on it). %d: status only: the agent answers but reports problems (listed as
+"problem:" lines).
 
 With --json the codes are the same, and an error is the JSON document on stdout.`,
 			exitOK, exitFailed, exitUsage, exitClaimed, exitUnreachable, exitProblems)},

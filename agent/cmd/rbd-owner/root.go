@@ -23,9 +23,10 @@ Exit codes: 0 done, 1 failed, 2 usage error, 3 held by another node, 4 agent not
 5 status: the agent answers but reports problems (listed as "problem:" lines).
 
 With --json, stdout is one JSON document: the answer, or the error as
-{"error": {"code", "message", ...}} (code "unreachable" when no agent answers,
-"invalid_argument" for a mistake on the command line); stderr stays empty, and the exit codes
-are the same.`
+{"error": {"code", "message", ...}} (code "unreachable" when no agent answers, exit 4;
+"permission_denied" when the caller may not connect to the socket and "interrupted" when the
+agent went away during the call, exit 1; "invalid_argument" for a mistake on the command line);
+stderr stays empty, and the exit codes are the same.`
 
 // The groups of commands in the root's help.
 const (

@@ -46,7 +46,8 @@ func agentEnv() []envVar {
 // unitSettings are the settings of rbd-owner.service the page names (a test finds each in
 // units/).
 var unitSettings = []string{"ExecStart=/usr/bin/rbd-owner daemon", "Type=notify", "WatchdogSec=30s",
-	"Restart=on-failure", "RestartSec=2s", "StartLimitBurst=5", "StartLimitIntervalSec=60s", "KillMode=process"}
+	"Restart=on-failure", "RestartSec=2s", "StartLimitBurst=5", "StartLimitIntervalSec=60s", "KillMode=process",
+	"TriggerLimitBurst=5", "TriggerLimitIntervalSec=60s"}
 
 // AgentPage writes rbd-owner-agent(8): what the agent is, how systemd runs it, its flags (from
 // agentflags), files, environment, signals and exit status. date and source are the page's
@@ -171,8 +172,10 @@ func underSystemd() []string {
 		"The agent pings systemd's watchdog (" + s["WatchdogSec"] + ") while all its loops run; a hung agent is " +
 			"aborted with `SIGABRT` and started again (" + s["Restart"] + ", " + s["RestartSec"] + "). A start " +
 			"that fails at once, as with a config the agent refuses, is repeated at most " + s["StartLimitBurst"] +
-			" times in " + s["StartLimitIntervalSec"] + "; then the unit stays failed with the agent's one-line " +
-			"error last in `systemctl status rbd-owner`, until `systemctl reset-failed rbd-owner`.",
+			" times in " + s["StartLimitIntervalSec"] + ", whoever starts it (`rbd-owner.socket` too, which starts it at most " +
+			s["TriggerLimitBurst"] + " times in " + s["TriggerLimitIntervalSec"] + "); then the " +
+			"unit and its socket stay failed, the agent's one-line error the unit's `Status:` in " +
+			"`systemctl status rbd-owner`, until `systemctl reset-failed rbd-owner rbd-owner.socket`.",
 		"Stopping the service signals the agent alone (" + s["KillMode"] + "). The unit runs it as root with a " +
 			"few capabilities and in a sandbox; `systemctl cat rbd-owner` shows the unit and why each setting is " +
 			"there. The agent's log and audit entries are in the journal: `journalctl -u rbd-owner`.",

@@ -285,3 +285,32 @@ func TestPackagedConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestSocketTriggerLimitIsTheServicesStartLimit (issue 52): rbd-owner.socket starts the agent at
+// most as often as rbd-owner.service's start limit allows, so that the limit holds whoever
+// starts it (systemd's default trigger limit, 20 in 2 s, started a failing agent again and
+// again on connections).
+func TestSocketTriggerLimitIsTheServicesStartLimit(t *testing.T) {
+	value := func(unit, key string) string {
+		data, err := os.ReadFile(filepath.Join(root, "units", unit))
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := ""
+		for _, line := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(line, key+"="); ok {
+				found = v
+			}
+		}
+		if found == "" {
+			t.Errorf("%s has no %s=", unit, key)
+		}
+		return found
+	}
+	if s, k := value("rbd-owner.service", "StartLimitBurst"), value("rbd-owner.socket", "TriggerLimitBurst"); s != k {
+		t.Errorf("TriggerLimitBurst=%s, StartLimitBurst=%s: want the same", k, s)
+	}
+	if s, k := value("rbd-owner.service", "StartLimitIntervalSec"), value("rbd-owner.socket", "TriggerLimitIntervalSec"); s != k {
+		t.Errorf("TriggerLimitIntervalSec=%s, StartLimitIntervalSec=%s: want the same", k, s)
+	}
+}
