@@ -123,6 +123,7 @@ type Daemon struct {
 	renewer    *renewer        // the leases' renewals: heartbeats and claim checks (renew.go)
 	intrusions *intrusionJudge // the judge of devices mapped outside rbd-owner (intrusion.go)
 	sweeper    *sweeper        // the pool sweep (sweep.go)
+	reconciler *reconciler     // recovery, reconciliation and device events (recover.go)
 
 	admin *admin.Admin // the admin calls (fence, release, unfence, claims, orphans)
 
@@ -196,6 +197,7 @@ func New(opts Options) (*Daemon, error) {
 	d.renewer = newRenewer(d)
 	d.intrusions = newIntrusionJudge(d)
 	d.sweeper = newSweeper(d)
+	d.reconciler = newReconciler(d)
 	return d, nil
 }
 
@@ -231,7 +233,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	// connecting starts first: no device found at recovery is judged before its claim is read
 	d.connectAll(ctx)
-	d.recover(ctx)
+	d.reconciler.recover(ctx)
 	failed := make(chan error, 2) // an API server that stopped on its own
 	servers, err := d.serveAPI(func(err error) {
 		select {
@@ -320,7 +322,7 @@ func (d *Daemon) startLoops(ctx context.Context) {
 	}
 	d.startWatchdog(ctx, wd)
 	d.bg.Add(1)
-	go func() { defer d.bg.Done(); d.reconcileLoop(ctx) }()
+	go func() { defer d.bg.Done(); d.reconciler.loop(ctx, d.beatEvery) }()
 	for _, c := range d.clusters {
 		d.bg.Add(1)
 		go func() { defer d.bg.Done(); d.renewer.loop(ctx, c, d.beatEvery) }()

@@ -125,8 +125,8 @@ var origins = []struct{ fn, origin string }{
 	{"daemon.(*renewer).heartbeat", "heartbeat"},
 	{"daemon.(*renewer).watchRound", "watch"}, // takeover watches
 	{"daemon.(*renewer)", "renew"},            // the round of claim checks
-	{"daemon.(*Daemon).reconcile", "reconcile"},
-	{"daemon.(*Daemon).recover", "recover"},
+	{"daemon.(*reconciler).reconcile", "reconcile"},
+	{"daemon.(*reconciler).recover", "recover"},
 }
 
 func origin() string {

@@ -23,8 +23,8 @@ import (
 // intrusionJudge judges the devices this agent did not map (mapped behind its back, or left by
 // a map whose state was lost): by their image's claim it fences a mapping of an image held
 // elsewhere, adopts one this node's claim records or (adopt-or-fence) a free one, and reports
-// the rest. It holds only what judging needs; the daemon builds it (New) and hands it the
-// devices its device events and reconciliation find unexplained (judgeAtOnce, judgeLater).
+// the rest. It holds only what judging needs; the daemon builds it (New), and the reconciler
+// hands it the devices its device events and rounds find unexplained (judgeAtOnce, judgeLater).
 type intrusionJudge struct {
 	clusters map[string]*cluster // the configured clusters, by id (never changed after New)
 	kernel   judgedKernel        // the devices as the kernel shows them now

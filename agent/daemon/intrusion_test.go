@@ -217,7 +217,7 @@ func TestReportPolicyOnlyReports(t *testing.T) {
 	if e := al.Find(audit.UnmanagedDevice, audit.Reported)[0]; e.OwnerNode != "node-a" {
 		t.Fatalf("the report does not name the holder: %+v", e)
 	}
-	n.d.reconcile(context.Background())
+	n.d.reconciler.reconcile(context.Background())
 	if !n.d.ops.waitIdle(10 * time.Second) {
 		t.Fatal("reconcile did not settle")
 	}
@@ -300,7 +300,7 @@ func TestOwnMapIsNeverMistakenForAnIntruder(t *testing.T) {
 	}, c)
 	t.Cleanup(func() { n.stop() })
 	resp := n.mapImage(t, c, "mine")
-	n.d.reconcile(context.Background())
+	n.d.reconciler.reconcile(context.Background())
 	if !n.d.ops.waitIdle(10 * time.Second) {
 		t.Fatal("reconcile did not settle")
 	}

@@ -93,45 +93,7 @@ func (d *Daemon) mainLoop(ctx context.Context, watcher *devwatch.Watcher) {
 				events = nil
 				continue
 			}
-			d.deviceEvent(ctx, ev)
-		}
-	}
-}
-
-// reconcileLoop compares the persisted state with the kernel every renew interval. The
-// comparison (which reads every device's sysfs: seconds on a busy node with many devices) runs
-// beside the loop, so the loop beats whatever the kernel's pace; the loop takes the next tick
-// only once that round is over (ticks meanwhile are dropped), so rounds never overlap.
-func (d *Daemon) reconcileLoop(ctx context.Context) {
-	tick, stopTick := d.ticker("reconcile", d.cfg.RenewInterval.D())
-	defer stopTick()
-	beat := time.NewTicker(d.beatEvery)
-	defer beat.Stop()
-	var round chan struct{} // closed when the round in flight is over; nil when none is
-	defer func() {
-		if round != nil {
-			<-round
-		}
-	}()
-	for {
-		d.beat("reconcile")
-		ticks := tick
-		if round != nil {
-			ticks = nil
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-beat.C:
-		case <-round:
-			round = nil
-		case <-ticks:
-			done := make(chan struct{})
-			round = done
-			go func() {
-				defer close(done)
-				d.reconcile(ctx)
-			}()
+			d.reconciler.deviceEvent(ctx, ev)
 		}
 	}
 }

@@ -195,7 +195,7 @@ func TestCrashAtEveryStepThenRestartIsConsistent(t *testing.T) {
 				t.Fatalf("want the simulated crash, got %v", err)
 			}
 			a.start() // a new process: same state dir, same kernel, same cluster
-			a.d.recover(bg)
+			a.d.reconciler.recover(bg)
 			mapped := a.consistent("", img)
 			if c.saga == "unmap" && c.step != "persist-intent" && c.step != "unmap" && mapped {
 				t.Fatal("unmap crashed after the kernel unmapped, yet a device is back")
@@ -220,7 +220,7 @@ func TestRestartReadoptsMappedDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.start()
-	a.d.recover(bg)
+	a.d.reconciler.recover(bg)
 	again, err := a.d.Map(bg, mapReq(cephtest.Namespace, img), nil)
 	if err != nil || !again.AlreadyMapped || again.Device != resp.Device || again.Claim.Epoch != resp.Claim.Epoch {
 		t.Fatalf("after restart: %+v %v (before %+v)", again, err, resp)

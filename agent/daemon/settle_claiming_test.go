@@ -79,7 +79,7 @@ func TestSettleClaimingAdoptsTheDeviceOfAnInterruptedMap(t *testing.T) {
 			if err != nil || len(devs) != 1 {
 				t.Fatalf("devices after the crash: %v %v", devs, err)
 			}
-			if err := n.d.settleKey(context.Background(), key); err != nil {
+			if err := n.d.reconciler.settleKey(context.Background(), key); err != nil {
 				t.Fatal(err)
 			}
 			m, ok := n.d.state.Get(key)
@@ -119,7 +119,7 @@ func TestSettleClaimingLeavesADeviceWhoseClaimIsAnothers(t *testing.T) {
 		t.Fatal(err)
 	}
 	dv := handMap(t, n, c, "y", "noshare") // explained by the half-done map: not judged yet
-	if err := n.d.settleKey(context.Background(), key); err != nil {
+	if err := n.d.reconciler.settleKey(context.Background(), key); err != nil {
 		t.Fatal(err)
 	}
 	if m, ok := n.d.state.Get(key); ok {
@@ -135,7 +135,7 @@ func TestSettleClaimingLeavesADeviceWhoseClaimIsAnothers(t *testing.T) {
 	if _, err := a.Renew(context.Background(), img, epoch); err != nil {
 		t.Fatalf("node-a lost its claim: %v", err)
 	}
-	n.d.reconcile(context.Background())
+	n.d.reconciler.reconcile(context.Background())
 	waitFor(t, "the device judged, fenced and audited", func() bool {
 		return c.M.Blocklisted(dv.ClientAddr) && len(al.Find(audit.UnmanagedDevice, audit.Fenced)) > 0
 	})
@@ -164,7 +164,7 @@ func TestSettleClaimingReleasesTheHoldOfAGoneDevice(t *testing.T) {
 	}
 	handUnmap(t, n, devs[0])
 	key := state.Key{Cluster: "c1", Ref: claimRef(c, "z")}
-	if err := n.d.settleKey(context.Background(), key); err != nil {
+	if err := n.d.reconciler.settleKey(context.Background(), key); err != nil {
 		t.Fatal(err)
 	}
 	if m, ok := n.d.state.Get(key); ok {
@@ -194,7 +194,7 @@ func TestRefusedMapKeepsAnInterruptedMapsState(t *testing.T) {
 	if m, ok := n.d.state.Get(key); !ok || m.Phase != state.Claiming {
 		t.Fatalf("after the refused map: %+v (ok %v), want the interrupted map's claiming state", m, ok)
 	}
-	if err := n.d.settleKey(context.Background(), key); err != nil {
+	if err := n.d.reconciler.settleKey(context.Background(), key); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := claimReader(t, c).Inspect(context.Background(), claim.Image{Pool: "rbd", Image: "w"})
