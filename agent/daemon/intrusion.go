@@ -26,21 +26,21 @@ import (
 // the rest. It holds only what judging needs; the daemon builds it (New), and the reconciler
 // hands it the devices its device events and rounds find unexplained (judgeAtOnce, judgeLater).
 type intrusionJudge struct {
-	clusters map[string]*cluster // the configured clusters, by id (never changed after New)
-	kernel   judgedKernel        // the devices as the kernel shows them now
-	state    judgedState         // the mappings, and an adopted device's (a *state.Store)
-	node     *nodestate.Node     // the unmanaged devices and their judgements; problems
-	locks    *saga.Locks         // an image's sagas, judgements and admin calls, one at a time
-	ops      keyedOps            // the executor: one operation per image, backed off
-	bg       *sync.WaitGroup     // the daemon's goroutines: Run waits for a judgement at once
-	judging  *atomic.Int64       // judgements at once under way (Daemon.judging: the rebuild waits for them)
-	audit    *audit.Log
-	log      *logrus.Logger
-	metrics  judgeMetrics
-	nodeID   string
-	policy   claim.UnmanagedPolicy // the config's unmanaged policy
-	lockWait time.Duration         // the longest wait for an image's lock (map_timeout and a minute)
-	refence  time.Duration         // an intruder fenced this recently is not judged again (fence_expiry/4)
+	clusters  map[string]*cluster // the configured clusters, by id (never changed after New)
+	kernel    judgedKernel        // the devices as the kernel shows them now
+	state     judgedState         // the mappings, and an adopted device's (a *state.Store)
+	node      *nodestate.Node     // the unmanaged devices and their judgements; problems
+	locks     *saga.Locks         // an image's sagas, judgements and admin calls, one at a time
+	ops       keyedOps            // the executor: one operation per image, backed off
+	bg        *sync.WaitGroup     // the daemon's goroutines: Run waits for a judgement at once
+	judging   *atomic.Int64       // judgements at once under way (Daemon.judging: the rebuild waits for them)
+	audit     *audit.Log
+	log       *logrus.Logger
+	metrics   judgeMetrics
+	nodeID    string
+	policy    claim.UnmanagedPolicy // the config's unmanaged policy
+	lockWait  time.Duration         // the longest wait for an image's lock (map_timeout and a minute)
+	judgedFor time.Duration         // an intruder fenced this recently is not judged again (fence_expiry/4)
 }
 
 // judgedKernel is what the judge reads of the kernel (a *krbd.Client).
@@ -70,7 +70,7 @@ type judgeMetrics interface {
 func newIntrusionJudge(d *Daemon) *intrusionJudge {
 	return &intrusionJudge{clusters: d.clusters, kernel: d.kernel, state: d.state, node: d.node, locks: d.locks, ops: d.ops,
 		bg: &d.bg, judging: &d.judging, audit: d.audit, log: d.log, metrics: d.metrics, nodeID: d.cfg.NodeID,
-		policy: claim.UnmanagedPolicy(d.cfg.Unmanaged), lockWait: d.cfg.MapTimeout.D() + time.Minute, refence: d.cfg.FenceExpiry.D() / 4}
+		policy: claim.UnmanagedPolicy(d.cfg.Unmanaged), lockWait: d.cfg.MapTimeout.D() + time.Minute, judgedFor: d.cfg.FenceExpiry.D() / 4}
 }
 
 // judgeAtOnce judges a device that just appeared (its add uevent), as soon as no saga of this
@@ -156,7 +156,7 @@ func (j *intrusionJudge) judgeUnmanaged(ctx context.Context, dv krbd.Device, loc
 		return nil
 	}
 	prev, seen := j.node.UnmanagedOf(dv)
-	if seen && prev.Verdict == claim.FenceIntruder && time.Since(prev.FencedAt) < j.refence {
+	if seen && prev.Verdict == claim.FenceIntruder && time.Since(prev.FencedAt) < j.judgedFor {
 		return nil // fenced recently enough: the next look blocklists again before it runs out
 	}
 	return j.judgeByClaim(ctx, cl, dv)
