@@ -18,6 +18,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/admin"
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
+	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/devwatch"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
@@ -345,4 +346,36 @@ func (d *Daemon) isLost(k state.Key) bool { return d.node.IsLost(k) }
 // sinceText is how a problem says since when it has held, in the cluster-neutral UTC.
 func sinceText(t time.Time) string {
 	return " (since " + t.UTC().Format(time.RFC3339) + ")"
+}
+
+// The workers, built from the daemon's parts: each holds only what it uses.
+
+// newIntrusionJudge is d's judge of devices mapped outside rbd-owner.
+func newIntrusionJudge(d *Daemon) *intrusionJudge {
+	return &intrusionJudge{clusters: d.clusters, kernel: d.kernel, state: d.state, node: d.node, locks: d.locks, ops: d.ops,
+		bg: &d.bg, judging: &d.judging, audit: d.audit, log: d.log, metrics: d.metrics, nodeID: d.cfg.NodeID,
+		policy: claim.UnmanagedPolicy(d.cfg.Unmanaged), lockWait: d.cfg.MapTimeout.D() + time.Minute, judgedFor: d.cfg.FenceExpiry.D() / 4}
+}
+
+// newReconciler is d's reconciler; d's judge and renewer are built first.
+func newReconciler(d *Daemon) *reconciler {
+	return &reconciler{clusters: d.clusters, state: d.state, kernel: d.kernel, node: d.node, locks: d.locks,
+		ops: d.ops, sagas: d.sagas, judge: d.intrusions, renew: d.renewer.round, reportRebuild: d.reportRebuild, bg: &d.bg,
+		log: d.log, metrics: d.metrics, ticker: d.ticker, beat: d.beat,
+		every: d.cfg.RenewInterval.D(), settleWait: d.cfg.MapTimeout.D()}
+}
+
+// newRenewer is d's renewer.
+func newRenewer(d *Daemon) *renewer {
+	return &renewer{state: d.state, node: d.node, unsettled: &d.unsettled, watches: &d.watches, locks: d.locks,
+		parts: d, lost: d.sagas, log: d.log, audit: d.audit, metrics: d.metrics, renewed: &d.renewed,
+		nodeID: d.cfg.NodeID, mono: d.opts.Mono, ticker: d.ticker, beat: d.beat,
+		every: d.cfg.RenewInterval.D(), hbTimeout: d.cfg.HeartbeatTimeout(), checkEvery: claimCheckInterval(d.cfg)}
+}
+
+// newSweeper is d's sweeper.
+func newSweeper(d *Daemon) *sweeper {
+	return &sweeper{clusters: d.clusters, state: d.state, fences: d, audit: d.audit, log: d.log,
+		mono: d.opts.Mono, ticker: d.ticker, beat: d.beat,
+		period: sweepPeriod(d.cfg, d.fenceExpiry()), orphans: d.cfg.SweepsOrphans()}
 }

@@ -66,13 +66,6 @@ type judgeMetrics interface {
 	Adopted(cluster string)
 }
 
-// newIntrusionJudge is d's judge of devices mapped outside rbd-owner.
-func newIntrusionJudge(d *Daemon) *intrusionJudge {
-	return &intrusionJudge{clusters: d.clusters, kernel: d.kernel, state: d.state, node: d.node, locks: d.locks, ops: d.ops,
-		bg: &d.bg, judging: &d.judging, audit: d.audit, log: d.log, metrics: d.metrics, nodeID: d.cfg.NodeID,
-		policy: claim.UnmanagedPolicy(d.cfg.Unmanaged), lockWait: d.cfg.MapTimeout.D() + time.Minute, judgedFor: d.cfg.FenceExpiry.D() / 4}
-}
-
 // judgeAtOnce judges a device that just appeared (its add uevent), as soon as no saga of this
 // node holds its image: nothing queues it behind other images' work, and no backoff delays it.
 func (j *intrusionJudge) judgeAtOnce(ctx context.Context, dv krbd.Device) {

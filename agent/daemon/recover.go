@@ -102,14 +102,6 @@ type reconcileMetrics interface {
 	Recovered(took time.Duration)
 }
 
-// newReconciler is d's reconciler; d's judge and renewer are built first.
-func newReconciler(d *Daemon) *reconciler {
-	return &reconciler{clusters: d.clusters, state: d.state, kernel: d.kernel, node: d.node, locks: d.locks,
-		ops: d.ops, sagas: d.sagas, judge: d.intrusions, renew: d.renewer.round, reportRebuild: d.reportRebuild, bg: &d.bg,
-		log: d.log, metrics: d.metrics, ticker: d.ticker, beat: d.beat,
-		every: d.cfg.RenewInterval.D(), settleWait: d.cfg.MapTimeout.D()}
-}
-
 // recover rebuilds the agent's view at start, before any request is answered: it re-adopts
 // the devices it owns, finishes or undoes half-done sagas, renews the leases it holds and
 // reports what it cannot explain. (Like kubelet's volume manager: rebuild from the kernel, the

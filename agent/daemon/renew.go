@@ -75,14 +75,6 @@ type renewMetrics interface {
 	ClaimLost(cluster string)
 }
 
-// newRenewer is d's renewer.
-func newRenewer(d *Daemon) *renewer {
-	return &renewer{state: d.state, node: d.node, unsettled: &d.unsettled, watches: &d.watches, locks: d.locks,
-		parts: d, lost: d.sagas, log: d.log, audit: d.audit, metrics: d.metrics, renewed: &d.renewed,
-		nodeID: d.cfg.NodeID, mono: d.opts.Mono, ticker: d.ticker, beat: d.beat,
-		every: d.cfg.RenewInterval.D(), hbTimeout: d.cfg.HeartbeatTimeout(), checkEvery: claimCheckInterval(d.cfg)}
-}
-
 // claimCheckInterval is claim_check_interval (its default when unset), at least a renew
 // interval.
 func claimCheckInterval(cfg *config.Config) time.Duration {

@@ -47,13 +47,6 @@ type fenceKeeper interface {
 	forgetKeptIn(cluster, pool, ns string)
 }
 
-// newSweeper is d's sweeper.
-func newSweeper(d *Daemon) *sweeper {
-	return &sweeper{clusters: d.clusters, state: d.state, fences: d, audit: d.audit, log: d.log,
-		mono: d.opts.Mono, ticker: d.ticker, beat: d.beat,
-		period: sweepPeriod(d.cfg, d.fenceExpiry()), orphans: d.cfg.SweepsOrphans()}
-}
-
 // sweepPeriod is how often each pool is swept: the orphan sweep's interval (when it is on), and
 // never less often than an eighth of fence_expiry, since the sweep keeps the fences of claims
 // nobody holds (a keeper that misses a sweep or two is still well in time).
