@@ -55,6 +55,10 @@ const (
 // added again: it lapses by itself soon if this store stops between the two.
 const coverLife = 2 * time.Minute
 
+// coverMargin is the least life a cover someone listed must have left for an entry to be removed
+// and added again under it: a remove and an add are two map epochs, seconds at most.
+const coverMargin = 30 * time.Second
+
 // readdTolerance is how far a listed expiry may differ from another before they count as
 // different: the monitors' clock moves between two adds, and a recorded expiry may be an
 // older agent's estimate on its own clock.
@@ -241,26 +245,29 @@ func (s *Store) lengthen(ctx context.Context, addr string, e BlockEntry, entries
 	// one removal at a time in this store: two checks of one agent (the holder's round, the
 	// pool sweep) lengthening one entry at once would each remove it, and one would lift its
 	// cover while the other's removal is in force
-	waited, err := s.swapTurn(ctx)
-	if err != nil {
+	if err := s.swapTurn(ctx); err != nil {
 		return time.Time{}, "", fmt.Errorf("lengthen %s: %w", addr, err)
 	}
 	defer func() { <-s.swapping }()
-	if waited {
-		// another check lengthened entries meanwhile: its cover may be gone, and this entry
-		// lengthened already; judged again on a listing read now
-		s.view.changed()
-		if entries, err = s.view.entries(ctx); err != nil {
-			return time.Time{}, "", fmt.Errorf("lengthen %s: %w", addr, err)
-		}
-		if le, ok := exactEntry(entries, addr); ok && s.lengthened(le.Until) {
-			return le.Until, "", nil
-		}
+	// judged again on a listing read now, with the turn held: the round's listing may have been
+	// read while another check of this store's had its cover listed, lifted since (seen in
+	// e2e-prod: a bare removal under it left the client uncut for a look), and that check may
+	// have lengthened this entry already
+	s.view.changed()
+	entries, err := s.view.entries(ctx)
+	if err != nil {
+		return time.Time{}, "", fmt.Errorf("lengthen %s: %w", addr, err)
+	}
+	if le, ok := exactEntry(entries, addr); ok && s.lengthened(le.Until) {
+		return le.Until, "", nil
 	}
 	if mode == swapBare {
 		return s.swap(ctx, addr, "removed and added again, before the hold it protects was written")
 	}
 	if cover, ok := record.CoveringNode(entries, addr); ok {
+		if left := cover.Until.Sub(s.view.monNow()); left < coverMargin {
+			return e.Until, "", fmt.Errorf("%w: the entry that covers it, %s, lapses in %s: lengthened at a check after it has", errNotLengthened, cover, left.Round(time.Second))
+		}
 		return s.swap(ctx, addr, "removed and added again while "+cover.String()+" cut the same client")
 	}
 	cover, isRange, why := s.coverFor(addr)
@@ -302,12 +309,12 @@ func (s *Store) fenceEntry(ctx context.Context, addr string, mode enforceMode, d
 	return until, st == missing, nil
 }
 
-// swapTurn waits for this store's turn to remove an entry and add it again (ensure), and says
-// whether it had to wait; the caller gives the turn back (<-s.swapping).
-func (s *Store) swapTurn(ctx context.Context) (bool, error) {
+// swapTurn waits for this store's turn to remove an entry and add it again (ensure); the caller
+// gives the turn back (<-s.swapping).
+func (s *Store) swapTurn(ctx context.Context) error {
 	select {
 	case s.swapping <- struct{}{}:
-		return false, nil
+		return nil
 	default:
 	}
 	if s.swapWait != nil {
@@ -315,9 +322,9 @@ func (s *Store) swapTurn(ctx context.Context) (bool, error) {
 	}
 	select {
 	case s.swapping <- struct{}{}:
-		return true, nil
+		return nil
 	case <-ctx.Done():
-		return true, fmt.Errorf("waiting for another lengthening of this agent's: %w", ctx.Err())
+		return fmt.Errorf("waiting for another lengthening of this agent's: %w", ctx.Err())
 	}
 }
 
@@ -413,6 +420,7 @@ func (s *Store) swapCovered(ctx context.Context, addr, cover string, isRange boo
 	} else {
 		err = s.b.Unblocklist(ctx, cover)
 	}
+	s.view.changed() // a listing read meanwhile shows the cover, gone now
 	if err != nil {
 		return until, how, fmt.Errorf("%s lengthened, but its cover %s could not be removed (it lapses by itself within %s): %w", addr, cover, coverLife, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -506,5 +507,151 @@ func TestTwoChecksOfOneAgentNeverUncutAFence(t *testing.T) {
 	}
 	if until, ok := ks.m.BlocklistedUntil(ks.addr); !ok || until.Sub(ks.clk.Now()) <= keepExpiry*3/4 {
 		t.Fatalf("listed %v until %s: not lengthened", ok, until)
+	}
+}
+
+// A check that read the listing while another check of this agent's had its cover listed must
+// not take that cover, lifted since, for one that cuts its own client: seen in e2e-prod, where
+// node-b keeps node-a's two mappings' fences and node-a's img1 entry was missing at one look.
+// Check a lengthens img's entry under its cover; check b reads the listing a just read back (the
+// cover listed) and is slow to go on; a ends and lifts its cover; b then lengthens img2's entry.
+func TestACheckNeverRemovesAnEntryUnderACoverThatWasLifted(t *testing.T) {
+	ks := newHeldScene(t)
+	ctx := context.Background()
+	img2, addr2 := Image{Pool: "rbd", Image: "img2"}, "10.0.0.1:0/1002"
+	ks.m.AddImage(img2, "id-img2")
+	r, err := ks.a.Acquire(ctx, Request{Image: img2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ks.a.SetMapping(ctx, img2, r.Holder.Epoch, addr2, "/dev/rbd1"); err != nil {
+		t.Fatal(err)
+	}
+	ks.m.SetWatchers(img2, addr2)
+	for _, d := range []time.Duration{lease / 2, lease/2 + time.Second} {
+		for _, img := range []Image{ks.img, img2} { // node-b watches node-a's heartbeat
+			if _, err := ks.b.Acquire(ctx, Request{Image: img, Takeover: true}); err == nil {
+				t.Fatalf("takeover of %s before node-a's lease ran out", img)
+			}
+		}
+		ks.clk.Advance(d)
+	}
+	for _, img := range []Image{ks.img, img2} {
+		if _, err := ks.b.Acquire(ctx, Request{Image: img, Takeover: true}); err != nil {
+			t.Fatalf("takeover of %s: %v", img, err)
+		}
+	}
+	for {
+		ks.clk.Advance(ks.b.fenceCheck())
+		until, _ := ks.m.BlocklistedUntil(ks.addr)
+		if until.Sub(ks.clk.Now()) <= keepExpiry*3/4 {
+			break // aging, both: the next checks lengthen them under a cover
+		}
+		for _, img := range []Image{ks.img, img2} {
+			if _, err := ks.b.KeepFences(ctx, img); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var mu sync.Mutex
+	var gaps []string
+	calls := map[string]int{}
+	aAtRemove, releaseA := make(chan struct{}), make(chan struct{})
+	bAtAdd, releaseB := make(chan struct{}), make(chan struct{})
+	ks.m.SetHook(func(ctx context.Context, call string, _ Image) error {
+		who, _ := ctx.Value(ctxTag{}).(string)
+		mu.Lock()
+		for _, addr := range []string{ks.addr, addr2} {
+			if !ks.m.Blocklisted(addr) {
+				gaps = append(gaps, fmt.Sprintf("%s at %s's %s", addr, who, call))
+			}
+		}
+		calls[who+" "+call]++
+		n := calls[who+" "+call]
+		mu.Unlock()
+		switch {
+		case who == "a" && call == "unblocklist" && n == 1: // img's entry, under a's cover
+			close(aAtRemove)
+			<-releaseA
+		case who == "b" && call == "blocklist" && n == 1: // img2's entry added again, in vain
+			close(bAtAdd)
+			<-releaseB
+		}
+		return nil
+	})
+	done := make(chan error, 2)
+	go func() {
+		_, err := ks.b.KeepFences(context.WithValue(ctx, ctxTag{}, "a"), ks.img)
+		done <- err
+	}()
+	<-aAtRemove
+	go func() {
+		_, err := ks.b.KeepFences(context.WithValue(ctx, ctxTag{}, "b"), img2)
+		done <- err
+	}()
+	<-bAtAdd
+	close(releaseA)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	close(releaseB)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(gaps) > 0 {
+		t.Fatalf("not cut off: %v", gaps)
+	}
+	for _, addr := range []string{ks.addr, addr2} {
+		if until, ok := ks.m.BlocklistedUntil(addr); !ok || until.Sub(ks.clk.Now()) <= keepExpiry*3/4 {
+			t.Fatalf("%s listed %v until %s: not lengthened", addr, ok, until)
+		}
+	}
+}
+
+// An entry is not removed under someone's cover that lapses within coverMargin: the cover could
+// be gone before the entry is back. It is lengthened at a check after the cover has lapsed,
+// under a cover of this store's own, with the client cut at every call.
+func TestAnEntryIsNotRemovedUnderACoverAboutToLapse(t *testing.T) {
+	ks := newKeepScene(t)
+	ctx := context.Background()
+	for {
+		ks.clk.Advance(ks.b.fenceCheck())
+		until, _ := ks.m.BlocklistedUntil(ks.addr)
+		if until.Sub(ks.clk.Now()) <= keepExpiry*3/4 {
+			break
+		}
+		if _, err := ks.b.KeepFences(ctx, ks.img); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := ks.m.Blocklist(ctx, "10.0.0.1:0/0", coverMargin/3); err != nil { // someone's
+		t.Fatal(err)
+	}
+	var gaps []string
+	ks.m.SetHook(func(_ context.Context, call string, _ Image) error {
+		if !ks.m.Blocklisted(ks.addr) {
+			gaps = append(gaps, call)
+		}
+		return nil
+	})
+	before, _ := ks.m.BlocklistedUntil(ks.addr)
+	rep, err := ks.b.KeepFences(ctx, ks.img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if until, _ := ks.m.BlocklistedUntil(ks.addr); !until.Equal(before) {
+		t.Fatalf("removed and added again under a cover with %s left (until %s, was %s; %+v)", coverMargin/3, until, before, rep)
+	}
+	ks.clk.Advance(coverMargin)
+	if _, err := ks.b.KeepFences(ctx, ks.img); err != nil {
+		t.Fatal(err)
+	}
+	if until, ok := ks.m.BlocklistedUntil(ks.addr); !ok || until.Sub(ks.clk.Now()) <= keepExpiry*3/4 {
+		t.Fatalf("listed %v until %s: not lengthened once the cover lapsed", ok, until)
+	}
+	if len(gaps) > 0 {
+		t.Fatalf("%s not cut off at these calls: %v", ks.addr, gaps)
 	}
 }
