@@ -3,8 +3,8 @@ package claim
 import (
 	"context"
 	"errors"
-	"strings"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
