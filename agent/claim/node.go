@@ -21,30 +21,38 @@ type NodeHold struct {
 	Holder Holder // the node's entry in Record
 }
 
-// ListedHolds returns the images node's heartbeats list as its holds (a superset: an image is
-// listed before its claim is written and dropped once released), in every pool and namespace of
-// the cluster. What could not be read (a pool this agent's user may not read, a heartbeat of an
-// agent that does not list its holds) is returned beside what was found, one error each.
-func (s *Store) ListedHolds(ctx context.Context, node string) ([]Image, []error) {
+// NodeBeat is one node's heartbeat in one pool and namespace, as read: its mark changes at every
+// renewal (an observer compares marks, never the writer's clock).
+type NodeBeat struct {
+	Place     Image // the pool and namespace (Image empty)
+	Mark      Mark
+	Heartbeat *Heartbeat
+}
+
+// NodeBeats reads node's heartbeat in every pool and namespace of the cluster where it has one.
+// What could not be read (a pool this user may not read, a heartbeat in another format) is
+// returned beside what was found, one error each: a caller judging the node's liveness from
+// them must not take a place it could not read for a silent one.
+func (s *Store) NodeBeats(ctx context.Context, node string) ([]NodeBeat, []error) {
 	if node == "" {
 		return nil, []error{fmt.Errorf("%w: no node named", ErrInvalid)}
 	}
 	pools, err := s.b.Pools(ctx)
 	if err != nil {
-		return nil, []error{fmt.Errorf("holds of node %s: %w", node, err)}
+		return nil, []error{fmt.Errorf("heartbeats of node %s: %w", node, err)}
 	}
-	var out []Image
+	var out []NodeBeat
 	var errs []error
 	for _, pool := range pools {
 		nss, err := s.placesOf(ctx, pool)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("holds of node %s in pool %s: its namespaces: %w", node, pool, err))
+			errs = append(errs, fmt.Errorf("heartbeats of node %s in pool %s: its namespaces: %w", node, pool, err))
 		}
 		for _, ns := range nss {
 			loc := Image{Pool: pool, Namespace: ns}
-			data, _, err := s.b.Read(ctx, loc, record.HeartbeatObject(node))
+			data, ver, err := s.b.Read(ctx, loc, record.HeartbeatObject(node))
 			if err != nil {
-				errs = append(errs, fmt.Errorf("holds of node %s in %s: %w", node, record.PoolNS(loc), err))
+				errs = append(errs, fmt.Errorf("heartbeat of node %s in %s: %w", node, record.PoolNS(loc), err))
 				continue
 			}
 			if data == nil {
@@ -52,17 +60,30 @@ func (s *Store) ListedHolds(ctx context.Context, node string) ([]Image, []error)
 			}
 			hb, err := decodeHeartbeat(data)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("holds of node %s in %s: %w", node, record.PoolNS(loc), err))
+				errs = append(errs, fmt.Errorf("heartbeat of node %s in %s: %w", node, record.PoolNS(loc), err))
 				continue
 			}
-			if !hb.HoldsListed {
-				errs = append(errs, fmt.Errorf("holds of node %s in %s: its heartbeat was written by an agent (%s) that does not list its holds: fence them one at a time (`rbd-owner fence IMAGE`, `rbd-owner claims --pool %s`)",
-					node, record.PoolNS(loc), hb.AgentVersion, pool))
-				continue
-			}
-			for _, name := range hb.Holds {
-				out = append(out, Image{Pool: pool, Namespace: ns, Image: name})
-			}
+			out = append(out, NodeBeat{Place: loc, Mark: heartbeatMark(ver, hb), Heartbeat: hb})
+		}
+	}
+	return out, errs
+}
+
+// ListedHolds returns the images node's heartbeats list as its holds (a superset: an image is
+// listed before its claim is written and dropped once released), in every pool and namespace of
+// the cluster. What could not be read (a pool this agent's user may not read, a heartbeat of an
+// agent that does not list its holds) is returned beside what was found, one error each.
+func (s *Store) ListedHolds(ctx context.Context, node string) ([]Image, []error) {
+	beats, errs := s.NodeBeats(ctx, node)
+	var out []Image
+	for _, b := range beats {
+		if !b.Heartbeat.HoldsListed {
+			errs = append(errs, fmt.Errorf("holds of node %s in %s: its heartbeat was written by an agent (%s) that does not list its holds: fence them one at a time (`rbd-owner fence IMAGE`, `rbd-owner claims --pool %s`)",
+				node, record.PoolNS(b.Place), b.Heartbeat.AgentVersion, b.Place.Pool))
+			continue
+		}
+		for _, name := range b.Heartbeat.Holds {
+			out = append(out, Image{Pool: b.Place.Pool, Namespace: b.Place.Namespace, Image: name})
 		}
 	}
 	return out, errs
