@@ -8,9 +8,10 @@
 // is finished:
 //   - fencing: the node was declared dead; finished by fencing its holds again (fence --node is
 //     idempotent) until every entry is read back in force from the cluster's blocklist;
-//   - fenced: every entry was read back in force; finished by tainting the node out-of-service,
-//     force-deleting its pods that use a volume it holds and deleting those volumes'
-//     VolumeAttachments (each idempotent);
+//   - fenced: every entry was read back in force; finished by tainting the node out-of-service
+//     in the same write as the next phase;
+//   - tainted: finished by force-deleting its pods that use a volume it held and deleting those
+//     volumes' VolumeAttachments (each idempotent);
 //   - moved: all of that is done; finished by the node's return: a new boot, or its agent
 //     reporting every fenced mapping gone. Then the whole-node entries are lifted (only on a
 //     new boot) and the taint this controller added is removed.
@@ -41,6 +42,7 @@ const (
 	PhaseNone    Phase = ""
 	PhaseFencing Phase = "fencing"
 	PhaseFenced  Phase = "fenced"
+	PhaseTainted Phase = "tainted"
 	PhaseMoved   Phase = "moved"
 )
 
@@ -120,9 +122,12 @@ type Look struct {
 	// AgentRead: the node's heartbeats were read in every place of the cluster (a place that
 	// could not be read is not a silent one).
 	AgentRead bool
-	// Holds: the holds the node has, as found (HoldsRead: every place was read).
-	Holds     int
-	HoldsRead bool
+	// Holds: the holds the node has, as found (HoldsRead: every place was read); Unrecorded:
+	// how many of them record no mapping's client (their fence would be the node's whole
+	// address, which this controller does not make: model/failover.pml, failover-node-scope).
+	Holds      int
+	HoldsRead  bool
+	Unrecorded int
 	// InForce: every fence of the state is read back from the cluster's blocklist, in force.
 	InForce bool
 	// Rebooted: the node reports a boot id other than the state's (its kubelet, or a
@@ -145,12 +150,13 @@ const (
 	Declare             // write PhaseFencing: the node is dead for both detectors
 	Fence               // fence its holds (again) and read the entries back
 	Advance             // the entries are in force: write PhaseFenced
-	Move                // taint, force-delete its pods, delete the VolumeAttachments
+	Taint               // taint the node out-of-service, and write PhaseTainted, in one write
+	Move                // force-delete its pods, delete the VolumeAttachments, write PhaseMoved
 	Lift                // the node is back: lift its whole-node entries (on a reboot), remove the taint
 	Stuck               // the node is back but a whole-node fence can be lifted only on a reboot
 )
 
-var stepNames = []string{"wait", "refuse", "declare", "fence", "advance", "move", "lift", "stuck"}
+var stepNames = []string{"wait", "refuse", "declare", "fence", "advance", "taint", "move", "lift", "stuck"}
 
 func (s Step) String() string {
 	if int(s) < len(stepNames) {
@@ -174,7 +180,9 @@ func Decide(c Config, st State, l Look) Decision {
 		}
 		return Decision{Fence, "declared dead: its holds are fenced until every entry is read back in force"}
 	case PhaseFenced:
-		return Decision{Move, "fenced: the node is tainted out-of-service, its pods and volume attachments are deleted"}
+		return Decision{Taint, "fenced: the node is tainted out-of-service"}
+	case PhaseTainted:
+		return Decision{Move, "fenced and tainted: its pods that use a fenced volume and their volume attachments are deleted"}
 	case PhaseMoved:
 		switch {
 		case l.Rebooted:
@@ -200,6 +208,8 @@ func Decide(c Config, st State, l Look) Decision {
 		return Decision{Wait, "dead for both detectors, but its holds could not all be read: nothing is done blind"}
 	case l.Holds == 0:
 		return Decision{Wait, "dead for both detectors, but it holds no claim: left to Kubernetes"}
+	case l.Unrecorded > 0:
+		return Decision{Refuse, fmt.Sprintf("dead for both detectors, but %d of its holds record no mapping's client: their fence would be its whole address, which only an admin makes (`rbd-owner fence --node`)", l.Unrecorded)}
 	}
 	if lim := c.limit(l.Nodes); l.DeclaredRecently+1 > lim {
 		return Decision{Refuse, fmt.Sprintf("dead for both detectors, but %d nodes were declared dead within %s, and at most %d may be (max nodes %d, max fraction %g of %d nodes): a wider outage is not fenced",

@@ -30,7 +30,9 @@ func TestDecide(t *testing.T) {
 		{"fencing: entries not read back yet", State{Phase: PhaseFencing}, nil, Fence, "read back in force"},
 		{"fencing: in force", State{Phase: PhaseFencing}, func(l *Look) { l.InForce = true }, Advance, "in force"},
 		{"fencing finishes even if the node renews again", State{Phase: PhaseFencing}, func(l *Look) { l.KubeletStill, l.AgentStill = 0, 0 }, Fence, ""},
-		{"fenced: move", State{Phase: PhaseFenced}, nil, Move, "tainted"},
+		{"fenced: taint", State{Phase: PhaseFenced}, nil, Taint, "tainted"},
+		{"tainted: move", State{Phase: PhaseTainted}, nil, Move, "deleted"},
+		{"a hold with no client recorded", State{}, func(l *Look) { l.Unrecorded = 1 }, Refuse, "whole address"},
 		{"moved: not back", State{Phase: PhaseMoved}, func(l *Look) { l.KubeletStill, l.AgentStill = 0, 0 }, Wait, "stay until"},
 		{"moved: rebooted", State{Phase: PhaseMoved}, func(l *Look) { l.Rebooted = true }, Lift, "rebooted"},
 		{"moved: fenced mappings gone", State{Phase: PhaseMoved}, func(l *Look) { l.FencesEnded = true }, Lift, "gone"},
@@ -59,7 +61,7 @@ func TestMoveOnlyAfterTheFenceIsInForce(t *testing.T) {
 		for _, inForce := range []bool{false, true} {
 			l := dead()
 			l.InForce = inForce
-			if d := Decide(Defaults, st, l); d.Step == Move {
+			if d := Decide(Defaults, st, l); d.Step == Move || d.Step == Taint {
 				t.Fatalf("phase %q, in force %v: Move", st.Phase, inForce)
 			}
 		}

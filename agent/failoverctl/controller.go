@@ -245,6 +245,11 @@ func (c *Controller) lookHolds(ctx context.Context, node string, look *failover.
 	defer cancel()
 	holds, errs := c.ceph.NodeHolds(cctx, node)
 	look.Holds, look.HoldsRead = len(holds), len(errs) == 0
+	for _, h := range holds {
+		if h.Holder.ClientAddr == "" {
+			look.Unrecorded++
+		}
+	}
 	if len(errs) > 0 {
 		c.cfg.Log.WithError(errors.Join(errs...)).WithField("node", node).Warn("failover: the node's holds could not all be read")
 	}
@@ -308,6 +313,17 @@ func (c *Controller) do(ctx context.Context, n *corev1.Node, st failover.State, 
 		if err := c.save(ctx, n, &next); err != nil {
 			return nil, err
 		}
+		return &next, nil
+	case failover.Taint:
+		next := st
+		next.Phase = failover.PhaseTainted
+		if err := c.write(ctx, n, &next, func(m *corev1.Node) {
+			next.Tainted = !hasTaint(m) // one already there is not this controller's
+			setTaint(m, true, c.cfg.Now())
+		}); err != nil {
+			return nil, err
+		}
+		c.event(n, corev1.EventTypeWarning, "FailoverTainted", "tainted %s=nodeshutdown:NoExecute: its fence is in force", OutOfService)
 		return &next, nil
 	case failover.Move:
 		return c.move(ctx, n, st)
@@ -378,22 +394,10 @@ func listed(entries []claim.BlockEntry, addr string, now time.Time) bool {
 	return false
 }
 
-// move taints the node out-of-service, force-deletes its pods that use a volume it held and
-// fenced (unless a pod opts out), and deletes those volumes' VolumeAttachments.
+// move force-deletes the node's pods that use a volume it held and fenced (unless a pod opts
+// out), and deletes those volumes' VolumeAttachments.
 func (c *Controller) move(ctx context.Context, n *corev1.Node, st failover.State) (*failover.State, error) {
 	next := st
-	if !hasTaint(n) {
-		// recorded first: a taint this controller may have added is one it may remove; one it
-		// added but never recorded would stay for ever
-		next.Tainted = true
-		if err := c.save(ctx, n, &next); err != nil {
-			return nil, err
-		}
-		if err := c.taint(ctx, n.Name, true); err != nil {
-			return nil, err
-		}
-		c.event(n, corev1.EventTypeWarning, "FailoverTainted", "tainted %s=nodeshutdown:NoExecute: its fence is in force", OutOfService)
-	}
 	held := map[string]bool{}
 	for _, f := range st.Fences {
 		held[claim.Image{Pool: f.Pool, Namespace: f.Namespace, Image: f.Image}.String()] = true
@@ -430,12 +434,12 @@ func (c *Controller) lift(ctx context.Context, n *corev1.Node, st failover.State
 			c.event(n, corev1.EventTypeNormal, "FailoverUnfenced", "the node booted again: its whole-address entries lifted: %v", res.Lifted)
 		}
 	}
-	if st.Tainted {
-		if err := c.taint(ctx, n.Name, false); err != nil {
-			return err
+	// the taint this controller added, and the state, in one write
+	if err := c.write(ctx, n, nil, func(m *corev1.Node) {
+		if st.Tainted {
+			setTaint(m, false, c.cfg.Now())
 		}
-	}
-	if err := c.save(ctx, n, nil); err != nil {
+	}); err != nil {
 		return err
 	}
 	how := "its agent found every fenced mapping gone"
@@ -497,6 +501,11 @@ func stateOf(n *corev1.Node) (failover.State, error) {
 // state since, nothing is written and the round ends. The kubelet's writes in between are
 // retried over.
 func (c *Controller) save(ctx context.Context, n *corev1.Node, st *failover.State) error {
+	return c.write(ctx, n, st, nil)
+}
+
+// write is save with change made to the node in the same write (a taint).
+func (c *Controller) write(ctx context.Context, n *corev1.Node, st *failover.State, change func(*corev1.Node)) error {
 	from, err := stateOf(n)
 	if err != nil {
 		return err
@@ -517,6 +526,9 @@ func (c *Controller) save(ctx context.Context, n *corev1.Node, st *failover.Stat
 		m := cur.DeepCopy()
 		if m.Annotations == nil {
 			m.Annotations = map[string]string{}
+		}
+		if change != nil {
+			change(m) // first: it may complete st from the node as read now
 		}
 		if st == nil {
 			delete(m.Annotations, failover.Annotation)

@@ -3,6 +3,7 @@ package failoverctl
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -30,42 +31,22 @@ func hasTaint(n *corev1.Node) bool {
 	return false
 }
 
-// taint adds (on) or removes the out-of-service taint, on the version read (retried on a
-// conflict: the kubelet writes the node too).
-func (c *Controller) taint(ctx context.Context, name string, on bool) error {
-	var last error
-	for range 5 {
-		n, err := c.getNode(ctx, name)
-		if err != nil {
-			return fmt.Errorf("taint node %s: %w", name, err)
-		}
-		if hasTaint(n) == on {
-			return nil
-		}
-		m := n.DeepCopy()
-		if on {
-			m.Spec.Taints = append(m.Spec.Taints, corev1.Taint{Key: OutOfService, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute, TimeAdded: &metav1.Time{Time: c.cfg.Now()}})
-		} else {
-			var keep []corev1.Taint
-			for _, t := range m.Spec.Taints {
-				if t.Key != OutOfService {
-					keep = append(keep, t)
-				}
-			}
-			m.Spec.Taints = keep
-		}
-		cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
-		_, err = c.kube.CoreV1().Nodes().Update(cctx, m, metav1.UpdateOptions{})
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if !apierrors.IsConflict(err) {
-			return fmt.Errorf("taint node %s: %w", name, err)
-		}
-		last = err
+// setTaint adds (on) or removes the out-of-service taint in m.
+func setTaint(m *corev1.Node, on bool, now time.Time) {
+	if hasTaint(m) == on {
+		return
 	}
-	return fmt.Errorf("taint node %s: the node kept changing: %w", name, last)
+	if on {
+		m.Spec.Taints = append(m.Spec.Taints, corev1.Taint{Key: OutOfService, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute, TimeAdded: &metav1.Time{Time: now}})
+		return
+	}
+	var keep []corev1.Taint
+	for _, t := range m.Spec.Taints {
+		if t.Key != OutOfService {
+			keep = append(keep, t)
+		}
+	}
+	m.Spec.Taints = keep
 }
 
 // heldVolumes are the names of the PersistentVolumes of this controller's CSI driver whose
