@@ -187,7 +187,7 @@ var errNotLengthened = errors.New("not lengthened")
 // for how, by mode; down says the fenced node is not seen alive, which allows a cover of its
 // own). It returns the expiry as listed afterwards and what was done; errNotLengthened (joined)
 // when the entry was left as it was.
-func (s *Store) ensure(ctx context.Context, addr string, e BlockEntry, st entryState, entries []BlockEntry, mode enforceMode, down bool) (time.Time, string, error) {
+func (s *Store) ensure(ctx context.Context, addr string, e BlockEntry, st entryState, mode enforceMode, down bool) (time.Time, string, error) {
 	// before the hold is written an entry's life is not judged on this node's own clock: with
 	// no fresh add of this store's to read the monitors' clock from, a node minutes behind them
 	// would take a short entry for a whole one (the chaos campaign, seed 20261206); the swap
@@ -221,13 +221,13 @@ func (s *Store) ensure(ctx context.Context, addr string, e BlockEntry, st entryS
 		}
 		return until, "added again", nil
 	}
-	return s.lengthen(ctx, addr, e, entries, mode, down, probed, blind)
+	return s.lengthen(ctx, addr, e, mode, down, probed, blind)
 }
 
 // lengthen makes an aging or short entry whole again (ensure): a re-add, in case the cluster
 // lengthens entries; else, one at a time in this store, removed and added again as mode allows:
 // bare before the hold it protects is written, under a cover after.
-func (s *Store) lengthen(ctx context.Context, addr string, e BlockEntry, entries []BlockEntry, mode enforceMode, down, probed, blind bool) (time.Time, string, error) {
+func (s *Store) lengthen(ctx context.Context, addr string, e BlockEntry, mode enforceMode, down, probed, blind bool) (time.Time, string, error) {
 	// a re-add, in case this cluster lengthens entries (none measured does); the probe above
 	// was one
 	if !probed {
@@ -299,7 +299,7 @@ func (s *Store) fenceEntry(ctx context.Context, addr string, mode enforceMode, d
 		entries = []BlockEntry{{Addr: record.BareAddr(addr), Until: until}}
 	}
 	le, st := s.judge(entries, addr, time.Time{})
-	until, _, err := s.ensure(ctx, addr, le, st, entries, mode, down)
+	until, _, err := s.ensure(ctx, addr, le, st, mode, down)
 	if errors.Is(err, errNotLengthened) {
 		return le.Until, false, nil // listed, for less than a fence's life: its keepers report it
 	}

@@ -234,7 +234,7 @@ func (s *Store) keepOne(ctx context.Context, img Image, e entry, entries []Block
 		down = dn
 	}
 	kf := KeptFence{NodeID: e.node, Addr: e.addr, Expires: e.expires, Intruder: e.intruder}
-	until, how, err := s.ensure(ctx, e.addr, le, st, entries, swapCovered, down)
+	until, how, err := s.ensure(ctx, e.addr, le, st, swapCovered, down)
 	s.book.markAt(k, checked.mono, checked.wall)
 	fault := EntryFault{Image: img, KeptFence: kf, Kind: "short", Listed: le.Until, Recorded: e.expires, Now: until, How: how}
 	if st == missing {
@@ -338,7 +338,7 @@ func (s *Store) renewDue(ctx context.Context, img Image, rec *Record, done map[s
 		for _, e := range due {
 			k := keepKey(img, e)
 			le, st := s.judge(entries, e.addr, e.expires)
-			until, _, err := s.ensure(ctx, e.addr, le, st, entries, mode, false)
+			until, _, err := s.ensure(ctx, e.addr, le, st, mode, false)
 			if errors.Is(err, errNotLengthened) {
 				until, err = le.Until, nil // listed, in force: short, reported by its keepers
 			}

@@ -91,7 +91,7 @@ type Config struct {
 	Window      time.Duration
 }
 
-// Defaults: a grace of two renewals of each detector (the kubelet renews its lease every 10 s,
+// Defaults are a grace of two renewals of each detector (the kubelet renews its lease every 10 s,
 // the agent its heartbeats every renew_interval, at most 10 s): a node is fenced about 20 s
 // after both stopped. A slow node fenced needlessly loses its pods' writes (EIO) and has them
 // moved, which is what a dead one gets; two writers are never the price.
