@@ -30,6 +30,10 @@ import (
 // Annotation is the Node annotation that holds a node's failover State (JSON).
 const Annotation = "rbd-owner.io/failover"
 
+// NodeIDAnnotation, on a Node, names its rbd-owner node_id when it is neither its machine id
+// (the agent's default) nor its name.
+const NodeIDAnnotation = "rbd-owner.io/node-id"
+
 // OptOut is the pod annotation that keeps a pod from being force-deleted (value "true"): its
 // node is still fenced and tainted.
 const OptOut = "rbd-owner.io/no-failover"
@@ -54,6 +58,9 @@ type State struct {
 	Since time.Time `json:"since"`
 	// By is the controller (pod) that declared it.
 	By string `json:"by,omitempty"`
+	// AgentID is the node's rbd-owner node_id (its machine id unless configured), as found by
+	// its heartbeats when it was declared dead: every later step acts under it.
+	AgentID string `json:"agent_id,omitempty"`
 	// KubeletBootID is the node's boot id as its kubelet last reported it before the decision;
 	// HeartbeatBootIDs the boot ids in its agent's heartbeats. Another one later is a reboot.
 	KubeletBootID    string   `json:"kubelet_boot_id,omitempty"`

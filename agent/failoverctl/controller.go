@@ -81,6 +81,7 @@ type Controller struct {
 	kubelet *failover.Watch
 	agent   *failover.Watch
 	said    map[string]string // the last decision reported per node: a change is logged
+	ids     map[string]string // each node's rbd-owner node_id, once its heartbeats were found under it
 }
 
 // New returns a controller with nothing seen: it waits a whole grace from its first look.
@@ -107,7 +108,7 @@ func New(cfg Config, kube kubernetes.Interface, ceph Cluster) (*Controller, erro
 	if cfg.Driver == "" {
 		cfg.Driver = "rbd.csi.ceph.com"
 	}
-	return &Controller{cfg: cfg, kube: kube, ceph: ceph, kubelet: failover.NewWatch(), agent: failover.NewWatch(), said: map[string]string{}}, nil
+	return &Controller{cfg: cfg, kube: kube, ceph: ceph, kubelet: failover.NewWatch(), agent: failover.NewWatch(), said: map[string]string{}, ids: map[string]string{}}, nil
 }
 
 // Run does a round every interval until ctx ends.
@@ -146,6 +147,11 @@ func (c *Controller) Round(ctx context.Context) {
 	}
 	c.kubelet.Forget(func(k string) bool { return names[k] })
 	c.agent.Forget(func(k string) bool { return names[k] })
+	for k := range c.ids {
+		if !names[k] {
+			delete(c.ids, k)
+		}
+	}
 	for i := range nodes.Items {
 		n := nodes.Items[i]
 		others := len(recent)
@@ -167,20 +173,23 @@ func (c *Controller) node(ctx context.Context, n *corev1.Node, recent, total int
 	}
 	look := failover.Look{DeclaredRecently: recent, Nodes: total}
 	c.lookKubelet(ctx, n, &look)
-	beats := c.lookAgent(ctx, n, &look)
-	for range 5 { // declare → fence → advance → move: at most four steps in one round
+	id, beats := c.lookAgent(ctx, n, st, &look)
+	for range 5 { // declare → fence → advance → taint → move: at most five steps in one round
 		if st.Phase == failover.PhaseNone && look.KubeletStill >= c.cfg.Decide.KubeletGrace && look.AgentStill >= c.cfg.Decide.AgentGrace && look.AgentRead {
-			c.lookHolds(ctx, n.Name, &look)
+			c.lookHolds(ctx, id, &look)
+		}
+		if st.AgentID != "" {
+			id = st.AgentID
 		}
 		if st.Phase == failover.PhaseMoved {
-			c.lookReturn(ctx, n, st, beats, &look)
+			c.lookReturn(ctx, n, id, st, beats, &look)
 		}
 		d := failover.Decide(c.cfg.Decide, st, look)
 		c.report(n, log, d)
 		if c.cfg.DryRun || d.Step == failover.Wait || d.Step == failover.Refuse || d.Step == failover.Stuck {
 			return
 		}
-		next, err := c.do(ctx, n, st, d, beats, &look)
+		next, err := c.do(ctx, n, id, st, d, beats, &look)
 		if err != nil {
 			c.cfg.Metrics.failed(d.Step)
 			c.event(n, corev1.EventTypeWarning, "FailoverStepFailed", "%s: %v", d.Step, err)
@@ -221,22 +230,54 @@ func (c *Controller) lookKubelet(ctx context.Context, n *corev1.Node, look *fail
 	look.KubeletStill = c.kubelet.Still(n.Name, mark, c.cfg.Mono())
 }
 
-// lookAgent watches the node's rbd-owner heartbeats in every place of the cluster.
-func (c *Controller) lookAgent(ctx context.Context, n *corev1.Node, look *failover.Look) []claim.NodeBeat {
+// agentIDs are the rbd-owner node ids a node's agent may run under, in the order tried: the
+// Node's annotation rbd-owner.io/node-id alone when set; else its machine id (the agent's
+// default node_id) and its name.
+func agentIDs(n *corev1.Node) []string {
+	if id := n.Annotations[failover.NodeIDAnnotation]; id != "" {
+		return []string{id}
+	}
+	var out []string
+	for _, id := range []string{n.Status.NodeInfo.MachineID, n.Name} {
+		if id != "" && !contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// lookAgent watches the node's rbd-owner heartbeats in every place of the cluster, under its
+// node id: the state's, else the one its heartbeats were found under (agentIDs). It returns the
+// id and the heartbeats read.
+func (c *Controller) lookAgent(ctx context.Context, n *corev1.Node, st failover.State, look *failover.Look) (string, []claim.NodeBeat) {
+	ids := agentIDs(n)
+	if st.AgentID != "" {
+		ids = []string{st.AgentID}
+	} else if id, ok := c.ids[n.Name]; ok {
+		ids = []string{id}
+	}
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
 	defer cancel()
-	beats, errs := c.ceph.NodeBeats(cctx, n.Name)
-	if len(errs) > 0 {
-		c.cfg.Log.WithError(errors.Join(errs...)).WithField("node", n.Name).Warn("failover: the node's heartbeats could not all be read")
-		return beats
+	id, found := ids[0], []claim.NodeBeat(nil)
+	for _, cand := range ids {
+		beats, errs := c.ceph.NodeBeats(cctx, cand)
+		if len(errs) > 0 {
+			c.cfg.Log.WithError(errors.Join(errs...)).WithField("node", n.Name).Warn("failover: the node's heartbeats could not all be read")
+			return cand, beats
+		}
+		if len(beats) > 0 {
+			id, found = cand, beats
+			c.ids[n.Name] = cand
+			break
+		}
 	}
-	marks := make([]string, 0, len(beats))
-	for _, b := range beats {
+	marks := make([]string, 0, len(found))
+	for _, b := range found {
 		marks = append(marks, record.PoolNS(b.Place)+"="+string(b.Mark))
 	}
 	look.AgentRead = true
-	look.AgentStill = c.agent.Still(n.Name, failover.JoinMarks(marks), c.cfg.Mono())
-	return beats
+	look.AgentStill = c.agent.Still(n.Name, id+"@"+failover.JoinMarks(marks), c.cfg.Mono())
+	return id, found
 }
 
 // lookHolds counts the node's holds.
@@ -257,7 +298,7 @@ func (c *Controller) lookHolds(ctx context.Context, node string, look *failover.
 
 // lookReturn says whether the node came back: a new boot (its kubelet's or a heartbeat's boot
 // id), or every fence of the state ended in its claim.
-func (c *Controller) lookReturn(ctx context.Context, n *corev1.Node, st failover.State, beats []claim.NodeBeat, look *failover.Look) {
+func (c *Controller) lookReturn(ctx context.Context, n *corev1.Node, id string, st failover.State, beats []claim.NodeBeat, look *failover.Look) {
 	if id := n.Status.NodeInfo.BootID; id != "" && st.KubeletBootID != "" && id != st.KubeletBootID {
 		look.Rebooted = true
 	}
@@ -281,7 +322,7 @@ func (c *Controller) lookReturn(ctx context.Context, n *corev1.Node, st failover
 			return // not known: not ended
 		}
 		for _, k := range rec.Kept() {
-			if k.NodeID == n.Name && record.BareAddr(k.Addr) == record.BareAddr(f.Addr) {
+			if k.NodeID == id && record.BareAddr(k.Addr) == record.BareAddr(f.Addr) {
 				return
 			}
 		}
@@ -290,10 +331,10 @@ func (c *Controller) lookReturn(ctx context.Context, n *corev1.Node, st failover
 }
 
 // do takes one step and returns the state after it (nil: nothing more this round).
-func (c *Controller) do(ctx context.Context, n *corev1.Node, st failover.State, d failover.Decision, beats []claim.NodeBeat, look *failover.Look) (*failover.State, error) {
+func (c *Controller) do(ctx context.Context, n *corev1.Node, id string, st failover.State, d failover.Decision, beats []claim.NodeBeat, look *failover.Look) (*failover.State, error) {
 	switch d.Step {
 	case failover.Declare:
-		next := failover.State{Phase: failover.PhaseFencing, Since: c.cfg.Now().UTC(), By: c.cfg.Identity, KubeletBootID: n.Status.NodeInfo.BootID}
+		next := failover.State{Phase: failover.PhaseFencing, Since: c.cfg.Now().UTC(), By: c.cfg.Identity, AgentID: id, KubeletBootID: n.Status.NodeInfo.BootID}
 		for _, b := range beats {
 			if b.Heartbeat.BootID != "" && !contains(next.HeartbeatBootIDs, b.Heartbeat.BootID) {
 				next.HeartbeatBootIDs = append(next.HeartbeatBootIDs, b.Heartbeat.BootID)
@@ -306,7 +347,7 @@ func (c *Controller) do(ctx context.Context, n *corev1.Node, st failover.State, 
 		c.cfg.Log.WithField("node", n.Name).WithField("holds", look.Holds).Warn("failover: node declared dead: " + d.Why)
 		return &next, nil
 	case failover.Fence:
-		return c.fence(ctx, n, st, look)
+		return c.fence(ctx, n, id, st, look)
 	case failover.Advance:
 		next := st
 		next.Phase = failover.PhaseFenced
@@ -328,17 +369,17 @@ func (c *Controller) do(ctx context.Context, n *corev1.Node, st failover.State, 
 	case failover.Move:
 		return c.move(ctx, n, st)
 	case failover.Lift:
-		return nil, c.lift(ctx, n, st, look)
+		return nil, c.lift(ctx, n, id, st, look)
 	}
 	return nil, nil
 }
 
 // fence fences every hold of the node, records the fences in the state, and reads the entries
 // back from the cluster's blocklist.
-func (c *Controller) fence(ctx context.Context, n *corev1.Node, st failover.State, look *failover.Look) (*failover.State, error) {
+func (c *Controller) fence(ctx context.Context, n *corev1.Node, id string, st failover.State, look *failover.Look) (*failover.State, error) {
 	cctx, cancel := context.WithTimeout(ctx, 4*c.cfg.CallTimeout)
 	defer cancel()
-	fenced, errs := c.ceph.FenceNode(cctx, n.Name)
+	fenced, errs := c.ceph.FenceNode(cctx, id)
 	next := st
 	for _, f := range fenced {
 		if f.Err != nil {
@@ -422,10 +463,10 @@ func (c *Controller) move(ctx context.Context, n *corev1.Node, st failover.State
 
 // lift ends the failover: the whole-node entries lifted (on a reboot only), the taint this
 // controller added removed, the state cleared.
-func (c *Controller) lift(ctx context.Context, n *corev1.Node, st failover.State, look *failover.Look) error {
+func (c *Controller) lift(ctx context.Context, n *corev1.Node, id string, st failover.State, look *failover.Look) error {
 	if st.Whole && look.Rebooted {
 		cctx, cancel := context.WithTimeout(ctx, 4*c.cfg.CallTimeout)
-		res, err := c.ceph.UnfenceNode(cctx, n.Name, "the failover controller saw the node boot again", true)
+		res, err := c.ceph.UnfenceNode(cctx, id, "the failover controller saw the node boot again", true)
 		cancel()
 		if err != nil && !errors.Is(err, claim.ErrNoClaim) {
 			return fmt.Errorf("unfence --node %s: %w", n.Name, err)

@@ -45,12 +45,19 @@ const clientA = "10.0.0.1:0/111"
 
 func newScene(t *testing.T, opts ...func(*Config)) *scene {
 	t.Helper()
+	return newSceneAs(t, "node-a", opts...)
+}
+
+// newSceneAs is newScene with node-a's agent running under node_id id (its Node's machine id is
+// "machine-a").
+func newSceneAs(t *testing.T, id string, opts ...func(*Config)) *scene {
+	t.Helper()
 	s := &scene{t: t, m: memory.New("fsid"), wall: time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC)}
 	s.m.SetClock(func() time.Time { return s.wall })
 	img := claim.Image{Pool: "rbd", Image: "vol1"}
 	s.m.AddImage(img, "id-vol1")
 	var err error
-	s.a, err = claim.NewStoreOn(s.m, claim.Config{Node: claim.Node{ID: "node-a", Incarnation: "inc-a", BootID: "hb-boot-1"}, Now: func() time.Time { return s.wall }})
+	s.a, err = claim.NewStoreOn(s.m, claim.Config{Node: claim.Node{ID: id, Incarnation: "inc-a", BootID: "hb-boot-1"}, Now: func() time.Time { return s.wall }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +135,7 @@ func mustState(t *testing.T, n *corev1.Node) failover.State {
 func ptr[T any](v T) *T { return &v }
 
 func node(name, boot string) *corev1.Node {
-	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{BootID: boot}}}
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{BootID: boot, MachineID: "machine-" + name[len(name)-1:]}}}
 }
 
 func lease(name string) *coordv1.Lease {
@@ -255,6 +262,30 @@ func TestDeadNodeFencedThenMoved(t *testing.T) {
 	}
 	if r, err := s.a.Inspect(context.Background(), claim.Image{Pool: "rbd", Image: "vol1"}); err != nil || !r.Holders[0].Fenced {
 		t.Fatalf("the hold is not marked fenced: %+v, %v", r, err)
+	}
+}
+
+// An agent runs under the node's machine id unless configured (node_id): the controller finds its
+// heartbeats under it, fences under it, and records it; a Node annotated with another id is
+// looked up under that one only.
+func TestTheAgentsNodeIDIsFoundByItsHeartbeats(t *testing.T) {
+	s := newSceneAs(t, "machine-a")
+	s.pass(30*time.Second, "kubelet-b")
+	if !s.m.Blocklisted(clientA) {
+		t.Fatalf("node-a (agent machine-a) not fenced: %v", s.changes())
+	}
+	if st := mustState(t, s.node("node-a")); st.AgentID != "machine-a" || st.Phase != failover.PhaseMoved {
+		t.Fatalf("state %+v", st)
+	}
+	s = newSceneAs(t, "machine-a")
+	n := s.node("node-a")
+	n.Annotations = map[string]string{failover.NodeIDAnnotation: "other"}
+	if _, err := s.kube.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.pass(time.Minute, "kubelet-b")
+	if s.m.Blocklisted(clientA) {
+		t.Fatal("fenced under an id its annotation does not name")
 	}
 }
 
