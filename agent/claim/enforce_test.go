@@ -438,16 +438,7 @@ type ctxTag struct{}
 func TestTwoChecksOfOneAgentNeverUncutAFence(t *testing.T) {
 	ks := newKeepScene(t)
 	ctx := context.Background()
-	for {
-		ks.clk.Advance(ks.b.fenceCheck())
-		until, _ := ks.m.BlocklistedUntil(ks.addr)
-		if until.Sub(ks.clk.Now()) <= keepExpiry*3/4 {
-			break // aging: the next check lengthens it under a cover
-		}
-		if _, err := ks.b.KeepFences(ctx, ks.img); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ks.ageUntilShort(t, ks.img) // the next check lengthens it under a cover
 	var mu sync.Mutex
 	var gaps []string
 	removals := map[string]int{}
@@ -541,18 +532,7 @@ func TestACheckNeverRemovesAnEntryUnderACoverThatWasLifted(t *testing.T) {
 			t.Fatalf("takeover of %s: %v", img, err)
 		}
 	}
-	for {
-		ks.clk.Advance(ks.b.fenceCheck())
-		until, _ := ks.m.BlocklistedUntil(ks.addr)
-		if until.Sub(ks.clk.Now()) <= keepExpiry*3/4 {
-			break // aging, both: the next checks lengthen them under a cover
-		}
-		for _, img := range []Image{ks.img, img2} {
-			if _, err := ks.b.KeepFences(ctx, img); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	ks.ageUntilShort(t, ks.img, img2) // the next checks lengthen both under a cover
 	var mu sync.Mutex
 	var gaps []string
 	calls := map[string]int{}
@@ -616,16 +596,7 @@ func TestACheckNeverRemovesAnEntryUnderACoverThatWasLifted(t *testing.T) {
 func TestAnEntryIsNotRemovedUnderACoverAboutToLapse(t *testing.T) {
 	ks := newKeepScene(t)
 	ctx := context.Background()
-	for {
-		ks.clk.Advance(ks.b.fenceCheck())
-		until, _ := ks.m.BlocklistedUntil(ks.addr)
-		if until.Sub(ks.clk.Now()) <= keepExpiry*3/4 {
-			break
-		}
-		if _, err := ks.b.KeepFences(ctx, ks.img); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ks.ageUntilShort(t, ks.img)
 	if _, err := ks.m.Blocklist(ctx, "10.0.0.1:0/0", coverMargin/3); err != nil { // someone's
 		t.Fatal(err)
 	}
@@ -653,5 +624,23 @@ func TestAnEntryIsNotRemovedUnderACoverAboutToLapse(t *testing.T) {
 	}
 	if len(gaps) > 0 {
 		t.Fatalf("%s not cut off at these calls: %v", ks.addr, gaps)
+	}
+}
+
+// ageUntilShort lets fence checks of node-b pass on imgs until node-a's entry (ks.addr) has
+// three quarters of its life or less left: the next check lengthens it.
+func (ks *keepScene) ageUntilShort(t *testing.T, imgs ...Image) {
+	t.Helper()
+	for {
+		ks.clk.Advance(ks.b.fenceCheck())
+		until, _ := ks.m.BlocklistedUntil(ks.addr)
+		if until.Sub(ks.clk.Now()) <= keepExpiry*3/4 {
+			return
+		}
+		for _, img := range imgs {
+			if _, err := ks.b.KeepFences(context.Background(), img); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }
