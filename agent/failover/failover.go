@@ -172,10 +172,12 @@ func (s Step) String() string {
 	return fmt.Sprintf("step(%d)", int(s))
 }
 
-// Decision is the next step and why.
+// Decision is the next step and why: Reason names the rule that chose it (stable, for logs and
+// metrics: a report is made when it changes), Why says it for a person, with the figures.
 type Decision struct {
-	Step Step
-	Why  string
+	Step   Step
+	Reason string
+	Why    string
 }
 
 // Decide is the whole rule: from a node's persisted state and this round's look, the next step.
@@ -183,46 +185,48 @@ func Decide(c Config, st State, l Look) Decision {
 	switch st.Phase {
 	case PhaseFencing:
 		if l.InForce {
-			return Decision{Advance, "every entry of the fence is in force on the cluster's blocklist"}
+			return Decision{Advance, "in-force", "every entry of the fence is in force on the cluster's blocklist"}
 		}
-		return Decision{Fence, "declared dead: its holds are fenced until every entry is read back in force"}
+		return Decision{Fence, "fencing", "declared dead: its holds are fenced until every entry is read back in force"}
 	case PhaseFenced:
-		return Decision{Taint, "fenced: the node is tainted out-of-service"}
+		return Decision{Taint, "fenced", "fenced: the node is tainted out-of-service"}
 	case PhaseTainted:
-		return Decision{Move, "fenced and tainted: its pods that use a fenced volume and their volume attachments are deleted"}
+		return Decision{Move, "tainted", "fenced and tainted: its pods that use a fenced volume and their volume attachments are deleted"}
 	case PhaseMoved:
 		switch {
 		case l.Rebooted:
-			return Decision{Lift, "the node rebooted: its fenced clients are gone"}
+			return Decision{Lift, "rebooted", "the node rebooted: its fenced clients are gone"}
 		case l.FencesEnded && !st.Whole:
-			return Decision{Lift, "the node's agent found every fenced mapping gone"}
+			return Decision{Lift, "mappings-gone", "the node's agent found every fenced mapping gone"}
 		case l.FencesEnded:
-			return Decision{Stuck, "its fenced mappings are gone, but a fence of its whole address stays until the node reboots (or an admin runs `rbd-owner unfence --node`)"}
+			return Decision{Stuck, "whole-fence-stays", "its fenced mappings are gone, but a fence of its whole address stays until the node reboots (or an admin runs `rbd-owner unfence --node`)"}
+		case l.KubeletStill < c.KubeletGrace:
+			return Decision{Wait, "back-mapped", "back (its kubelet renews), with its fenced mappings still there: its kubelet unstages them through the CSI node plugin, which must tolerate the out-of-service taint (packaging/kubernetes adds that); the fence and the taint stay until then"}
 		}
-		return Decision{Wait, "fenced and moved: the fence and the taint stay until the node reboots or its agent reports the fenced mappings gone"}
+		return Decision{Wait, "moved", "fenced and moved: the fence and the taint stay until the node reboots or its agent reports the fenced mappings gone"}
 	case PhaseNone:
 	default:
-		return Decision{Wait, fmt.Sprintf("unknown phase %q on the node: left alone", st.Phase)}
+		return Decision{Wait, "unknown-phase", fmt.Sprintf("unknown phase %q on the node: left alone", st.Phase)}
 	}
 	switch {
 	case l.KubeletStill < c.KubeletGrace:
-		return Decision{Wait, fmt.Sprintf("its kubelet renews (lease unchanged for %s of %s)", l.KubeletStill.Round(time.Second), c.KubeletGrace)}
+		return Decision{Wait, "kubelet-renews", fmt.Sprintf("its kubelet renews (lease unchanged for %s of %s)", l.KubeletStill.Round(time.Second), c.KubeletGrace)}
 	case !l.AgentRead:
-		return Decision{Wait, "its kubelet is silent, but its agent's heartbeats could not all be read: nothing is done blind"}
+		return Decision{Wait, "heartbeats-unread", "its kubelet is silent, but its agent's heartbeats could not all be read: nothing is done blind"}
 	case l.AgentStill < c.AgentGrace:
-		return Decision{Wait, fmt.Sprintf("its kubelet is silent, but its agent renews (heartbeats unchanged for %s of %s): Kubernetes' own checks apply", l.AgentStill.Round(time.Second), c.AgentGrace)}
+		return Decision{Wait, "agent-renews", fmt.Sprintf("its kubelet is silent, but its agent renews (heartbeats unchanged for %s of %s): Kubernetes' own checks apply", l.AgentStill.Round(time.Second), c.AgentGrace)}
 	case !l.HoldsRead:
-		return Decision{Wait, "dead for both detectors, but its holds could not all be read: nothing is done blind"}
+		return Decision{Wait, "holds-unread", "dead for both detectors, but its holds could not all be read: nothing is done blind"}
 	case l.Holds == 0:
-		return Decision{Wait, "dead for both detectors, but it holds no claim: left to Kubernetes"}
+		return Decision{Wait, "no-holds", "dead for both detectors, but it holds no claim: left to Kubernetes"}
 	case l.Unrecorded > 0:
-		return Decision{Refuse, fmt.Sprintf("dead for both detectors, but %d of its holds record no mapping's client: their fence would be its whole address, which only an admin makes (`rbd-owner fence --node`)", l.Unrecorded)}
+		return Decision{Refuse, "unrecorded", fmt.Sprintf("dead for both detectors, but %d of its holds record no mapping's client: their fence would be its whole address, which only an admin makes (`rbd-owner fence --node`)", l.Unrecorded)}
 	}
 	if lim := c.limit(l.Nodes); l.DeclaredRecently+1 > lim {
-		return Decision{Refuse, fmt.Sprintf("dead for both detectors, but %d nodes were declared dead within %s, and at most %d may be (max nodes %d, max fraction %g of %d nodes): a wider outage is not fenced",
+		return Decision{Refuse, "limit", fmt.Sprintf("dead for both detectors, but %d nodes were declared dead within %s, and at most %d may be (max nodes %d, max fraction %g of %d nodes): a wider outage is not fenced",
 			l.DeclaredRecently, c.Window, lim, c.MaxNodes, c.MaxFraction, l.Nodes)}
 	}
-	return Decision{Declare, fmt.Sprintf("its kubelet lease unchanged for %s and its agent's heartbeats for %s, holding %d claims", l.KubeletStill.Round(time.Second), l.AgentStill.Round(time.Second), l.Holds)}
+	return Decision{Declare, "dead", fmt.Sprintf("its kubelet lease unchanged for %s and its agent's heartbeats for %s, holding %d claims", l.KubeletStill.Round(time.Second), l.AgentStill.Round(time.Second), l.Holds)}
 }
 
 // limit is how many nodes may be declared dead within the window, of n.

@@ -168,7 +168,7 @@ func (c *Controller) node(ctx context.Context, n *corev1.Node, recent, total int
 	log := c.cfg.Log.WithField("node", n.Name)
 	st, err := stateOf(n)
 	if err != nil {
-		c.report(n, log, failover.Decision{Step: failover.Wait, Why: err.Error()})
+		c.report(n, log, failover.Decision{Step: failover.Wait, Reason: "bad-state", Why: err.Error()})
 		return
 	}
 	look := failover.Look{DeclaredRecently: recent, Nodes: total}
@@ -495,7 +495,7 @@ func (c *Controller) lift(ctx context.Context, n *corev1.Node, id string, st fai
 // report logs and records a decision once, when it changes.
 func (c *Controller) report(n *corev1.Node, log logrus.FieldLogger, d failover.Decision) {
 	c.cfg.Metrics.decided(d.Step)
-	key := d.Step.String() + ": " + d.Why
+	key := d.Step.String() + "/" + d.Reason
 	if c.said[n.Name] == key {
 		return
 	}

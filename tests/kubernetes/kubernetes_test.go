@@ -60,6 +60,11 @@ var (
 		{"name": "rbd-owner-bin", "hostPath": map[string]any{"path": shimDir, "type": "Directory"}},
 		{"name": "rbd-owner-csi", "hostPath": map[string]any{"path": socketDir, "type": "Directory"}},
 	}
+	// the node plugin stays on a node tainted out-of-service (by an operator or the failover
+	// controller): the node, when it comes back, unstages its deleted pods' volumes through it
+	wantTolerations = []any{
+		map[string]any{"key": "node.kubernetes.io/out-of-service", "operator": "Exists", "effect": "NoExecute"},
+	}
 )
 
 func TestFixturesUnchanged(t *testing.T) {
@@ -225,6 +230,11 @@ func checkAndStripAdditions(t *testing.T, ds map[string]any) map[string]any {
 	}
 	strip(t, "volumeMounts of csi-rbdplugin", c, "volumeMounts", wantMounts)
 	strip(t, "volumes", pod, "volumes", wantVolumes)
+	// the fixture has no tolerations: the patch's list is the whole of it
+	if got := pod["tolerations"]; !reflect.DeepEqual(got, wantTolerations) {
+		t.Errorf("tolerations: %v, want %v", got, wantTolerations)
+	}
+	delete(pod, "tolerations")
 
 	return ds
 }
