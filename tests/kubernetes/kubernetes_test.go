@@ -168,6 +168,11 @@ func TestRookSettings(t *testing.T) {
 	unmarshalString(t, data, "CSI_RBD_PLUGIN_VOLUME", &volumes)
 	unmarshalString(t, data, "CSI_RBD_PLUGIN_VOLUME_MOUNT", &mounts)
 	checkOperatorVolumes(t, "rook", volumes, mounts)
+	var tolerations []any
+	unmarshalString(t, data, "CSI_RBD_PLUGIN_TOLERATIONS", &tolerations)
+	if !reflect.DeepEqual(tolerations, wantTolerations) {
+		t.Errorf("rook: CSI_RBD_PLUGIN_TOLERATIONS %v, want the component's %v", tolerations, wantTolerations)
+	}
 }
 
 // TestCephCSIOperatorDriver: the same for ceph-csi-operator/driver-rbd.yaml's Driver.
@@ -188,6 +193,9 @@ func TestCephCSIOperatorDriver(t *testing.T) {
 		}
 	}
 	checkOperatorVolumes(t, "ceph-csi-operator", volumes, mounts)
+	if got := dig(docs[0], "spec", "nodePlugin", "tolerations"); !reflect.DeepEqual(got, wantTolerations) {
+		t.Errorf("ceph-csi-operator: nodePlugin.tolerations %v, want the component's %v", got, wantTolerations)
+	}
 }
 
 func checkOperatorVolumes(t *testing.T, what string, volumes, mounts []map[string]any) {
