@@ -30,7 +30,7 @@ import (
 // Annotation is the Node annotation that holds a node's failover State (JSON).
 const Annotation = "rbd-owner.io/failover"
 
-// NodeIDAnnotation, on a Node, names its rbd-owner node_id when it is neither its machine id
+// NodeIDAnnotation is the Node annotation that names its rbd-owner node_id when it is neither its machine id
 // (the agent's default) nor its name.
 const NodeIDAnnotation = "rbd-owner.io/node-id"
 
