@@ -173,8 +173,9 @@ func TestAgentPage(t *testing.T) {
 }
 
 // agentSkip are the directories under agent/ of programs other than the agent: the CLI, the
-// drop-in rbd, and the test cluster's helpers.
-var agentSkip = map[string]bool{"cmd/rbd-owner": true, "cmd/rbd-shim": true, "shim": true, "internal/cephtest": true}
+// drop-in rbd, the failover controller (its flags and POD_NAME, POD_NAMESPACE: docs/kubernetes.md)
+// and the test cluster's helpers.
+var agentSkip = map[string]bool{"cmd/rbd-owner": true, "cmd/rbd-shim": true, "shim": true, "cmd/rbd-owner-failover": true, "internal/cephtest": true}
 
 // envRead finds the environment variables the agent's packages read (os.Getenv, os.LookupEnv),
 // each with the file that reads it; a name given by a constant is looked up among the string
