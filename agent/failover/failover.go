@@ -56,7 +56,7 @@ type State struct {
 	// Since is when the node was declared dead (the controller's wall clock): for people and
 	// for the fleet's limit.
 	Since time.Time `json:"since"`
-	// By is the controller (pod) that declared it.
+	// By is the controller (pod) that wrote the state last.
 	By string `json:"by,omitempty"`
 	// AgentID is the node's rbd-owner node_id (its machine id unless configured), as found by
 	// its heartbeats when it was declared dead: every later step acts under it.

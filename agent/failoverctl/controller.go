@@ -71,6 +71,11 @@ type Config struct {
 	Events kevents.EventRecorder
 	// Metrics counts decisions (nil: none).
 	Metrics *Metrics
+	// Leading says whether this controller still holds its election's lease, judged on its
+	// own clock from its last renewal (nil: always). A leader that was stopped (a frozen
+	// process, a stalled API server) may run on before its election notices; no step is
+	// taken while this is false.
+	Leading func() bool
 }
 
 // Controller runs the rounds. One goroutine (Run's) uses it.
@@ -187,6 +192,11 @@ func (c *Controller) node(ctx context.Context, n *corev1.Node, recent, total int
 		d := failover.Decide(c.cfg.Decide, st, look)
 		c.report(n, log, d)
 		if c.cfg.DryRun || d.Step == failover.Wait || d.Step == failover.Refuse || d.Step == failover.Stuck {
+			return
+		}
+		if c.cfg.Leading != nil && !c.cfg.Leading() {
+			c.cfg.Metrics.refused("not_leading")
+			log.WithField("step", d.Step.String()).Warn("failover: this controller's election lease was not renewed lately (it may be another's now): the step is not taken")
 			return
 		}
 		next, err := c.do(ctx, n, id, st, d, beats, &look)
@@ -574,6 +584,7 @@ func (c *Controller) write(ctx context.Context, n *corev1.Node, st *failover.Sta
 		if st == nil {
 			delete(m.Annotations, failover.Annotation)
 		} else {
+			st.By = c.cfg.Identity
 			b, err := json.Marshal(st)
 			if err != nil {
 				return err

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -433,6 +434,29 @@ func TestAStandbyFinishesAStartedFailover(t *testing.T) {
 	s.pass(5*time.Second, "kubelet-b")
 	if !s.m.Blocklisted(clientA) || mustState(t, s.node("node-a")).Phase != failover.PhaseMoved {
 		t.Fatalf("not finished: %v", s.changes())
+	}
+}
+
+// A leader whose election lease was not renewed lately (stopped, then let go before its election
+// noticed) takes no step, not even one its persisted phase asks for; once it leads again it
+// finishes, and the state names it as its last writer.
+func TestALeaderWhoseLeaseLapsedTakesNoStep(t *testing.T) {
+	var leading atomic.Bool
+	s := newScene(t, func(c *Config) { c.Leading = leading.Load })
+	n := s.node("node-a")
+	b, _ := json.Marshal(failover.State{Phase: failover.PhaseFencing, Since: s.wall, By: "ctl-1", KubeletBootID: "kb-boot-1"})
+	n.Annotations = map[string]string{failover.Annotation: string(b)}
+	if _, err := s.kube.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.pass(30*time.Second, "kubelet-b")
+	if st := mustState(t, s.node("node-a")); s.m.Blocklisted(clientA) || st.Phase != failover.PhaseFencing || st.By != "ctl-1" || hasTaint(s.node("node-a")) {
+		t.Fatalf("a controller not leading took a step: state %+v, changes %v", st, s.changes())
+	}
+	leading.Store(true)
+	s.pass(5*time.Second, "kubelet-b")
+	if st := mustState(t, s.node("node-a")); !s.m.Blocklisted(clientA) || st.Phase != failover.PhaseMoved || st.By != "ctl-0" {
+		t.Fatalf("not finished by ctl-0 once leading: state %+v, changes %v", st, s.changes())
 	}
 }
 

@@ -154,14 +154,20 @@ func run(o *options, log *logrus.Logger) error {
 	lock := &resourcelock.LeaseLock{LeaseMeta: metav1.ObjectMeta{Name: o.leaseName, Namespace: o.namespace}, Client: kube.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: o.identity, EventRecorder: rec}}
 	log.WithField("identity", o.identity).WithField("dry_run", o.dryRun).Infof("rbd-owner-failover %s: standing for leader (lease %s/%s)", version.Version, o.namespace, o.leaseName)
-	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+	// the controller takes a step only while its own lease was renewed within the renew
+	// deadline, judged on its clock: a leader stopped past that (the standby may lead by the
+	// lease's end) does nothing more, even before its election notices
+	const leaseDuration, renewDeadline = 15 * time.Second, 10 * time.Second
+	var le *leaderelection.LeaderElector
+	leading := func() bool { return le.IsLeader() && le.Check(renewDeadline-leaseDuration) == nil }
+	le, err = leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock: lock, ReleaseOnCancel: true, Name: o.leaseName,
-		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+		LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: 2 * time.Second,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(lctx context.Context) {
 				// a new controller each time: what a former leadership saw is not trusted
 				c, err := failoverctl.New(failoverctl.Config{Decide: o.decide, Identity: o.identity, Driver: o.driver, DryRun: o.dryRun, Interval: o.interval,
-					Log: log.WithField("identity", o.identity), Events: rec, Metrics: metrics}, kube, failoverctl.StoreCluster{Store: store})
+					Log: log.WithField("identity", o.identity), Events: rec, Metrics: metrics, Leading: leading}, kube, failoverctl.StoreCluster{Store: store})
 				if err != nil {
 					log.WithError(err).Error("rbd-owner-failover: cannot start")
 					stop()
@@ -173,6 +179,10 @@ func run(o *options, log *logrus.Logger) error {
 			OnStoppedLeading: func() { log.Warn("rbd-owner-failover: no longer leading") },
 		},
 	})
+	if err != nil {
+		return fmt.Errorf("leader election: %w", err)
+	}
+	le.Run(ctx)
 	return nil
 }
 
