@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -67,37 +66,6 @@ type placeNotices struct {
 	failed  bool // unreadable: every claim of the place is due
 }
 
-// readNotices reads this node's notice object in every place of ms, at most renewConcurrency
-// at once, each bounded by the renew interval.
-func (r *renewer) readNotices(ctx context.Context, cl *cluster, store *claim.Store, ms []state.Mapping) map[place]*placeNotices {
-	out := map[place]*placeNotices{}
-	var places []place
-	for _, m := range ms {
-		p := place{m.Pool, m.Namespace}
-		if out[p] == nil {
-			out[p] = &placeNotices{}
-			places = append(places, p)
-		}
-	}
-	var mu sync.Mutex
-	eachBounded(renewConcurrency, places, func(p place) {
-		nctx, cancel := context.WithTimeout(ctx, r.every)
-		ns, ver, err := store.Notices(nctx, p.pool, p.namespace)
-		cancel()
-		pn := &placeNotices{byImage: map[string]claim.Notice{}, ver: ver, failed: err != nil}
-		if err != nil && ctx.Err() == nil {
-			r.log.WithError(err).WithField("cluster", cl.cfg.ID).WithField("place", p.String()).Warn("notices not read: every claim held there is read this round instead")
-		}
-		for _, n := range ns {
-			pn.byImage[n.Image] = n
-		}
-		mu.Lock()
-		out[p] = pn
-		mu.Unlock()
-	})
-	return out
-}
-
 // noticed says whether a notice names m's hold: its epoch, or none readable.
 func (pn *placeNotices) noticed(m state.Mapping) bool {
 	if pn == nil {
@@ -108,36 +76,4 @@ func (pn *placeNotices) noticed(m state.Mapping) bool {
 	}
 	n, ok := pn.byImage[m.Image]
 	return ok && (n.Epoch == 0 || n.Epoch == m.Epoch)
-}
-
-// clearNotices removes, in each place, the notices handled this round: those of claims read
-// (whatever the read found: a lost claim is lost in this node's memory and state from then on),
-// and those of holds this node no longer has. A notice written since the round's read stays.
-func (r *renewer) clearNotices(ctx context.Context, cl *cluster, store *claim.Store, notices map[place]*placeNotices, read map[state.Key]bool, ms []state.Mapping) {
-	held := map[place]map[string]state.Mapping{}
-	for _, m := range ms {
-		p := place{m.Pool, m.Namespace}
-		if held[p] == nil {
-			held[p] = map[string]state.Mapping{}
-		}
-		held[p][m.Image] = m
-	}
-	for p, pn := range notices {
-		if pn == nil || pn.failed || len(pn.byImage) == 0 {
-			continue
-		}
-		var done []string
-		for img, n := range pn.byImage {
-			m, ok := held[p][img]
-			if !ok || read[m.Key] || (n.Epoch != 0 && n.Epoch != m.Epoch) {
-				done = append(done, img)
-			}
-		}
-		cctx, cancel := context.WithTimeout(ctx, r.every)
-		err := store.ClearNotices(cctx, p.pool, p.namespace, done, pn.ver)
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			r.log.WithError(err).WithField("cluster", cl.cfg.ID).WithField("place", p.String()).Warn("notices not cleared: they are read again next round")
-		}
-	}
 }

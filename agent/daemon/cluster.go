@@ -14,8 +14,11 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/image"
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/mapdefault"
+	"github.com/rbd-owner/rbd-owner/agent/metrics"
+	"github.com/rbd-owner/rbd-owner/agent/nodeaddr"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 	"github.com/rbd-owner/rbd-owner/agent/version"
+	"github.com/sirupsen/logrus"
 )
 
 // Connection is one cluster as the daemon uses it: the claim store's backend, the agent's
@@ -60,7 +63,7 @@ func connectRados(ctx context.Context, c config.Cluster) (Connection, error) {
 // attempt (or their own deadline), and status reads what is there without waiting.
 type cluster struct {
 	cfg config.Cluster
-	d   *Daemon
+	env *clusterEnv
 
 	mu         sync.Mutex
 	conn       Connection
@@ -68,6 +71,21 @@ type cluster struct {
 	lastTry    time.Time
 	lastErr    error
 	connecting chan struct{} // closed when the attempt in flight ends
+}
+
+// clusterEnv is what a cluster's connection takes from the agent: its settings and its
+// node's facts for the claim store, and where the store reports.
+type clusterEnv struct {
+	connect func(ctx context.Context, c config.Cluster) (Connection, error) // nil: connectRados
+	cfg     *config.Config
+	state   *state.Store
+	addrs   *nodeaddr.Resolver
+	bootID  string
+	now     func() time.Time
+	mono    func() time.Duration
+	log     *logrus.Logger
+	metrics *metrics.Metrics
+	onSkew  func(cluster, node string, skew time.Duration)
 }
 
 // reconnectEvery limits how often a failed cluster connection is retried.
@@ -119,7 +137,7 @@ func (c *cluster) Claims(ctx context.Context) (*claim.Store, error) {
 
 // connect opens the cluster; it holds no lock.
 func (c *cluster) connect(ctx context.Context) (*claim.Store, Connection, error) {
-	connect := c.d.opts.Connect
+	connect := c.env.connect
 	if connect == nil {
 		connect = connectRados
 	}
@@ -129,31 +147,31 @@ func (c *cluster) connect(ctx context.Context) (*claim.Store, Connection, error)
 	}
 	hostname, err := os.Hostname()
 	if err != nil {
-		c.d.log.WithError(err).Warn("hostname unknown; claim records will show none")
+		c.env.log.WithError(err).Warn("hostname unknown; claim records will show none")
 	}
-	counted := claim.Counted(conn.Backend, func(op, object string) { c.d.metrics.ClusterOp(c.cfg.ID, op, object) })
+	counted := claim.Counted(conn.Backend, func(op, object string) { c.env.metrics.ClusterOp(c.cfg.ID, op, object) })
 	store, err := claim.NewStoreOn(counted, claim.Config{
 		Node: claim.Node{
-			ID: c.d.cfg.NodeID, Hostname: hostname, AgentVersion: version.Version, Incarnation: c.d.state.Incarnation(), BootID: c.d.opts.BootID,
+			ID: c.env.cfg.NodeID, Hostname: hostname, AgentVersion: version.Version, Incarnation: c.env.state.Incarnation(), BootID: c.env.bootID,
 			Addr: func() string {
-				a, err := c.d.addrs.SourceFor(c.cfg.Monitors)
+				a, err := c.env.addrs.SourceFor(c.cfg.Monitors)
 				if err != nil {
-					c.d.log.WithError(err).Warn("node address unknown")
+					c.env.log.WithError(err).Warn("node address unknown")
 				}
 				return a
 			},
 		},
-		Lease:       c.d.cfg.LeaseDuration.D(),
-		FenceExpiry: c.d.cfg.FenceExpiry.D(),
-		FenceCheck:  c.d.cfg.RenewInterval.D(),
-		Now:         c.d.opts.Now,
-		Mono:        c.d.opts.Mono,
-		OnSkew:      func(node string, skew time.Duration) { c.d.noteSkew(c.cfg.ID, node, skew) },
+		Lease:       c.env.cfg.LeaseDuration.D(),
+		FenceExpiry: c.env.cfg.FenceExpiry.D(),
+		FenceCheck:  c.env.cfg.RenewInterval.D(),
+		Now:         c.env.now,
+		Mono:        c.env.mono,
+		OnSkew:      func(node string, skew time.Duration) { c.env.onSkew(c.cfg.ID, node, skew) },
 		OnNoticeFailed: func(err error) {
-			c.d.log.WithError(err).WithField("cluster", c.cfg.ID).Warn("notice not left for a node whose hold changed: tried again every renew interval (that node also finds the change at its slow claim check)")
+			c.env.log.WithError(err).WithField("cluster", c.cfg.ID).Warn("notice not left for a node whose hold changed: tried again every renew interval (that node also finds the change at its slow claim check)")
 		},
 		OnIndexBuilt: func(pool, ns string, found int, took time.Duration) {
-			c.d.log.WithFields(map[string]any{"cluster": c.cfg.ID, "pool": pool, "namespace": ns, "claims_found": found, "took_ms": took.Milliseconds()}).
+			c.env.log.WithFields(map[string]any{"cluster": c.cfg.ID, "pool": pool, "namespace": ns, "claims_found": found, "took_ms": took.Milliseconds()}).
 				Info("claim index built: the namespace's objects were listed once to index the claims agents before the index made (never again: its claims are read through the index)")
 		},
 	})
@@ -166,7 +184,7 @@ func (c *cluster) connect(ctx context.Context) (*claim.Store, Connection, error)
 	// the holds this node's state names, listed by its first heartbeat in each place whatever
 	// that heartbeat listed before (an agent before the list, a list cut short by a crash), so
 	// that `fence --node` finds them all
-	for _, m := range c.d.state.All() {
+	for _, m := range c.env.state.All() {
 		if m.Cluster == c.cfg.ID && m.Claimed {
 			store.NoteHold(m.Ref.Head(), true)
 		}
@@ -202,7 +220,7 @@ func (c *cluster) priorKeyMappings() int {
 		return 0
 	}
 	n := 0
-	for _, m := range c.d.state.All() {
+	for _, m := range c.env.state.All() {
 		if m.Cluster == c.cfg.ID && m.Phase == state.Mapped && m.KeyID != "" && m.KeyID != cur {
 			n++
 		}
@@ -228,39 +246,6 @@ func (c *cluster) close() {
 		c.conn.Close()
 	}
 	c.conn, c.store = Connection{}, nil
-}
-
-// connectAll connects every cluster in the background, retrying until it works, so that a
-// wrong monitor address or keyring shows in status and the journal at start, not at the
-// first map.
-func (d *Daemon) connectAll(ctx context.Context) {
-	for _, c := range d.clusters {
-		d.bg.Add(1)
-		go func() {
-			defer d.bg.Done()
-			logged := false
-			for {
-				cctx, cancel := context.WithTimeout(ctx, 2*cephconn.DefaultTimeout)
-				_, err := c.Claims(cctx)
-				cancel()
-				if err == nil {
-					if logged {
-						d.log.WithField("cluster", c.cfg.ID).Info("connected to the cluster")
-					}
-					return
-				}
-				if !logged {
-					d.log.WithError(err).WithField("cluster", c.cfg.ID).Error("cannot reach the cluster; retrying")
-					logged = true
-				}
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(reconnectEvery):
-				}
-			}
-		}()
-	}
 }
 
 // clusterByFSID finds a connected cluster of clusters by fsid, without connecting.

@@ -5,7 +5,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rbd-owner/rbd-owner/agent/saga"
 	"github.com/rbd-owner/rbd-owner/agent/state"
+	"github.com/sirupsen/logrus"
 )
 
 // executor runs the operations the loops decide on (settle a half-done saga, release the claim
@@ -13,7 +15,10 @@ import (
 // image whose operation failed: the loops only decide and never wait on a cluster or the kernel
 // (kubelet's operation executor, in small).
 type executor struct {
-	d *Daemon
+	bg       *sync.WaitGroup // the agent's: its goroutines are the agent's
+	locks    *saga.Locks     // an operation holds its image's saga lock
+	lockWait time.Duration   // at most this long, waiting for it
+	log      *logrus.Logger
 
 	mu      sync.Mutex
 	running map[state.Key]bool
@@ -42,10 +47,10 @@ const (
 	maxBackoff = 2 * time.Minute
 )
 
-func newExecutor(d *Daemon) *executor {
+func newExecutor(bg *sync.WaitGroup, locks *saga.Locks, lockWait time.Duration, log *logrus.Logger) *executor {
 	idle := make(chan struct{})
 	close(idle)
-	return &executor{d: d, running: map[state.Key]bool{}, backoff: map[state.Key]backoff{}, next: map[state.Key][]queued{}, idle: idle}
+	return &executor{bg: bg, locks: locks, lockWait: lockWait, log: log, running: map[state.Key]bool{}, backoff: map[state.Key]backoff{}, next: map[state.Key][]queued{}, idle: idle}
 }
 
 // start runs op for key unless an operation on key is running or key is backing off; it says
@@ -85,9 +90,9 @@ func (e *executor) launch(ctx context.Context, key state.Key, op func(ctx contex
 		e.idle = make(chan struct{})
 	}
 	e.n++
-	e.d.bg.Add(1)
+	e.bg.Add(1)
 	go func() {
-		defer e.d.bg.Done()
+		defer e.bg.Done()
 		for {
 			err := e.run(ctx, key, op)
 			e.mu.Lock()
@@ -111,8 +116,8 @@ func (e *executor) launch(ctx context.Context, key state.Key, op func(ctx contex
 
 // run runs op with key's saga lock held, waiting for it at most as long as a saga may take.
 func (e *executor) run(ctx context.Context, key state.Key, op func(ctx context.Context) error) error {
-	lctx, cancel := context.WithTimeout(ctx, e.d.cfg.MapTimeout.D()+time.Minute)
-	unlock, err := e.d.locks.Lock(lctx, key)
+	lctx, cancel := context.WithTimeout(ctx, e.lockWait)
+	unlock, err := e.locks.Lock(lctx, key)
 	cancel()
 	if err != nil {
 		return err
@@ -132,7 +137,7 @@ func (e *executor) ended(key state.Key, err error) {
 	b.delay = min(max(2*b.delay, minBackoff), maxBackoff)
 	b.until = time.Now().Add(b.delay)
 	e.backoff[key] = b
-	e.d.log.WithError(err).WithField("image", key.String()).WithField("retry_in", b.delay).Warn("operation failed; retrying after a backoff")
+	e.log.WithError(err).WithField("image", key.String()).WithField("retry_in", b.delay).Warn("operation failed; retrying after a backoff")
 }
 
 // busy says whether an operation on key is running.

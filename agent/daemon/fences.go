@@ -3,8 +3,6 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"os"
-	"strings"
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/audit"
@@ -23,16 +21,6 @@ import (
 
 // bootIDFile is where the kernel publishes its boot id.
 const bootIDFile = "/proc/sys/kernel/random/boot_id"
-
-// readBootID returns the kernel's boot id ("" when it cannot be read: fences of this node's
-// mappings then only end by its unmap reports or an admin).
-func readBootID() string {
-	b, err := os.ReadFile(bootIDFile)
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
-}
 
 // fenceExpiry is the configured fence_expiry, or the claim store's default.
 func (d *Daemon) fenceExpiry() time.Duration {

@@ -6,13 +6,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rbd-owner/rbd-owner/agent/claim"
+	"github.com/rbd-owner/rbd-owner/agent/nodestate"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
-
-// place is a pool and namespace of one cluster: where one heartbeat object of this node lives.
-type place struct{ pool, namespace string }
-
-func (p place) String() string { return livenessPlace(p.pool, p.namespace) }
 
 // heartbeats keeps this node's liveness on one cluster: one goroutine per place this node holds
 // claims in, each on its own schedule (a write every renew interval, each bounded by the
@@ -21,8 +18,18 @@ func (p place) String() string { return livenessPlace(p.pool, p.namespace) }
 // The renew loop owns it: sync starts and stops places as claims come and go, and stop ends
 // them all and waits for them.
 type heartbeats struct {
-	r      *renewer
-	cl     *cluster
+	cl *cluster
+	// from the renewer (heartbeatsOf): the places this node holds claims in, one write, and
+	// where a place that does not answer is reported
+	held       func(clusterID string) map[place][]state.Key
+	unsettled  *unsettledHolds
+	write      func(ctx context.Context, cl *cluster, store *claim.Store, pool, ns string, keys []state.Key)
+	node       *nodestate.Node
+	setProblem func(k state.Key, p string)
+	ticker     func(loop string, every time.Duration) (<-chan time.Time, func())
+	every      time.Duration // renew_interval
+	hbTimeout  time.Duration // bounds one heartbeat
+
 	mu     sync.Mutex
 	places map[place]context.CancelFunc
 	// since is when the write in flight in a place started (absent when none is): a write
@@ -31,31 +38,11 @@ type heartbeats struct {
 	wg    sync.WaitGroup
 }
 
-func newHeartbeats(r *renewer, cl *cluster) *heartbeats {
-	return &heartbeats{r: r, cl: cl, places: map[place]context.CancelFunc{}, since: map[place]time.Time{}}
-}
-
-// held returns the places of cl where this node holds claims, or may, in every phase, and
-// their mappings' keys: claiming (a claim write that may have been applied, until the
-// reconciler settles it; were its liveness to stop, a watcher would judge that claim expired
-// and fence this live node whole: docs/safety.md, F5) and unmapping (a device that may still be
-// open and writing until its claim is released) as much as claimed and mapped.
-func (r *renewer) held(clusterID string) map[place][]state.Key {
-	out := map[place][]state.Key{}
-	for _, m := range r.state.All() {
-		if m.Cluster == clusterID && m.Claimed {
-			p := place{m.Pool, m.Namespace}
-			out[p] = append(out[p], m.Key)
-		}
-	}
-	return out
-}
-
 // sync runs a heartbeat for every place this node holds claims in, and stops the others (an
 // acquire writes its own heartbeat first, so a new place is covered until its loop starts).
 func (h *heartbeats) sync(ctx context.Context) {
-	want := h.r.held(h.cl.cfg.ID)
-	for p := range h.r.unsettled.places(h.cl.cfg.ID) {
+	want := h.held(h.cl.cfg.ID)
+	for p := range h.unsettled.places(h.cl.cfg.ID) {
 		if _, ok := want[p]; !ok {
 			want[p] = nil // a hold the rebuild could not settle: still this node's
 		}
@@ -69,11 +56,11 @@ func (h *heartbeats) sync(ctx context.Context) {
 		}
 	}
 	for p, since := range h.since {
-		if late := time.Since(since); late > h.r.hbTimeout+h.r.every {
+		if late := time.Since(since); late > h.hbTimeout+h.every {
 			msg := fmt.Sprintf("lease not renewed: cluster %s has not answered this node's heartbeat in %s for %s", h.cl.cfg.ID, p, late.Round(time.Second))
-			h.r.node.SetPlaceFailing(h.cl.cfg.ID, p.pool, p.namespace, true)
+			h.node.SetPlaceFailing(h.cl.cfg.ID, p.pool, p.namespace, true)
 			for _, k := range want[p] {
-				h.r.setProblem(k, msg)
+				h.setProblem(k, msg)
 			}
 		}
 	}
@@ -108,7 +95,7 @@ func (h *heartbeats) stop() {
 // run writes the place's heartbeat at once and then every renew interval, until ctx ends. A
 // write still running at a tick makes that tick drop (the ticker's), never two at once.
 func (h *heartbeats) run(ctx context.Context, p place) {
-	tick, stopTick := h.r.ticker(fmt.Sprintf("heartbeat %s %s", h.cl.cfg.ID, p), h.r.every)
+	tick, stopTick := h.ticker(fmt.Sprintf("heartbeat %s %s", h.cl.cfg.ID, p), h.every)
 	defer stopTick()
 	for {
 		h.beat(ctx, p)
@@ -122,10 +109,10 @@ func (h *heartbeats) run(ctx context.Context, p place) {
 
 // beat writes the place's heartbeat once, bounded by the heartbeat deadline.
 func (h *heartbeats) beat(ctx context.Context, p place) {
-	hctx, cancel := context.WithTimeout(ctx, h.r.hbTimeout)
+	hctx, cancel := context.WithTimeout(ctx, h.hbTimeout)
 	defer cancel()
-	keys := h.r.held(h.cl.cfg.ID)[p]
-	if len(keys) == 0 && !h.r.unsettled.places(h.cl.cfg.ID)[p] {
+	keys := h.held(h.cl.cfg.ID)[p]
+	if len(keys) == 0 && !h.unsettled.places(h.cl.cfg.ID)[p] {
 		return // released meanwhile; sync stops this loop
 	}
 	start := time.Now()
@@ -141,10 +128,10 @@ func (h *heartbeats) beat(ctx context.Context, p place) {
 	if err != nil {
 		if ctx.Err() == nil {
 			for _, k := range keys {
-				h.r.setProblem(k, "lease not renewed: "+err.Error())
+				h.setProblem(k, "lease not renewed: "+err.Error())
 			}
 		}
 		return
 	}
-	h.r.heartbeat(hctx, h.cl, store, p.pool, p.namespace, keys)
+	h.write(hctx, h.cl, store, p.pool, p.namespace, keys)
 }

@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/rbd-owner/rbd-owner/agent/devwatch"
@@ -19,15 +18,6 @@ import (
 //	renew <id>  one per cluster: a heartbeat per pool and namespace held, each on its own
 //	            schedule; every renew interval a round of claim checks, concurrent within
 //	            renewConcurrency, each bounded by the renew interval
-
-// renewConcurrency bounds the renewals of one cluster in flight at once.
-const renewConcurrency = 8
-
-// loopBeats is when each loop last beat: the watchdog's evidence that none is stuck.
-type loopBeats struct {
-	mu sync.Mutex
-	at map[string]time.Time
-}
 
 // beat records that the loop named name is alive.
 func (d *Daemon) beat(name string) {
@@ -96,20 +86,4 @@ func (d *Daemon) mainLoop(ctx context.Context, watcher *devwatch.Watcher) {
 			d.reconciler.deviceEvent(ctx, ev)
 		}
 	}
-}
-
-// eachBounded runs f on every item, at most n at once, and returns once all are done.
-func eachBounded[T any](n int, items []T, f func(T)) {
-	sem := make(chan struct{}, n)
-	var wg sync.WaitGroup
-	for _, it := range items {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			f(it)
-		}()
-	}
-	wg.Wait()
 }

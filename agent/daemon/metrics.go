@@ -101,14 +101,6 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 	return s
 }
 
-// livenessPlace is the place label of a heartbeat: "pool" or "pool/namespace".
-func livenessPlace(pool, ns string) string {
-	if ns == "" {
-		return pool
-	}
-	return pool + "/" + ns
-}
-
 // serveMetrics serves GET /metrics (and nothing else) on metrics_listen, when it is set, until
 // ctx ends; the server's goroutines are the daemon's (Run waits for them).
 func (d *Daemon) serveMetrics(ctx context.Context) error {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -100,14 +99,6 @@ func (d *Daemon) reportRebuild(ctx context.Context) {
 	msg := fmt.Sprintf("state rebuilt: %s could not be used (%v) and %s; from the kernel and the clusters: %d rbd device(s) adopted back%s, %d not%s; %s",
 		sa.Path, sa.Reason, kept, len(adopted), listText(adopted), len(others), listText(others), holds)
 	d.audit.Record(audit.Entry{Event: audit.StateRebuilt, Result: audit.OK, OwnerNode: d.cfg.NodeID, Warning: true, Message: msg})
-}
-
-// listText is ": a, b" or "".
-func listText(items []string) string {
-	if len(items) == 0 {
-		return ""
-	}
-	return ": " + strings.Join(items, ", ")
 }
 
 // settleListedHolds finds, after a rebuild, the holds this node's own heartbeats list in every
@@ -211,4 +202,37 @@ func (d *Daemon) names(cluster string, img claim.Image) bool {
 		}
 	}
 	return false
+}
+
+// resettle tries again to settle the holds of cl not settled at the rebuild (settleHold), and
+// reads its listed holds if the rebuild could not (settleCluster); those still not settled keep
+// their places' heartbeats going.
+func (d *Daemon) resettle(ctx context.Context, cl *cluster, store *claim.Store) {
+	d.unsettled.mu.Lock()
+	unread := d.unsettled.unread[cl.cfg.ID]
+	d.unsettled.mu.Unlock()
+	if unread {
+		released, unsettled := d.settleCluster(ctx, cl)
+		if len(released)+len(unsettled) > 0 {
+			d.log.WithField("cluster", cl.cfg.ID).Warn(fmt.Sprintf("after the state's rebuild, this node's holds its heartbeats list and no device here accounts for: %d released%s, %d not settled%s", len(released), listText(released), len(unsettled), listText(unsettled)))
+		}
+		return
+	}
+	imgs := d.unsettled.images(cl.cfg.ID)
+	if len(imgs) == 0 {
+		return
+	}
+	devs, err := d.kernel.List()
+	if err != nil {
+		return // tried again next round
+	}
+	sctx, cancel := context.WithTimeout(ctx, d.cfg.RenewInterval.D())
+	defer cancel()
+	for _, img := range imgs {
+		before := d.unsettled.why(cl.cfg.ID, img)
+		if _, why := d.settleHold(sctx, cl, store, devs, img); why != "" && why != before {
+			d.log.WithField("image", img.String()).WithField("cluster", cl.cfg.ID).
+				Warn("a hold of this node that its heartbeat lists and its state does not name is not settled (" + why + "): its place's heartbeat goes on; tried again next round")
+		}
+	}
 }

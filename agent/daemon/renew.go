@@ -85,6 +85,12 @@ func claimCheckInterval(cfg *config.Config) time.Duration {
 	return max(c, cfg.RenewInterval.D())
 }
 
+// heartbeatsOf is cl's heartbeats, writing through r.
+func (r *renewer) heartbeatsOf(cl *cluster) *heartbeats {
+	return &heartbeats{cl: cl, held: r.held, unsettled: r.unsettled, write: r.heartbeat, node: r.node, setProblem: r.setProblem,
+		ticker: r.ticker, every: r.every, hbTimeout: r.hbTimeout, places: map[place]context.CancelFunc{}, since: map[place]time.Time{}}
+}
+
 // loop keeps the leases held on one cluster: it runs a heartbeat per place this node holds
 // claims in (heartbeats: each on its own schedule, never waiting for anything below), and every
 // renew interval a round of claim checks and of takeover watches, started at once. A round
@@ -97,7 +103,7 @@ func (r *renewer) loop(ctx context.Context, cl *cluster, beatEvery time.Duration
 	defer stopTick()
 	beat := time.NewTicker(beatEvery)
 	defer beat.Stop()
-	hb := newHeartbeats(r, cl)
+	hb := r.heartbeatsOf(cl)
 	defer hb.stop()
 	inFlight := newRoundInFlight()
 	defer inFlight.wait()
@@ -399,4 +405,99 @@ func (r *renewer) setLost(k state.Key, why string) {
 	if r.node.SetLost(k, why) {
 		r.metrics.ClaimLost(k.Cluster)
 	}
+}
+
+// held returns the places of cl where this node holds claims, or may, in every phase, and
+// their mappings' keys: claiming (a claim write that may have been applied, until the
+// reconciler settles it; were its liveness to stop, a watcher would judge that claim expired
+// and fence this live node whole: docs/safety.md, F5) and unmapping (a device that may still be
+// open and writing until its claim is released) as much as claimed and mapped.
+func (r *renewer) held(clusterID string) map[place][]state.Key {
+	out := map[place][]state.Key{}
+	for _, m := range r.state.All() {
+		if m.Cluster == clusterID && m.Claimed {
+			p := place{m.Pool, m.Namespace}
+			out[p] = append(out[p], m.Key)
+		}
+	}
+	return out
+}
+
+// readNotices reads this node's notice object in every place of ms, at most renewConcurrency
+// at once, each bounded by the renew interval.
+func (r *renewer) readNotices(ctx context.Context, cl *cluster, store *claim.Store, ms []state.Mapping) map[place]*placeNotices {
+	out := map[place]*placeNotices{}
+	var places []place
+	for _, m := range ms {
+		p := place{m.Pool, m.Namespace}
+		if out[p] == nil {
+			out[p] = &placeNotices{}
+			places = append(places, p)
+		}
+	}
+	var mu sync.Mutex
+	eachBounded(renewConcurrency, places, func(p place) {
+		nctx, cancel := context.WithTimeout(ctx, r.every)
+		ns, ver, err := store.Notices(nctx, p.pool, p.namespace)
+		cancel()
+		pn := &placeNotices{byImage: map[string]claim.Notice{}, ver: ver, failed: err != nil}
+		if err != nil && ctx.Err() == nil {
+			r.log.WithError(err).WithField("cluster", cl.cfg.ID).WithField("place", p.String()).Warn("notices not read: every claim held there is read this round instead")
+		}
+		for _, n := range ns {
+			pn.byImage[n.Image] = n
+		}
+		mu.Lock()
+		out[p] = pn
+		mu.Unlock()
+	})
+	return out
+}
+
+// clearNotices removes, in each place, the notices handled this round: those of claims read
+// (whatever the read found: a lost claim is lost in this node's memory and state from then on),
+// and those of holds this node no longer has. A notice written since the round's read stays.
+func (r *renewer) clearNotices(ctx context.Context, cl *cluster, store *claim.Store, notices map[place]*placeNotices, read map[state.Key]bool, ms []state.Mapping) {
+	held := map[place]map[string]state.Mapping{}
+	for _, m := range ms {
+		p := place{m.Pool, m.Namespace}
+		if held[p] == nil {
+			held[p] = map[string]state.Mapping{}
+		}
+		held[p][m.Image] = m
+	}
+	for p, pn := range notices {
+		if pn == nil || pn.failed || len(pn.byImage) == 0 {
+			continue
+		}
+		var done []string
+		for img, n := range pn.byImage {
+			m, ok := held[p][img]
+			if !ok || read[m.Key] || (n.Epoch != 0 && n.Epoch != m.Epoch) {
+				done = append(done, img)
+			}
+		}
+		cctx, cancel := context.WithTimeout(ctx, r.every)
+		err := store.ClearNotices(cctx, p.pool, p.namespace, done, pn.ver)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			r.log.WithError(err).WithField("cluster", cl.cfg.ID).WithField("place", p.String()).Warn("notices not cleared: they are read again next round")
+		}
+	}
+}
+
+// watchRound refreshes the watches of cl's images, concurrent within renewConcurrency, each
+// bounded by the heartbeat deadline. An image no other node holds any more is forgotten.
+func (r *renewer) watchRound(ctx context.Context, cl *cluster, store *claim.Store) {
+	eachBounded(renewConcurrency, r.watches.due(cl.cfg.ID, time.Now()), func(k state.Key) {
+		wctx, cancel := context.WithTimeout(ctx, r.hbTimeout)
+		leases, err := store.Watch(wctx, k.Ref.Head())
+		cancel()
+		switch {
+		case err != nil:
+			r.log.WithError(err).WithField("image", k.String()).Debug("takeover watch: not refreshed")
+		case len(leases) == 0:
+			r.watches.drop(k) // free, or this node's: nothing to wait for
+		}
+	})
 }

@@ -29,7 +29,7 @@ func TestRenewalCostsOneWritePerPool(t *testing.T) {
 	m := memory.New("00000000-0000-4000-8000-000000000005")
 	d, _ := roundDaemon(t, m, 68, 64)
 	// one renew interval's work: each place's heartbeat once, and the round of claim checks
-	hb := newHeartbeats(d.renewer, d.clusters["c1"])
+	hb := d.renewer.heartbeatsOf(d.clusters["c1"])
 	round := func() map[string]int {
 		m.Counts(true)
 		for p := range d.renewer.held("c1") {

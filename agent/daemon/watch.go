@@ -1,12 +1,10 @@
 package daemon
 
 import (
-	"context"
 	"sort"
 	"sync"
 	"time"
 
-	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -57,20 +55,4 @@ func (w *takeoverWatches) due(clusterID string, now time.Time) []state.Key {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
 	return out
-}
-
-// watchRound refreshes the watches of cl's images, concurrent within renewConcurrency, each
-// bounded by the heartbeat deadline. An image no other node holds any more is forgotten.
-func (r *renewer) watchRound(ctx context.Context, cl *cluster, store *claim.Store) {
-	eachBounded(renewConcurrency, r.watches.due(cl.cfg.ID, time.Now()), func(k state.Key) {
-		wctx, cancel := context.WithTimeout(ctx, r.hbTimeout)
-		leases, err := store.Watch(wctx, k.Ref.Head())
-		cancel()
-		switch {
-		case err != nil:
-			r.log.WithError(err).WithField("image", k.String()).Debug("takeover watch: not refreshed")
-		case len(leases) == 0:
-			r.watches.drop(k) // free, or this node's: nothing to wait for
-		}
-	})
 }
