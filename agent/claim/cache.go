@@ -59,3 +59,14 @@ func (c *recordCache) lastSeen(img Image) *readResult {
 	r.rec = r.rec.Clone()
 	return &r
 }
+
+// maxKnownIDs bounds the record cache's maps and the fenced nodes' marks: when full one is emptied, and the next look at
+// or change of each image takes one round trip more.
+const maxKnownIDs = 4096
+
+// readResult is one read of a claim record: the record (nil when none), its object version.
+type readResult struct {
+	rec *Record
+	ver uint64
+	err error
+}

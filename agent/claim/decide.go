@@ -304,3 +304,47 @@ func decideMine(img Image, cur *Record, node string, epoch uint64) (*Holder, err
 	}
 	return h, nil
 }
+
+// unexplained returns the watchers that no holder's mapping accounts for. A holder that has
+// not recorded its mapping address yet (between claim and map) may account for one watcher.
+func unexplained(watchers []string, holders []Holder) []string {
+	known := map[string]bool{}
+	pending := 0
+	for _, h := range holders {
+		if h.ClientAddr != "" {
+			known[h.ClientAddr] = true
+		} else {
+			pending++
+		}
+	}
+	var out []string
+	for _, w := range watchers {
+		if !known[w] {
+			out = append(out, w)
+		}
+	}
+	if len(out) <= pending {
+		return nil
+	}
+	return out
+}
+
+// withoutAddrsOf drops the watchers that belong to the given holders' mappings.
+func withoutAddrsOf(watchers []string, hs []Holder) []string {
+	if len(hs) == 0 {
+		return watchers
+	}
+	var out []string
+	for _, w := range watchers {
+		drop := false
+		for _, h := range hs {
+			if h.ClientAddr == w {
+				drop = true
+			}
+		}
+		if !drop {
+			out = append(out, w)
+		}
+	}
+	return out
+}

@@ -426,3 +426,34 @@ func (s *Store) swapCovered(ctx context.Context, addr, cover string, isRange boo
 	}
 	return until, how, nil
 }
+
+// swapBusy says whether m, another call's mark read in img's record, is still honoured, and
+// for how long. nil: no mark (what was remembered of img is forgotten).
+func (s *Store) swapBusy(img Image, m *SwapMark) (bool, time.Duration) {
+	s.swapMu.Lock()
+	defer s.swapMu.Unlock()
+	if m == nil {
+		delete(s.swapSeen, img)
+		return false, 0
+	}
+	now := s.cfg.Mono()
+	seen, ok := s.swapSeen[img]
+	if !ok || seen.token != m.Token {
+		seen = swapSighting{token: m.Token, first: now}
+		s.swapSeen[img] = seen
+	}
+	left := swapMarkLife - (now - seen.first)
+	return left > 0, left
+}
+
+// dropMark removes this call's mark from img's record if it is still there (best effort: a
+// mark left behind lapses after swapMarkLife).
+func (s *Store) dropMark(ctx context.Context, img Image, token string) {
+	_, _ = s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
+		if cur == nil || cur.Swap == nil || cur.Swap.Token != token {
+			return nil, nil
+		}
+		cur.Swap = nil
+		return cur, nil
+	})
+}

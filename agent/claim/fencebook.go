@@ -121,3 +121,17 @@ func (f *fenceBook) prune() {
 		}
 	}
 }
+
+// entry is one live blocklist entry of a record, fence or intruder, as KeepFences sees it.
+type entry struct {
+	intruder bool
+	node     string
+	addr     string
+	bootID   string
+	inc      string
+	at       time.Time // when it was fenced: an entry replaced meanwhile is another fence
+	expires  time.Time // as recorded
+}
+
+// keepKey names an entry in the store's memory of its own checks.
+func keepKey(img Image, e entry) string { return img.String() + "\x00" + e.node + "\x00" + e.addr }

@@ -214,17 +214,3 @@ func (h *heartbeats) mayList(img Image) bool {
 	}
 	return slices.Contains(last.hb.Holds, img.Image)
 }
-
-// Heartbeat renews this node's heartbeat in a pool and namespace (see heartbeats.beat).
-func (s *Store) Heartbeat(ctx context.Context, pool, namespace string) error {
-	return s.hb.beat(ctx, pool, namespace)
-}
-
-// NoteHold has img listed among this node's holds (add) or no longer (drop) by the next
-// heartbeat in its place. Acquire adds the image itself, before its claim; the agent adds the
-// holds it finds at its start (those of an agent before the list), and a release drops them.
-func (s *Store) NoteHold(img Image, add bool) { s.hb.note(img, add) }
-
-// Holds are the images this node's last heartbeat in img's place listed, and the edits not
-// written yet (for tests and status).
-func (s *Store) Holds(pool, namespace string) []string { return s.hb.holds(pool, namespace) }

@@ -67,17 +67,6 @@ func (r KeepReport) Unrepaired() int {
 	return n
 }
 
-// entry is one live blocklist entry of a record, fence or intruder, as KeepFences sees it.
-type entry struct {
-	intruder bool
-	node     string
-	addr     string
-	bootID   string
-	inc      string
-	at       time.Time // when it was fenced: an entry replaced meanwhile is another fence
-	expires  time.Time // as recorded
-}
-
 func liveEntries(r *Record) []entry {
 	var out []entry
 	for _, f := range r.Fences {
@@ -90,9 +79,6 @@ func liveEntries(r *Record) []entry {
 	}
 	return out
 }
-
-// keepKey names an entry in the store's memory of its own checks.
-func keepKey(img Image, e entry) string { return img.String() + "\x00" + e.node + "\x00" + e.addr }
 
 // Due says whether any live fence or intruder of rec is due for a check by this store, or a
 // gone fence's entry this project listed is still to be removed, without any cluster call: the

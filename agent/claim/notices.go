@@ -132,18 +132,11 @@ func (n *noticeBox) clear(ctx context.Context, pool, namespace string, images []
 	return nil
 }
 
-// RetryNotices tries again to write the notices that could not be written, and returns how
-// many are still pending and the errors of this try.
-func (s *Store) RetryNotices(ctx context.Context) (int, []error) { return s.notices.retry(ctx) }
-
-// Notices reads this node's notices in a pool and namespace, and the notice object's version
-// (for ClearNotices); none when there is no notice object.
-func (s *Store) Notices(ctx context.Context, pool, namespace string) ([]Notice, uint64, error) {
-	return s.notices.read(ctx, pool, namespace)
-}
-
-// ClearNotices removes handled notices, only if the notice object is still at version ver (a
-// notice written since is read at the next round).
-func (s *Store) ClearNotices(ctx context.Context, pool, namespace string, images []string, ver uint64) error {
-	return s.notices.clear(ctx, pool, namespace, images, ver)
+// Notice is one notice of a changed hold.
+type Notice struct {
+	Image string    `json:"image"`
+	Epoch uint64    `json:"epoch"` // the hold's epoch (the node's fencing token) that was changed
+	What  string    `json:"what"`  // "taken over", "fenced", "force-released"
+	By    string    `json:"by"`
+	At    time.Time `json:"at"`
 }

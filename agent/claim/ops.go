@@ -26,26 +26,6 @@ func (s *Store) me() Holder {
 	return h
 }
 
-// withoutAddrsOf drops the watchers that belong to the given holders' mappings.
-func withoutAddrsOf(watchers []string, hs []Holder) []string {
-	if len(hs) == 0 {
-		return watchers
-	}
-	var out []string
-	for _, w := range watchers {
-		drop := false
-		for _, h := range hs {
-			if h.ClientAddr == w {
-				drop = true
-			}
-		}
-		if !drop {
-			out = append(out, w)
-		}
-	}
-	return out
-}
-
 func (s *Store) refresh(h *Holder, now time.Time) {
 	acquireInput{Now: now, Me: s.me()}.refresh(h)
 }

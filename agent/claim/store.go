@@ -106,10 +106,6 @@ type Store struct {
 	cache *recordCache
 }
 
-// maxKnownIDs bounds the record cache's maps and the fenced nodes' marks: when full one is emptied, and the next look at
-// or change of each image takes one round trip more.
-const maxKnownIDs = 4096
-
 // NewStore returns a Store on a RADOS connection (owned by the caller).
 func NewStore(conn *rados.Conn, cfg Config) (*Store, error) {
 	b, err := radosbackend.New(conn)
@@ -163,13 +159,6 @@ func (s *Store) Backend() Backend { return s.b }
 func (s *Store) read(ctx context.Context, img Image) (*Record, uint64, error) {
 	r := s.readAt(ctx, img)
 	return r.rec, r.ver, r.err
-}
-
-// readResult is one read of a claim record: the record (nil when none), its object version.
-type readResult struct {
-	rec *Record
-	ver uint64
-	err error
 }
 
 func (s *Store) readAt(ctx context.Context, img Image) readResult {
@@ -309,30 +298,6 @@ func (s *Store) inspectImage(ctx context.Context, img Image) (record.ImageInfo, 
 	}
 	info.Watchers = kept
 	return info, nil
-}
-
-// unexplained returns the watchers that no holder's mapping accounts for. A holder that has
-// not recorded its mapping address yet (between claim and map) may account for one watcher.
-func unexplained(watchers []string, holders []Holder) []string {
-	known := map[string]bool{}
-	pending := 0
-	for _, h := range holders {
-		if h.ClientAddr != "" {
-			known[h.ClientAddr] = true
-		} else {
-			pending++
-		}
-	}
-	var out []string
-	for _, w := range watchers {
-		if !known[w] {
-			out = append(out, w)
-		}
-	}
-	if len(out) <= pending {
-		return nil
-	}
-	return out
 }
 
 // imageExists says whether img still exists with the given id ("" accepts any id).

@@ -1,7 +1,6 @@
 package claim
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -46,25 +45,6 @@ type swapSighting struct {
 	first time.Duration
 }
 
-// swapBusy says whether m, another call's mark read in img's record, is still honoured, and
-// for how long. nil: no mark (what was remembered of img is forgotten).
-func (s *Store) swapBusy(img Image, m *SwapMark) (bool, time.Duration) {
-	s.swapMu.Lock()
-	defer s.swapMu.Unlock()
-	if m == nil {
-		delete(s.swapSeen, img)
-		return false, 0
-	}
-	now := s.cfg.Mono()
-	seen, ok := s.swapSeen[img]
-	if !ok || seen.token != m.Token {
-		seen = swapSighting{token: m.Token, first: now}
-		s.swapSeen[img] = seen
-	}
-	left := swapMarkLife - (now - seen.first)
-	return left > 0, left
-}
-
 // swapBusyError is the refusal of a claim beside another claimer's swap.
 func swapBusyError(img Image, m *SwapMark, left time.Duration) error {
 	return fmt.Errorf("%w: node %s is adding the blocklist entry %v again before its claim of %s (a removal and an add); retry in a few seconds (its mark is honoured for %s more)",
@@ -85,16 +65,4 @@ func needsMark(err error) (string, bool) {
 		return nm.addr, true
 	}
 	return "", false
-}
-
-// dropMark removes this call's mark from img's record if it is still there (best effort: a
-// mark left behind lapses after swapMarkLife).
-func (s *Store) dropMark(ctx context.Context, img Image, token string) {
-	_, _ = s.update(ctx, img, func(cur *Record, _ uint64) (*Record, error) {
-		if cur == nil || cur.Swap == nil || cur.Swap.Token != token {
-			return nil, nil
-		}
-		cur.Swap = nil
-		return cur, nil
-	})
 }
