@@ -65,3 +65,19 @@ func TestLongerChain(t *testing.T) {
 		t.Errorf("links %d, upward %d, in cycles %d, floors %d; want 5, 2, 2, 4", r.links, r.upward, r.inCycles, r.floors)
 	}
 }
+
+// TestClaimAndDaemonFilesInFloors: in agent/claim and agent/daemon no file links upward (no
+// cycle of files): a sub-protocol's or a worker's file never names the Store or the Daemon
+// that holds it, and their methods live above the type (docs/architecture.md).
+func TestClaimAndDaemonFilesInFloors(t *testing.T) {
+	for _, dir := range []string{"../../claim", "../../daemon"} {
+		r, err := analyse(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.upward != 0 || len(r.cycles) != 0 {
+			t.Errorf("%s: %d of %d file links run upward, cycles %+v; want none (go run ./agent/internal/shape %s)",
+				dir, r.upward, r.links, r.cycles, strings.TrimPrefix(dir, "../../"))
+		}
+	}
+}
