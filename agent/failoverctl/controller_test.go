@@ -192,6 +192,21 @@ func (s *scene) pass(d time.Duration, alive ...string) {
 	}
 }
 
+// startedBy persists on node the state another controller (by) left after declaring it dead:
+// phase fencing, its fence not yet done.
+func (s *scene) startedBy(node, by string) {
+	s.t.Helper()
+	n := s.node(node)
+	b, err := json.Marshal(failover.State{Phase: failover.PhaseFencing, Since: s.wall, By: by, KubeletBootID: "kb-boot-1"})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	n.Annotations = map[string]string{failover.Annotation: string(b)}
+	if _, err := s.kube.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
 func (s *scene) node(name string) *corev1.Node {
 	s.t.Helper()
 	n, err := s.kube.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
@@ -425,12 +440,7 @@ func TestNothingBlindNothingBeyondTheLimitNothingInDryRun(t *testing.T) {
 // was taken. Another controller's state write since its read fails its own.
 func TestAStandbyFinishesAStartedFailover(t *testing.T) {
 	s := newScene(t)
-	n := s.node("node-a")
-	b, _ := json.Marshal(failover.State{Phase: failover.PhaseFencing, Since: s.wall, By: "ctl-1", KubeletBootID: "kb-boot-1"})
-	n.Annotations = map[string]string{failover.Annotation: string(b)}
-	if _, err := s.kube.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	s.startedBy("node-a", "ctl-1")
 	s.pass(5*time.Second, "kubelet-b")
 	if !s.m.Blocklisted(clientA) || mustState(t, s.node("node-a")).Phase != failover.PhaseMoved {
 		t.Fatalf("not finished: %v", s.changes())
@@ -443,12 +453,7 @@ func TestAStandbyFinishesAStartedFailover(t *testing.T) {
 func TestALeaderWhoseLeaseLapsedTakesNoStep(t *testing.T) {
 	var leading atomic.Bool
 	s := newScene(t, func(c *Config) { c.Leading = leading.Load })
-	n := s.node("node-a")
-	b, _ := json.Marshal(failover.State{Phase: failover.PhaseFencing, Since: s.wall, By: "ctl-1", KubeletBootID: "kb-boot-1"})
-	n.Annotations = map[string]string{failover.Annotation: string(b)}
-	if _, err := s.kube.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	s.startedBy("node-a", "ctl-1")
 	s.pass(30*time.Second, "kubelet-b")
 	if st := mustState(t, s.node("node-a")); s.m.Blocklisted(clientA) || st.Phase != failover.PhaseFencing || st.By != "ctl-1" || hasTaint(s.node("node-a")) {
 		t.Fatalf("a controller not leading took a step: state %+v, changes %v", st, s.changes())
