@@ -486,13 +486,10 @@ func agentError(err error) (int, string) {
 		case api.CodeStateUnwritable:
 			code = exitENOSPC
 		}
-		msg := ae.Message
-		if ae.Owner != nil && !strings.Contains(msg, ae.Owner.NodeID) {
-			msg += " (held by node " + ae.Owner.NodeID + ")"
-		}
-		// the agent's message already says when a takeover is possible (RetryAfterSeconds is
-		// the same time for programs): not said twice
-		return code, msg + " [" + ae.Code + "]"
+		// the agent's message names the holders (Owner and Holders say the same as data) and
+		// when a takeover is possible (RetryAfterSeconds): nothing is added to it, nothing read
+		// out of it
+		return code, ae.Message + " [" + ae.Code + "]"
 	}
 	switch {
 	case errors.Is(err, client.ErrUnreachable):

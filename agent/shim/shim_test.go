@@ -452,3 +452,16 @@ func TestCephCSIStateUnwritableIsENOSPC(t *testing.T) {
 		t.Fatalf("%+v, want exit 28 (ENOSPC) and stderr %q", r, want)
 	}
 }
+
+// TestTheDropInReadsNoMessageText: a refusal reworded so that its message names no holder is
+// printed as the agent wrote it: the drop-in adds nothing to the message and reads nothing out of
+// it (the holders are data: Owner, Holders).
+func TestTheDropInReadsNoMessageText(t *testing.T) {
+	msg := "rbd/img is taken elsewhere"
+	owner := api.Owner{NodeID: "node-a", Hostname: "host-a"}
+	a := &fakeAgent{mapErr: &api.Error{Code: api.CodeClaimedElsewhere, Message: msg, Owner: &owner, Holders: []api.Owner{owner}}}
+	r := run(t, a, "map", "rbd/img")
+	if want := "rbd: map failed: rbd-owner refused to map rbd/img: " + msg + " [claimed_elsewhere]\n"; r.code != exitEBUSY || r.stderr != want {
+		t.Fatalf("%+v\nwant exit %d and stderr %q", r, exitEBUSY, want)
+	}
+}
