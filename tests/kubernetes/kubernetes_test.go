@@ -61,9 +61,10 @@ var (
 		{"name": "rbd-owner-csi", "hostPath": map[string]any{"path": socketDir, "type": "Directory"}},
 	}
 	// the node plugin stays on a node tainted out-of-service (by an operator or the failover
-	// controller): the node, when it comes back, unstages its deleted pods' volumes through it
+	// controller), whatever the taint's effect (NoExecute, or NoSchedule as some guides add):
+	// the node, when it comes back, unstages its deleted pods' volumes through it
 	wantTolerations = []any{
-		map[string]any{"key": "node.kubernetes.io/out-of-service", "operator": "Exists", "effect": "NoExecute"},
+		map[string]any{"key": "node.kubernetes.io/out-of-service", "operator": "Exists"},
 	}
 )
 
