@@ -199,6 +199,25 @@ func TestCephCSIOperatorDriver(t *testing.T) {
 	}
 }
 
+// TestCephCSIDriversChartValues: ceph-csi-operator/values-ceph-csi-drivers.yaml gives the
+// ceph-csi-drivers chart's RBD driver (drivers.rbd.nodePlugin) exactly driver-rbd.yaml's node
+// plugin tolerations and volumes, and nothing else.
+func TestCephCSIDriversChartValues(t *testing.T) {
+	values := decodeAll(t, "../../packaging/kubernetes/ceph-csi-operator/values-ceph-csi-drivers.yaml")
+	driver := decodeAll(t, "../../packaging/kubernetes/ceph-csi-operator/driver-rbd.yaml")
+	if len(values) != 1 || len(driver) != 1 {
+		t.Fatalf("want one document in each, got %d values and %d Driver", len(values), len(driver))
+	}
+	got := dig(values[0], "drivers", "rbd", "nodePlugin")
+	want := dig(driver[0], "spec", "nodePlugin")
+	if got == nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("drivers.rbd.nodePlugin is not driver-rbd.yaml's spec.nodePlugin:\n%s", diffYAML(t, want, got))
+	}
+	if d, _ := values[0]["drivers"].(map[string]any); len(d) != 1 || len(values[0]) != 1 {
+		t.Errorf("the values set more than drivers.rbd: %v", values[0])
+	}
+}
+
 func checkOperatorVolumes(t *testing.T, what string, volumes, mounts []map[string]any) {
 	t.Helper()
 	if !reflect.DeepEqual(volumes, wantVolumes) {
