@@ -152,9 +152,13 @@ lab-down:
 # Not in `make test`: the cold Kubernetes and ceph-csi builds alone take about half an hour.
 #   k8s-e2e    the scenarios as PASS/FAIL assertions ("N passed, M failed"); KEEP=1 leaves it up
 #   k8s-lab    up, ceph-csi applied, left running (tests/k8s/lab kubectl …, make k8s-lab-down)
+# K8S_CSI=operator deploys ceph-csi through the ceph-csi-operator instead, built from CSIOP_SRC (a
+# source tree or git repository; CSIOP_REF, default v1.0.4), its Driver patched by
+# packaging/kubernetes/ceph-csi-operator; the same scenarios, plus the operator's own.
 CEPHCSI_HOW := set CEPHCSI_SRC to a ceph-csi source tree or git repository (CEPHCSI_REF picks the tag, default v3.12.2), or CEPHCSI_BIN to a built cephcsi
 k8s-e2e k8s-lab:
 	@[ -n "$${CEPHCSI_SRC:-}$${CEPHCSI_BIN:-}" ] || { echo "make $@: no ceph-csi to run: $(CEPHCSI_HOW)" >&2; exit 2; }
+	@[ "$${K8S_CSI:-manifests}" != operator ] || [ -n "$${CSIOP_SRC:-}" ] || { echo "make $@: K8S_CSI=operator: set CSIOP_SRC to a ceph-csi-operator source tree or git repository (CSIOP_REF picks the tag, default v1.0.4)" >&2; exit 2; }
 	@$(MAKE) --no-print-directory package
 	@tests/deps lab
 	@tests/k8s/lab $(if $(filter k8s-lab,$@),up,e2e)

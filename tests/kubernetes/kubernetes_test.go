@@ -61,9 +61,10 @@ var (
 		{"name": "rbd-owner-csi", "hostPath": map[string]any{"path": socketDir, "type": "Directory"}},
 	}
 	// the node plugin stays on a node tainted out-of-service (by an operator or the failover
-	// controller): the node, when it comes back, unstages its deleted pods' volumes through it
+	// controller), whatever the taint's effect (NoExecute, or NoSchedule as some guides add):
+	// the node, when it comes back, unstages its deleted pods' volumes through it
 	wantTolerations = []any{
-		map[string]any{"key": "node.kubernetes.io/out-of-service", "operator": "Exists", "effect": "NoExecute"},
+		map[string]any{"key": "node.kubernetes.io/out-of-service", "operator": "Exists"},
 	}
 )
 
@@ -195,6 +196,25 @@ func TestCephCSIOperatorDriver(t *testing.T) {
 	checkOperatorVolumes(t, "ceph-csi-operator", volumes, mounts)
 	if got := dig(docs[0], "spec", "nodePlugin", "tolerations"); !reflect.DeepEqual(got, wantTolerations) {
 		t.Errorf("ceph-csi-operator: nodePlugin.tolerations %v, want the component's %v", got, wantTolerations)
+	}
+}
+
+// TestCephCSIDriversChartValues: ceph-csi-operator/values-ceph-csi-drivers.yaml gives the
+// ceph-csi-drivers chart's RBD driver (drivers.rbd.nodePlugin) exactly driver-rbd.yaml's node
+// plugin tolerations and volumes, and nothing else.
+func TestCephCSIDriversChartValues(t *testing.T) {
+	values := decodeAll(t, "../../packaging/kubernetes/ceph-csi-operator/values-ceph-csi-drivers.yaml")
+	driver := decodeAll(t, "../../packaging/kubernetes/ceph-csi-operator/driver-rbd.yaml")
+	if len(values) != 1 || len(driver) != 1 {
+		t.Fatalf("want one document in each, got %d values and %d Driver", len(values), len(driver))
+	}
+	got := dig(values[0], "drivers", "rbd", "nodePlugin")
+	want := dig(driver[0], "spec", "nodePlugin")
+	if got == nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("drivers.rbd.nodePlugin is not driver-rbd.yaml's spec.nodePlugin:\n%s", diffYAML(t, want, got))
+	}
+	if d, _ := values[0]["drivers"].(map[string]any); len(d) != 1 || len(values[0]) != 1 {
+		t.Errorf("the values set more than drivers.rbd: %v", values[0])
 	}
 }
 
