@@ -20,4 +20,5 @@ func sinceText(t time.Time) string {
 	return " (since " + t.UTC().Format(time.RFC3339) + ")"
 }
 
+// errInvalid is the fault class of a request refused as invalid (an unknown cluster, say).
 var errInvalid = fault.ErrInvalid
