@@ -110,6 +110,6 @@ func (s *Sagas) nextSteps(c Caller, t target, held *claim.HeldError) ([]api.Step
 	return []api.Step{
 			{Run: nodeRun, Why: "if " + who + " dead, by an admin on any node: every hold of that node; the next NodeStage then maps it"},
 			{Run: fenceRun, Why: "this image only, by an admin"},
-			{Why: "or set takeover_policy: after-fence (maps take over holds already blocklisted) or after-lease-expiry (also an expired lease)"}},
+			{Why: "set takeover_policy: after-fence (maps take over holds already blocklisted) or after-lease-expiry (also an expired lease)"}},
 		fmt.Sprintf("this caller (CSI role) may not take it over under takeover_policy: manual: if %s dead, ask an admin to run %s on any node (every hold of that node; %s fences this image only): the next NodeStage then maps it; or set takeover_policy: after-fence (maps take over holds already blocklisted) or after-lease-expiry (also an expired lease)", who, nodeFence, fence)
 }

@@ -214,7 +214,7 @@ func classify(err error) (int, *api.Error, string) {
 }
 
 // heldLine is a refusal by others' holds in one line, from the agent's data alone (the image,
-// its first holder, the reason, the advice or next steps): the image named once, the holder,
+// its first holder, the reason, the next steps): the image named once, the holder,
 // its lease as this node saw it, then what to do.
 func heldLine(ae *api.Error) string {
 	o := ae.Owner
@@ -224,16 +224,18 @@ func heldLine(ae *api.Error) string {
 	}
 	msg := fmt.Sprintf("%s is held by node %s (host %s) at epoch %d since %s",
 		what, o.NodeID, o.Hostname, o.Epoch, o.AcquiredAt.Format(time.RFC3339))
-	// the agent's reason and its next step for this caller and policy, kept whole, in place
-	// of the generic advice below
+	// the agent's reason, then its next steps for this caller and policy (the list, as data),
+	// in place of the generic advice below; an agent that sends no steps may send them as one
+	// phrase (advice)
 	var said []string
-	for _, part := range []string{ae.Reason, ae.Advice} {
-		if part != "" {
-			said = append(said, part)
-		}
+	if ae.Reason != "" {
+		said = append(said, ae.Reason)
 	}
-	if len(said) == 0 && len(ae.NextSteps) > 0 {
+	switch {
+	case len(ae.NextSteps) > 0:
 		said = append(said, stepsText(ae.NextSteps))
+	case ae.Advice != "":
+		said = append(said, ae.Advice)
 	}
 	reason := strings.Join(said, "; ")
 	switch {

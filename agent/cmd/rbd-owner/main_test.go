@@ -695,3 +695,18 @@ func TestStateUnwritableExitsFailedNamingItsCode(t *testing.T) {
 		t.Errorf("--json: exit %d error %+v", code, e)
 	}
 }
+
+// TestClaimedElsewhereRendersTheStepsNotTheAdvice: an agent's refusal carries its next steps as
+// a list and the same steps as one phrase (advice, for the message); the CLI renders the list.
+func TestClaimedElsewhereRendersTheStepsNotTheAdvice(t *testing.T) {
+	sock, _ := serve(t, 409, api.ErrorBody{Error: &api.Error{Code: api.CodeClaimedElsewhere, Message: "acquire rbd/img: …",
+		Image: "rbd/img", Owner: &api.Owner{NodeID: "node-a", Hostname: "host-a", Epoch: 4, AcquiredAt: time.Now(), LeaseAge: 3},
+		Reason:    "node node-a's mapping (10.0.0.1:0/7) is on no blocklist entry for its whole node (ip:0/0 or a range)",
+		NextSteps: []api.Step{{Run: "rbd-owner fence --node node-a", Why: "if node node-a is dead, by an admin on any node"}},
+		Advice:    "a phrase of the same steps"}})
+	code, _, errs := cli("--socket", sock, "map", "rbd/img")
+	want := "(live); node node-a's mapping (10.0.0.1:0/7) is on no blocklist entry for its whole node (ip:0/0 or a range); run `rbd-owner fence --node node-a` (if node node-a is dead, by an admin on any node)\n"
+	if code != exitClaimed || !strings.HasSuffix(errs, want) || strings.Contains(errs, "a phrase") {
+		t.Fatalf("exit %d, stderr %q, want it to end with %q", code, errs, want)
+	}
+}
