@@ -45,4 +45,4 @@ func (a adminAgent) LockImage(ctx context.Context, k state.Key) (func(), error) 
 	return a.d.locks.Lock(ctx, k)
 }
 
-func (a adminAgent) RememberPool(k state.Key) { a.d.rememberPool(k) }
+func (a adminAgent) RememberPool(k state.Key) { a.d.fences.rememberPool(k) }

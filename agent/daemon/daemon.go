@@ -119,6 +119,8 @@ type Daemon struct {
 	intrusions *intrusionJudge // the judge of devices mapped outside rbd-owner (intrusion.go)
 	sweeper    *sweeper        // the pool sweep (sweep.go)
 	reconciler *reconciler     // recovery, reconciliation and device events (recover.go)
+	fences     *fenceUpkeep    // the fences the claims record, kept (fences.go)
+	settler    *settler        // a rebuilt state's holds, settled (rebuild.go)
 
 	admin *admin.Admin // the admin calls (fence, release, unfence, claims, orphans)
 

@@ -27,7 +27,7 @@ func (d *Daemon) newMetrics() *metrics.Metrics {
 	}
 	return metrics.New(metrics.Options{Version: version.Version, PerImage: d.cfg.PerImageMetrics, Clusters: ids,
 		Lease: d.cfg.LeaseDuration.D(), Renew: d.cfg.RenewInterval.D(), HeartbeatGap: d.cfg.HeartbeatGapBound(), Snapshot: d.metricsSnapshot,
-		FenceWarn: min(24*time.Hour, d.fenceExpiry()/4)})
+		FenceWarn: min(24*time.Hour, fenceExpiry(d.cfg)/4)})
 }
 
 // clusterLabel is the cluster label of a request: the configured cluster it names (or the only
@@ -95,7 +95,7 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 		sort.Strings(c.Places)
 		s.Clusters = append(s.Clusters, c)
 	}
-	s.Fences = d.keptSnapshot()
+	s.Fences = d.fences.keptSnapshot()
 	werr, _ := d.state.WriteFailure()
 	s.StateWriteFailing = werr != nil
 	return s

@@ -37,7 +37,7 @@ type reconciler struct {
 	sagas         resumer                                // the sagas' recovery (a *saga.Sagas)
 	judge         deviceJudge                            // the judge of devices nobody explains (intrusion.go)
 	renew         func(ctx context.Context, cl *cluster) // a round of cl's renewals (renewer.round)
-	reportRebuild func(ctx context.Context)              // what a rebuild of the state found (Daemon.reportRebuild)
+	reportRebuild func(ctx context.Context)              // what a rebuild of the state found (settler.reportRebuild)
 	bg            *sync.WaitGroup                        // the daemon's goroutines: recovery's renewals may outlast it
 	// where it reports
 	log     *logrus.Logger

@@ -32,9 +32,10 @@ type renewer struct {
 	watches   *takeoverWatches // the images waiting to be taken over (watchRound)
 	locks     *saga.Locks      // a lost claim is judged only while nothing else runs on its image
 	checks    claimChecks      // when each claim held is next read (checks.go)
-	// what it asks of the rest of the daemon
-	parts renewParts // resettle, keepFences
-	lost  lostKeeper // the saga that keeps a lost claim's mapping fenced
+	// what it asks of the other workers
+	settler holdSettler // settles again the holds the rebuild could not (rebuild.go)
+	fences  fenceKeeper // keeps the fences a claim records (fences.go)
+	lost    lostKeeper  // the saga that keeps a lost claim's mapping fenced
 	// where it reports
 	log     *logrus.Logger
 	audit   *audit.Log
@@ -56,11 +57,9 @@ type heldState interface {
 	All() []state.Mapping
 }
 
-// renewParts is what a round asks of the daemon's other parts: settling again the holds the
-// rebuild could not (unsettled.go), and keeping the fences a claim records (fences.go).
-type renewParts interface {
+// holdSettler settles again the holds the rebuild could not (a *settler).
+type holdSettler interface {
 	resettle(ctx context.Context, cl *cluster, store *claim.Store)
-	keepFences(ctx context.Context, cl *cluster, store *claim.Store, img claim.Image, rec *claim.Record) error
 }
 
 // lostKeeper keeps a lost claim's mapping fenced (saga.Sagas.KeepFenced).
@@ -185,7 +184,7 @@ func (r *renewer) round(ctx context.Context, cl *cluster) {
 		return
 	}
 	if unsettled {
-		r.parts.resettle(ctx, cl, store)
+		r.settler.resettle(ctx, cl, store)
 	}
 	r.watchRound(ctx, cl, store)
 	r.retryNotices(ctx, cl, store)
@@ -271,7 +270,7 @@ func (r *renewer) checkClaim(ctx context.Context, cl *cluster, store *claim.Stor
 	cancel()
 	read = rec != nil || err == nil || errors.Is(err, claim.ErrFenced)
 	if rec != nil {
-		defer func() { _ = r.parts.keepFences(ctx, cl, store, m.Ref.Head(), rec) }() // the record's fences, held or taken: a failure is logged, counted and retried next round
+		defer func() { _ = r.fences.keepFences(ctx, cl, store, m.Ref.Head(), rec) }() // the record's fences, held or taken: a failure is logged, counted and retried next round
 	}
 	switch {
 	case err == nil:

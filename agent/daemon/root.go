@@ -106,6 +106,8 @@ func New(opts Options) (*Daemon, error) {
 	for _, c := range d.cfg.Clusters {
 		d.clusters[c.ID] = &cluster{cfg: c, env: env}
 	}
+	d.fences = newFenceUpkeep(d)
+	d.settler = newSettler(d)
 	d.renewer = newRenewer(d)
 	d.intrusions = newIntrusionJudge(d)
 	d.sweeper = newSweeper(d)
@@ -245,7 +247,7 @@ func newIntrusionJudge(d *Daemon) *intrusionJudge {
 // newReconciler is d's reconciler; d's judge and renewer are built first.
 func newReconciler(d *Daemon) *reconciler {
 	return &reconciler{clusters: d.clusters, state: d.state, kernel: d.kernel, node: d.node, locks: d.locks,
-		ops: d.ops, sagas: d.sagas, judge: d.intrusions, renew: d.renewer.round, reportRebuild: d.reportRebuild, bg: &d.bg,
+		ops: d.ops, sagas: d.sagas, judge: d.intrusions, renew: d.renewer.round, reportRebuild: d.settler.reportRebuild, bg: &d.bg,
 		log: d.log, metrics: d.metrics, ticker: d.ticker, beat: d.beat,
 		every: d.cfg.RenewInterval.D(), settleWait: d.cfg.MapTimeout.D()}
 }
@@ -253,16 +255,29 @@ func newReconciler(d *Daemon) *reconciler {
 // newRenewer is d's renewer.
 func newRenewer(d *Daemon) *renewer {
 	return &renewer{state: d.state, node: d.node, unsettled: &d.unsettled, watches: &d.watches, locks: d.locks,
-		parts: d, lost: d.sagas, log: d.log, audit: d.audit, metrics: d.metrics, renewed: &d.renewed,
+		settler: d.settler, fences: d.fences, lost: d.sagas, log: d.log, audit: d.audit, metrics: d.metrics, renewed: &d.renewed,
 		nodeID: d.cfg.NodeID, mono: d.opts.Mono, ticker: d.ticker, beat: d.beat,
 		every: d.cfg.RenewInterval.D(), hbTimeout: d.cfg.HeartbeatTimeout(), checkEvery: claimCheckInterval(d.cfg)}
 }
 
+// newFenceUpkeep is d's keeper of the fences its claims record.
+func newFenceUpkeep(d *Daemon) *fenceUpkeep {
+	return &fenceUpkeep{state: d.state, node: d.node, audit: d.audit, log: d.log, metrics: d.metrics,
+		nodeID: d.cfg.NodeID, expiry: fenceExpiry(d.cfg), mono: d.opts.Mono}
+}
+
+// newSettler is d's settler of a rebuilt state's holds.
+func newSettler(d *Daemon) *settler {
+	return &settler{clusters: d.clusters, kernel: d.kernel, state: d.state, node: d.node, unsettled: &d.unsettled,
+		judging: &d.judging, audit: d.audit, log: d.log, metrics: d.metrics,
+		nodeID: d.cfg.NodeID, every: d.cfg.RenewInterval.D(), judgeWait: d.cfg.MapTimeout.D()}
+}
+
 // newSweeper is d's sweeper.
 func newSweeper(d *Daemon) *sweeper {
-	return &sweeper{clusters: d.clusters, state: d.state, fences: d, audit: d.audit, log: d.log,
+	return &sweeper{clusters: d.clusters, state: d.state, fences: d.fences, audit: d.audit, log: d.log,
 		mono: d.opts.Mono, ticker: d.ticker, beat: d.beat,
-		period: sweepPeriod(d.cfg, d.fenceExpiry()), orphans: d.cfg.SweepsOrphans()}
+		period: sweepPeriod(d.cfg, fenceExpiry(d.cfg)), orphans: d.cfg.SweepsOrphans()}
 }
 
 // connectAll connects every cluster in the background, retrying until it works, so that a

@@ -55,7 +55,7 @@ func (a sagaAgent) ClusterByFSID(fsid string) saga.Cluster {
 }
 
 func (a sagaAgent) FencedMappingGone(ctx context.Context, store *claim.Store, m state.Mapping) {
-	a.d.fencedMappingGone(ctx, store, m)
+	a.d.fences.fencedMappingGone(ctx, store, m)
 }
 
 func (a sagaAgent) WatchHeld(k state.Key, held bool) {

@@ -41,7 +41,7 @@ type sweptState interface {
 	All() []state.Mapping
 }
 
-// fenceKeeper is the daemon's side of keeping the fences a claim records (fences.go).
+// fenceKeeper keeps the fences a claim records (a *fenceUpkeep, fences.go).
 type fenceKeeper interface {
 	keepFences(ctx context.Context, cl *cluster, store *claim.Store, img claim.Image, rec *claim.Record) error
 	forgetKeptIn(cluster, pool, ns string)

@@ -134,7 +134,7 @@ func TestANodeThatSkipsASweepStopsReportingItsFences(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if !a.keepsFences("c1", img) || !b.keepsFences("c1", img) {
+	if !a.fences.keepsFences("c1", img) || !b.fences.keepsFences("c1", img) {
 		t.Fatal("the nodes that swept do not note the free claim's fence")
 	}
 	monoA.Advance(a.sweeper.period)
@@ -142,11 +142,11 @@ func TestANodeThatSkipsASweepStopsReportingItsFences(t *testing.T) {
 	if _, err := a.sweeper.sweepPool(ctx, pool); err != nil { // b swept since a's last look: a skips
 		t.Fatal(err)
 	}
-	if a.keepsFences("c1", img) {
+	if a.fences.keepsFences("c1", img) {
 		t.Fatal("a node that skipped the sweep still counts the fence as one it keeps")
 	}
-	if len(a.keptSnapshot()) != 0 || len(b.keptSnapshot()) != 1 {
-		t.Fatalf("fences kept: node-c %v, node-d %v; want none and one", a.keptSnapshot(), b.keptSnapshot())
+	if len(a.fences.keptSnapshot()) != 0 || len(b.fences.keptSnapshot()) != 1 {
+		t.Fatalf("fences kept: node-c %v, node-d %v; want none and one", a.fences.keptSnapshot(), b.fences.keptSnapshot())
 	}
 }
 
