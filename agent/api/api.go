@@ -308,6 +308,31 @@ type Device struct {
 	Options []MapOption `json:"options,omitempty"`
 }
 
+// ProblemLine is how the node's list of problems (Status.Problems) names this device's problem,
+// "" when it has none: a managed device by its cluster and image ("c1:rbd/img1: …"), one mapped
+// outside rbd-owner by its device node ("/dev/rbd1: …"), then the problem and, when known, since
+// when. The agent lists a device's problem with it, and the CLI finds that line with it: by the
+// same data, not by reading the text.
+func (d Device) ProblemLine() string {
+	if d.Problem == "" {
+		return ""
+	}
+	subject := d.Device
+	if d.Managed {
+		subject = d.Cluster + ":" + image.Ref{Pool: d.Pool, Namespace: d.Namespace, Image: d.Image, Snap: d.Snapshot}.String()
+	}
+	line := subject + ": " + d.Problem
+	if d.ProblemSince != nil {
+		line += SinceText(*d.ProblemSince)
+	}
+	return line
+}
+
+// SinceText is how a problem line ends: " (since <UTC time, RFC 3339>)".
+func SinceText(t time.Time) string {
+	return " (since " + t.UTC().Format(time.RFC3339) + ")"
+}
+
 // MapOption is one kernel option of a mapping and where it came from.
 type MapOption struct {
 	Option string `json:"option"`

@@ -17,6 +17,7 @@ import (
 func (d *Daemon) Status() api.Status {
 	st := api.Status{Node: d.cfg.NodeID, Version: version.Version, Clusters: d.clusterStatuses(), Devices: []api.Device{},
 		Problems: []string{}, ClaimsHeld: d.node.HeldCount()}
+	shown := map[state.Key]bool{} // the claims whose problem a device here shows
 	for _, m := range d.state.All() {
 		if m.Phase != state.Mapped {
 			continue
@@ -31,21 +32,22 @@ func (d *Daemon) Status() api.Status {
 		if ad.Problem, since = d.node.Problem(m.Key); ad.Problem != "" && !since.IsZero() {
 			ad.ProblemSince = &since
 		}
+		shown[m.Key] = ad.Problem != ""
 		st.Devices = append(st.Devices, ad)
 	}
 	for _, u := range d.node.UnmanagedDevices() {
 		st.Devices = append(st.Devices, unmanagedStatus(u))
 	}
-	for _, p := range d.node.Problems() {
-		st.Problems = append(st.Problems, p.Key.String()+": "+p.Msg+sinceText(p.Since))
-	}
+	// each device's problem as the device names it (api.Device.ProblemLine), then those of the
+	// claims no device here shows
 	for _, dv := range st.Devices {
-		if !dv.Managed {
-			line := dv.Device + ": " + dv.Problem
-			if dv.ProblemSince != nil {
-				line += sinceText(*dv.ProblemSince)
-			}
+		if line := dv.ProblemLine(); line != "" {
 			st.Problems = append(st.Problems, line)
+		}
+	}
+	for _, p := range d.node.Problems() {
+		if !shown[p.Key] {
+			st.Problems = append(st.Problems, p.Key.String()+": "+p.Msg+sinceText(p.Since))
 		}
 	}
 	if err, since := d.state.WriteFailure(); err != nil {

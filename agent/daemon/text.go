@@ -4,6 +4,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rbd-owner/rbd-owner/agent/api"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 )
 
@@ -16,9 +17,7 @@ func listText(items []string) string {
 }
 
 // sinceText is how a problem says since when it has held, in the cluster-neutral UTC.
-func sinceText(t time.Time) string {
-	return " (since " + t.UTC().Format(time.RFC3339) + ")"
-}
+func sinceText(t time.Time) string { return api.SinceText(t) }
 
 // errInvalid is the fault class of a request refused as invalid (an unknown cluster, say).
 var errInvalid = fault.ErrInvalid

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -213,19 +214,10 @@ func (a *app) runStatus(ctx context.Context) error {
 func statusProblems(st *api.Status) []string {
 	problems := append([]string(nil), st.Problems...)
 	for _, d := range st.Devices {
-		if d.Problem == "" {
-			continue
-		}
-		img := imageName(d.Pool, d.Namespace, d.Image, d.Snapshot)
-		listed := false
-		for _, p := range st.Problems {
-			if strings.Contains(p, d.Problem) && (strings.Contains(p, d.Device) || strings.Contains(p, img)) {
-				listed = true
-				break
-			}
-		}
-		if !listed {
-			problems = append(problems, d.Device+" ("+img+"): "+d.Problem)
+		// the line the agent lists the device's problem with, made from the device's data: an
+		// agent that did not list it (an older one) gets it added
+		if line := d.ProblemLine(); line != "" && !slices.Contains(st.Problems, line) {
+			problems = append(problems, line)
 		}
 	}
 	return problems

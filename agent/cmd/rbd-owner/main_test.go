@@ -710,3 +710,17 @@ func TestClaimedElsewhereRendersTheStepsNotTheAdvice(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q, want it to end with %q", code, errs, want)
 	}
 }
+
+// TestStatusFindsADevicesProblemByItsData: a device's problem is found in the agent's list by the
+// line its data makes (api.Device.ProblemLine), not by text search: the same problem of another
+// image whose name starts with this one's is another line.
+func TestStatusFindsADevicesProblemByItsData(t *testing.T) {
+	renew := "lease not renewed: cluster c1 did not answer within 5s"
+	dev := api.Device{Device: "/dev/rbd0", Cluster: "c1", Pool: "rbd", Image: "img1", Managed: true, Epoch: 3, Problem: renew}
+	sock, _ := serve(t, 200, statusWith([]api.Device{dev}, "c1:rbd/img12: "+renew))
+	code, out, _ := cli("--socket", sock, "status")
+	if code != exitProblems || !strings.Contains(out, "\nproblem: c1:rbd/img1: "+renew+"\n") || !strings.Contains(out, "\nproblem: c1:rbd/img12: "+renew+"\n") ||
+		!strings.Contains(out, ", 2 problems\n") {
+		t.Fatalf("exit %d, stdout:\n%s", code, out)
+	}
+}
