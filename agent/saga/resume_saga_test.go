@@ -36,15 +36,15 @@ func (c *fakeCluster) MapOptions() krbd.MapOptions {
 	return krbd.MapOptions{Monitors: []string{agenttest.MemoryMonitor}, User: agenttest.User}
 }
 
-// fakeAgent is the agent around the sagas: one cluster.
+// fakeAgent is the agent around the sagas: one cluster, "test".
 type fakeAgent struct {
-	cl       *fakeCluster
+	cl       Cluster
 	mu       sync.Mutex
 	goneSeen int // FencedMappingGone calls
 }
 
 func (a *fakeAgent) Cluster(id string) (Cluster, error) {
-	if id != "test" {
+	if id != "test" && id != "" { // "": the only one
 		return nil, errors.New("no such cluster")
 	}
 	return a.cl, nil
