@@ -117,8 +117,9 @@ func (n *node) run() {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel, n.done, n.ended = cancel, make(chan error, 1), make(chan struct{})
+	ready := n.count("READY=1") // the notes of earlier runs on this node stay
 	go func() { n.done <- n.d.Run(ctx); close(n.ended) }()
-	n.eventually("READY=1 sent", func() bool { return n.noted("READY=1") })
+	n.eventually("READY=1 sent", func() bool { return n.count("READY=1") > ready })
 }
 
 // stop ends Run (if running), as systemd's SIGTERM would.

@@ -3,22 +3,18 @@ package daemon
 import (
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/ceph/go-ceph/rados"
 
 	"github.com/rbd-owner/rbd-owner/agent/api"
-	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/cephconn"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/config"
 	"github.com/rbd-owner/rbd-owner/agent/internal/agenttest"
 	"github.com/rbd-owner/rbd-owner/agent/internal/cephtest"
-	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/krbd/fakekernel"
-	"github.com/rbd-owner/rbd-owner/agent/peercred"
 )
 
 // TestPausedOSDDoesNotStopTheOtherClustersRenewals runs the agent against two real clusters,
@@ -53,48 +49,18 @@ func TestPausedOSDDoesNotStopTheOtherClustersRenewals(t *testing.T) {
 	k.AddImage(cephtest.Pool, "", fastImg, 16<<20)
 	k.AddImage(cephtest.Pool, "", slowImg, 16<<20)
 
-	cfg := testConfig(t, "node-p", 300*time.Millisecond,
+	env := agenttest.NewEnv(t, agenttest.Live(), agenttest.Node("node-p"), agenttest.OnKernel(k))
+	env.Config = testConfig(t, "node-p", 300*time.Millisecond,
 		config.Cluster{ID: "shared", Monitors: []string{sharedMon}, User: shared.User, Keyring: shared.Keyring},
 		config.Cluster{ID: "paused", Monitors: []string{priv.Monitor}, User: priv.Options.User, Keyring: priv.Options.Keyring})
-	cfg.MapTimeout = config.Duration(20 * time.Second)
-	log := quietLog()
-	var mu sync.Mutex
-	var notes []string
-	count := func(prefix string) int {
-		mu.Lock()
-		defer mu.Unlock()
-		c := 0
-		for _, s := range notes {
-			if strings.HasPrefix(s, prefix) {
-				c++
-			}
-		}
-		return c
-	}
-	kc := k.Config()
-	kc.Poll = 10 * time.Millisecond
-	d, err := New(Options{Config: cfg, Log: log, Audit: audit.NewWithSink(log, func(audit.Entry) {}), Kernel: krbd.New(kc),
-		Peers: &peercred.Policy{AdminGroup: -1, CSIGroup: -1}, Watchdog: 2 * time.Second,
-		Notify: func(s string) { mu.Lock(); notes = append(notes, s); mu.Unlock() }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() {
-		priv.ResumeOSD(t) // let the blocked calls end, then stop
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Error(err)
-			}
-		case <-time.After(60 * time.Second):
-			t.Error("daemon did not stop")
-		}
-	}()
-	waitFor(t, "READY=1", func() bool { return count("READY=1") > 0 })
+	env.Config.MapTimeout = config.Duration(20 * time.Second)
+	env.Watchdog, env.Poll, env.Log = 2*time.Second, 10*time.Millisecond, quietLog()
+	n := envNode(env, nil)
+	count := n.count
+	n.start()
+	d := n.d
+	defer priv.ResumeOSD(t) // let the blocked calls end before the node is stopped
+	n.run()
 	for _, r := range []api.MapRequest{
 		{Cluster: "shared", Pool: cephtest.Pool, Image: fastImg, Requester: "test"},
 		{Cluster: "paused", Pool: cephtest.Pool, Image: slowImg, Requester: "test"},
