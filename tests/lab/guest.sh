@@ -16,15 +16,19 @@ ts() { echo "[up $(cut -d' ' -f1 /proc/uptime)s] $*"; }
 ts "run.sh: $NODE_ID boot $(cat /proc/sys/kernel/random/boot_id) kernel $(uname -r)"
 rm -f "$O/ready"
 if [ ! -e /etc/systemd/network/10-lab.network ]; then
-  hostnamectl set-hostname "$NODE_ID" 2>/dev/null || echo "$NODE_ID" > /etc/hostname
+  # (not hostnamectl: activating systemd-hostnamed costs seconds under TCG)
+  echo "$NODE_ID" > /etc/hostname
   hostname "$NODE_ID"
   printf '127.0.1.1 %s\n' "$NODE_ID" >> /etc/hosts
   mkdir -p /etc/systemd/network
   printf '[Match]\nName=eth0\n[Network]\nAddress=%s\nLinkLocalAddressing=no\nIPv6AcceptRA=no\n' "$GUEST_IP" \
     > /etc/systemd/network/10-lab.network
   # networkd brings the address back after a reboot (before rbd-owner.service: network-online);
-  # this boot gets it right away
-  systemctl enable systemd-networkd.service systemd-networkd-wait-online.service 2>&1 | grep -v Created
+  # this boot gets it right away. --no-reload: the .deb's postinst reloads systemd below (each
+  # reload reruns the generators: 5-17 s under TCG)
+  systemctl enable --no-reload systemd-networkd.service systemd-networkd-wait-online.service 2>&1 | grep -v Created
+  # eth0 appears once udev's coldplug has loaded virtio_net, which may be after this unit starts
+  for _ in $(seq 1200); do [ -e /sys/class/net/eth0 ] && break; sleep 0.1; done
   ip addr add "$GUEST_IP" dev eth0; ip link set eth0 up
   ts "eth0 $(ip -4 -br addr show eth0 | tr -s ' ')"
   # the host writes the agent's keyring once the cluster is up (it starts while the guests boot)
