@@ -61,7 +61,7 @@ build: deps
 # (tests/make-test).
 TEST_PARTS := deps-lab lint model unit metrics-check k8s-check package package-check e2e e2e-prod
 TEST_DEBS  := bookworm forky
-PREFETCH    = tests/lab/prefetch root:tentacle image:$(LAB_GUEST) image:$(PROD_GUEST)
+PREFETCH    = tests/lab/prefetch root:tentacle image:$(LAB_GUEST)+image:$(PROD_GUEST)
 test:
 	@MAKE="$(MAKE)" PREFETCH="$(PREFETCH)" DEB_RELEASES="$(TEST_DEBS)" E2E_CHAOS=0 tests/make-test $(TEST_PARTS)
 	@echo "make test: all passed"
