@@ -359,3 +359,24 @@ func TestFenceCutsTheWholeAddressOnlyWithoutAMapping(t *testing.T) {
 		}
 	}
 }
+
+// TestForcedReleaseOfAnUnfencedHoldNamesTheFenceAsData: the claim layer refuses with facts (whose
+// hold is not fenced); the next step, the fence, is data in the API's error (next_steps) and
+// the same step ends the message.
+func TestForcedReleaseOfAnUnfencedHoldNamesTheFenceAsData(t *testing.T) {
+	r := newRig(t)
+	img := claim.Image{Pool: "rbd", Image: "img"}
+	r.hold(t, img, "10.0.0.1:0/1")
+	_, err := r.admin.Release(context.Background(), api.ImageRequest{Pool: "rbd", Image: "img", Force: true}, root)
+	var d api.Detailer
+	if !errors.Is(err, claim.ErrInvalid) || !errors.As(err, &d) {
+		t.Fatalf("want an invalid request with details, got %v", err)
+	}
+	var e api.Error
+	d.Details(&e)
+	const run = "rbd-owner fence rbd/img"
+	if e.Image != "rbd/img" || len(e.NextSteps) != 1 || e.NextSteps[0].Run != run || !strings.Contains(e.NextSteps[0].Why, "node node-a") ||
+		!strings.HasSuffix(err.Error(), "node node-a's hold on rbd/img was not fenced; run `"+run+"` first") {
+		t.Fatalf("details %+v, message %q", e, err)
+	}
+}

@@ -199,7 +199,7 @@ func (a *Admin) Unfence(ctx context.Context, req api.ImageRequest, peer *peercre
 	}
 	un, err := store.Unfence(ctx, t.img, gone)
 	if err != nil {
-		return nil, err
+		return nil, withNextStep(err)
 	}
 	out := &api.UnfenceResponse{Unfenced: []api.Intruder{}}
 	for _, in := range un {

@@ -35,7 +35,7 @@ func (a *Admin) Release(ctx context.Context, req api.ImageRequest, peer *peercre
 	a.Agent.RememberPool(t.key) // the freed claim keeps its fences: this node sweeps their pool
 	ok, err := store.ForceRelease(ctx, t.img)
 	if err != nil {
-		return false, err
+		return false, withNextStep(err)
 	}
 	if ok && rec != nil {
 		for _, h := range rec.Holders {

@@ -319,15 +319,13 @@ func (s *Store) Unfence(ctx context.Context, img Image, gone func(addr string) b
 	}
 	if len(mine) == 0 {
 		if len(elsewhere) > 0 {
-			return nil, fmt.Errorf("unfence %s: %w: its fenced mappings are on node %s: run `rbd-owner unfence %s` there",
-				img, ErrNoClaim, elsewhere[0].NodeID, img)
+			return nil, fmt.Errorf("unfence %s: %w", img, &record.FencedElsewhereError{Image: img, Node: elsewhere[0].NodeID})
 		}
 		return nil, fmt.Errorf("unfence %s: %w: no fenced mapping is recorded for it", img, ErrNoClaim)
 	}
 	for _, in := range mine {
 		if !gone(in.Addr) {
-			return nil, fmt.Errorf("unfence %s: %w: %s (client %s) is still mapped on this node; unmap it first (rbd unmap %s)",
-				img, ErrBusy, in.Device, in.Addr, in.Device)
+			return nil, fmt.Errorf("unfence %s: %w", img, &record.StillMappedError{Image: img, Device: in.Device, Addr: in.Addr})
 		}
 	}
 	// the record first, the blocklist after: a keeper that read the record before would only

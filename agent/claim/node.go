@@ -78,8 +78,7 @@ func (s *Store) ListedHolds(ctx context.Context, node string) ([]Image, []error)
 	var out []Image
 	for _, b := range beats {
 		if !b.Heartbeat.HoldsListed {
-			errs = append(errs, fmt.Errorf("holds of node %s in %s: its heartbeat was written by an agent (%s) that does not list its holds: fence them one at a time (`rbd-owner fence IMAGE`, `rbd-owner claims --pool %s`)",
-				node, record.PoolNS(b.Place), b.Heartbeat.AgentVersion, b.Place.Pool))
+			errs = append(errs, &record.UnlistedHoldsError{Node: node, Place: record.PoolNS(b.Place), Pool: b.Place.Pool, AgentVersion: b.Heartbeat.AgentVersion})
 			continue
 		}
 		for _, name := range b.Heartbeat.Holds {

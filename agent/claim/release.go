@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 )
 
 // Release drops this node's hold, only if it holds the image at epoch, then drops the image
@@ -131,8 +133,7 @@ func (s *Store) ForceRelease(ctx context.Context, img Image) (bool, error) {
 		}
 		for _, h := range cur.Holders {
 			if !h.Fenced {
-				return nil, fmt.Errorf("%w: node %s's hold on %s was not fenced; run `rbd-owner fence %s` first",
-					ErrInvalid, h.NodeID, img, img)
+				return nil, &record.NotFencedError{Image: img, Node: h.NodeID}
 			}
 		}
 		for _, h := range cur.Holders {

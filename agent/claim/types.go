@@ -17,6 +17,8 @@ type (
 	BlockEntry = record.BlockEntry
 	// Fence is record.Fence.
 	Fence = record.Fence
+	// FencedElsewhereError is record.FencedElsewhereError.
+	FencedElsewhereError = record.FencedElsewhereError
 	// HeldError is record.HeldError.
 	HeldError = record.HeldError
 	// Holder is record.Holder.
@@ -29,10 +31,16 @@ type (
 	LeaseView = record.LeaseView
 	// LostError is record.LostError.
 	LostError = record.LostError
+	// NotFencedError is record.NotFencedError.
+	NotFencedError = record.NotFencedError
 	// NotFoundError is record.NotFoundError.
 	NotFoundError = record.NotFoundError
 	// Record is record.Record.
 	Record = record.Record
+	// StillMappedError is record.StillMappedError.
+	StillMappedError = record.StillMappedError
+	// UnlistedHoldsError is record.UnlistedHoldsError.
+	UnlistedHoldsError = record.UnlistedHoldsError
 	// SwapMark is record.SwapMark.
 	SwapMark = record.SwapMark
 )

@@ -185,10 +185,7 @@ func (s *settler) names(cluster string, img claim.Image) bool {
 // reads its listed holds if the rebuild could not (settleCluster); those still not settled keep
 // their places' heartbeats going.
 func (s *settler) resettle(ctx context.Context, cl *cluster, store *claim.Store) {
-	s.unsettled.mu.Lock()
-	unread := s.unsettled.unread[cl.cfg.ID]
-	s.unsettled.mu.Unlock()
-	if unread {
+	if s.unsettled.isUnread(cl.cfg.ID) {
 		released, unsettled := s.settleCluster(ctx, cl)
 		if len(released)+len(unsettled) > 0 {
 			s.log.WithField("cluster", cl.cfg.ID).Warn(fmt.Sprintf("after the state's rebuild, this node's holds its heartbeats list and no device here accounts for: %d released%s, %d not settled%s", len(released), listText(released), len(unsettled), listText(unsettled)))

@@ -85,3 +85,10 @@ func (u *unsettledHolds) places(cluster string) map[place]bool {
 	}
 	return out
 }
+
+// isUnread says whether cluster's listed holds are still to be read (unlisted).
+func (u *unsettledHolds) isUnread(cluster string) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.unread[cluster]
+}

@@ -21,7 +21,6 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/krbd"
 	"github.com/rbd-owner/rbd-owner/agent/krbd/fakekernel"
 	"github.com/rbd-owner/rbd-owner/agent/nodestate"
-	"github.com/rbd-owner/rbd-owner/agent/server"
 	"github.com/rbd-owner/rbd-owner/agent/state"
 )
 
@@ -225,7 +224,12 @@ func TestCrossNodeRefusalNamesTheOwner(t *testing.T) {
 	if !errors.As(err, &held) || held.Owner().NodeID != "node-a" {
 		t.Fatalf("want refusal naming node-a, got %v", err)
 	}
-	if e := server.APIError(err); e.Code != "claimed_elsewhere" || e.Owner == nil || e.Owner.NodeID != "node-a" {
+	var d api.Detailer
+	var e api.Error
+	if errors.As(err, &d) {
+		d.Details(&e)
+	}
+	if !fault.Is(err, fault.ClaimedElsewhere) || e.Owner == nil || e.Owner.NodeID != "node-a" {
 		t.Fatalf("api error %+v", e)
 	}
 	if len(b.kernel.Writes()) != 0 {
@@ -256,14 +260,14 @@ func TestBadNamesRefusedBeforeAnyWrite(t *testing.T) {
 		r := sagaMapReq(req.ns, req.image)
 		r.Pool, r.Snapshot, r.Access = req.pool, req.snap, req.access
 		_, err := a.mapIt(r)
-		if server.APIError(err).Code != "invalid_argument" {
+		if !fault.Is(err, fault.Invalid) {
 			t.Errorf("%+v: want invalid_argument, got %v", req, err)
 		}
 	}
 	if w := a.kernel.Writes(); len(w) != 0 {
 		t.Fatalf("bad names reached sysfs: %q", w)
 	}
-	if _, err := a.mapIt(sagaMapReq("", "no-such-image")); server.APIError(err).Code != "not_found" {
+	if _, err := a.mapIt(sagaMapReq("", "no-such-image")); !fault.Is(err, fault.NotFound) {
 		t.Fatalf("missing image: %v", err)
 	}
 }
@@ -382,22 +386,21 @@ func TestSnapshotMapNeedsNoClaim(t *testing.T) {
 // trail before the kernel step runs, so that a kill during the rest of the saga cannot lose the
 // record of what it changed on the cluster.
 func TestClaimIsAuditedWhenMade(t *testing.T) {
-	n := newSagaNode(t, "node-a")
-	img := n.image("")
+	r := newResumeRig(t) // an in-memory cluster: runs without the live one
 	var atKernel atomic.Int32
-	n.fault = func(saga, step string) error {
+	r.s.Fault = func(saga, step string) error {
 		if saga == "map" && step == "map" {
-			atKernel.Store(int32(len(n.env.Audit.Find(audit.Claim, ""))))
+			atKernel.Store(int32(len(r.env.Audit.Find(audit.Claim, ""))))
 		}
 		return nil
 	}
-	if _, err := n.mapIt(sagaMapReq("", img)); err != nil {
+	if _, err := r.s.Map(context.Background(), api.MapRequest{Pool: r.spec.Pool, Image: r.spec.Image}, Caller{}); err != nil {
 		t.Fatal(err)
 	}
 	if got := atKernel.Load(); got != 1 {
 		t.Fatalf("claim entries in the audit trail when the kernel step began: %d, want 1", got)
 	}
-	if es := n.env.Audit.Find(audit.Claim, ""); len(es) != 1 {
+	if es := r.env.Audit.Find(audit.Claim, ""); len(es) != 1 {
 		t.Fatalf("claim entries after the map: %+v, want one", es)
 	}
 }

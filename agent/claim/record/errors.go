@@ -229,3 +229,58 @@ func OrDash(s string) string {
 func CeilSeconds(d time.Duration) time.Duration {
 	return ((d + time.Second - 1) / time.Second) * time.Second
 }
+
+// The admin calls' refusals, as facts: what a caller does next is said by the admin layer
+// (agent/admin, nextStep), not here.
+
+// NotFencedError: a forced release refused because a holder's hold is not fenced (ErrInvalid).
+type NotFencedError struct {
+	Image Image
+	Node  string
+}
+
+func (e *NotFencedError) Error() string {
+	return fmt.Sprintf("%v: node %s's hold on %s was not fenced", ErrInvalid, e.Node, e.Image)
+}
+
+func (e *NotFencedError) Unwrap() error { return ErrInvalid }
+
+// FencedElsewhereError: an unfence asked of a node whose agent fenced none of the image's
+// mappings made outside rbd-owner; Node's did (ErrNoClaim).
+type FencedElsewhereError struct {
+	Image Image
+	Node  string
+}
+
+func (e *FencedElsewhereError) Error() string {
+	return fmt.Sprintf("%v: its fenced mappings are on node %s", ErrNoClaim, e.Node)
+}
+
+func (e *FencedElsewhereError) Unwrap() error { return ErrNoClaim }
+
+// StillMappedError: an unfence refused because a fenced mapping made outside rbd-owner is still
+// mapped on this node (ErrBusy).
+type StillMappedError struct {
+	Image  Image
+	Device string
+	Addr   string
+}
+
+func (e *StillMappedError) Error() string {
+	return fmt.Sprintf("%v: %s (client %s) is still mapped on this node", ErrBusy, e.Device, e.Addr)
+}
+
+func (e *StillMappedError) Unwrap() error { return ErrBusy }
+
+// UnlistedHoldsError: a place where a node's heartbeat does not list its holds (written by an
+// agent from before the list), so they cannot be found through it.
+type UnlistedHoldsError struct {
+	Node         string
+	Place        string // POOL[/NAMESPACE]
+	Pool         string
+	AgentVersion string
+}
+
+func (e *UnlistedHoldsError) Error() string {
+	return fmt.Sprintf("holds of node %s in %s: its heartbeat was written by an agent (%s) that does not list its holds", e.Node, e.Place, e.AgentVersion)
+}

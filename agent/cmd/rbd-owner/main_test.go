@@ -139,9 +139,9 @@ func TestClaimedElsewhereWhileWatchingTheLease(t *testing.T) {
 func TestClaimedElsewhereReadsDataNotText(t *testing.T) {
 	sock, _ := serve(t, 409, api.ErrorBody{Error: &api.Error{Code: api.CodeClaimedElsewhere, Message: "reworded; with (parentheses; and) semicolons; rbd/other is held",
 		Image: "rbd/img", Owner: &api.Owner{NodeID: "node-a", Hostname: "host-a", Epoch: 4, AcquiredAt: time.Now(), LeaseAge: 3},
-		NextSteps: []api.Step{{Run: "rbd-owner fence --node node-a", Why: "if node node-a is dead"}, {Why: "or set takeover_policy: after-fence"}}}})
+		NextSteps: []api.Step{{Run: "rbd-owner fence --node node-a", Why: "if node node-a is dead"}, {Why: "set takeover_policy: after-fence"}}}})
 	code, _, errs := cli("--socket", sock, "map", "rbd/img")
-	want := "(live); run `rbd-owner fence --node node-a` (if node node-a is dead); or or set takeover_policy: after-fence\n"
+	want := "(live); run `rbd-owner fence --node node-a` (if node node-a is dead); or set takeover_policy: after-fence\n"
 	if code != exitClaimed || !strings.HasPrefix(errs, "rbd-owner map: rbd/img is held by node node-a (host host-a) at epoch 4") || !strings.HasSuffix(errs, want) ||
 		strings.Contains(errs, "reworded") || strings.Contains(errs, "rbd/other") {
 		t.Fatalf("exit %d, stderr %q, want it to end with %q", code, errs, want)
