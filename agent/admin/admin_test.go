@@ -17,6 +17,7 @@ import (
 	"github.com/rbd-owner/rbd-owner/agent/audit"
 	"github.com/rbd-owner/rbd-owner/agent/claim"
 	"github.com/rbd-owner/rbd-owner/agent/claim/memory"
+	"github.com/rbd-owner/rbd-owner/agent/claim/record"
 	"github.com/rbd-owner/rbd-owner/agent/fault"
 	"github.com/rbd-owner/rbd-owner/agent/peercred"
 	"github.com/rbd-owner/rbd-owner/agent/state"
@@ -378,5 +379,25 @@ func TestForcedReleaseOfAnUnfencedHoldNamesTheFenceAsData(t *testing.T) {
 	if e.Image != "rbd/img" || len(e.NextSteps) != 1 || e.NextSteps[0].Run != run || !strings.Contains(e.NextSteps[0].Why, "node node-a") ||
 		!strings.HasSuffix(err.Error(), "node node-a's hold on rbd/img was not fenced; run `"+run+"` first") {
 		t.Fatalf("details %+v, message %q", e, err)
+	}
+}
+
+// TestFenceNodeOfAnOldAgentSaysTheWayAround: a node whose heartbeat was written by an agent that
+// does not list its holds cannot be fenced as a whole; the claim layer says so as facts, and the
+// answer says the way around it: list the pool's claims and fence each image.
+func TestFenceNodeOfAnOldAgentSaysTheWayAround(t *testing.T) {
+	r := newRig(t)
+	r.m.AddImage(claim.Image{Pool: "rbd", Image: "x"}, "idx")
+	r.m.Put(claim.Image{Pool: "rbd"}, record.HeartbeatObject("node-old"), []byte(`{"format":2,"node_id":"node-old","seq":4,"agent_version":"0.9"}`))
+	_, err := r.admin.Fence(context.Background(), api.ImageRequest{Node: "node-old"}, root)
+	var d api.Detailer
+	if err == nil || !errors.As(err, &d) ||
+		!strings.Contains(err.Error(), "written by an agent (0.9) that does not list its holds; fence them one at a time (`rbd-owner fence IMAGE`, `rbd-owner claims --pool rbd`)") {
+		t.Fatalf("fence --node of an old agent's node: %v", err)
+	}
+	var e api.Error
+	d.Details(&e)
+	if len(e.NextSteps) != 2 || e.NextSteps[0].Run != "rbd-owner claims --pool rbd" || e.NextSteps[1].Run != "rbd-owner fence IMAGE" {
+		t.Fatalf("next steps %+v", e.NextSteps)
 	}
 }

@@ -58,6 +58,9 @@ func (a *Admin) FenceNode(ctx context.Context, req api.ImageRequest, peer *peerc
 		return nil, err
 	}
 	fenced, errs := store.FenceNode(ctx, req.Node)
+	for i := range errs {
+		errs[i] = withNextStep(errs[i])
+	}
 	out := &api.FenceResponse{Node: req.Node}
 	images := map[string]bool{}
 	for _, f := range fenced {
@@ -113,6 +116,9 @@ func (a *Admin) nothingHeld(ctx context.Context, cluster string, store *claim.St
 // read again only when FenceNode found no hold.
 func listedHolds(ctx context.Context, store *claim.Store, node string) ([]image.Ref, error) {
 	listed, errs := store.ListedHolds(ctx, node)
+	for i := range errs {
+		errs[i] = withNextStep(errs[i])
+	}
 	return listed, errors.Join(errs...)
 }
 

@@ -27,13 +27,15 @@ func (e *nextStep) Details(out *api.Error) {
 	out.Image, out.NextSteps = e.Image, e.Steps
 }
 
-// withNextStep wraps err, when it is one of the claim layer's refusals of an admin call, with
-// what to run next; any other error is returned as it is.
+// withNextStep wraps err, when it is one of the claim layer's refusals of an admin call (or a
+// place whose holds could not be listed), with what to run next; any other error is returned as
+// it is.
 func withNextStep(err error) error {
 	var (
 		notFenced *claim.NotFencedError
 		elsewhere *claim.FencedElsewhereError
 		mapped    *claim.StillMappedError
+		unlisted  *claim.UnlistedHoldsError
 	)
 	switch {
 	case errors.As(err, &notFenced):
@@ -48,6 +50,11 @@ func withNextStep(err error) error {
 		run := "rbd unmap " + mapped.Device
 		return &nextStep{Err: err, Image: mapped.Image.String(), Phrase: fmt.Sprintf("unmap it first (%s)", run),
 			Steps: []api.Step{{Run: run, Why: "first, on this node: the fence is lifted only once its mapping is gone"}}}
+	case errors.As(err, &unlisted):
+		list := "rbd-owner claims --pool " + unlisted.Pool
+		return &nextStep{Err: err, Phrase: fmt.Sprintf("fence them one at a time (`rbd-owner fence IMAGE`, `%s`)", list),
+			Steps: []api.Step{{Run: list, Why: "the claims of " + unlisted.Place + ": node " + unlisted.Node + "'s holds are among them"},
+				{Run: "rbd-owner fence IMAGE", Why: "each of node " + unlisted.Node + "'s holds, one at a time"}}}
 	}
 	return err
 }

@@ -280,7 +280,8 @@ func TestNodeHoldsAndFenceNode(t *testing.T) {
 }
 
 // TestNodeHoldsSaysWhatItCannotSee: a heartbeat written by an agent before the list of holds is
-// not taken for "no holds": the place is named as not read, with the way around it.
+// not taken for "no holds": the place is named as not read, as facts (the way around it is the
+// admin layer's: agent/admin TestFenceNodeOfAnOldAgentSaysTheWayAround).
 func TestNodeHoldsSaysWhatItCannotSee(t *testing.T) {
 	ctx := context.Background()
 	m := memory.New("fsid")
@@ -288,7 +289,8 @@ func TestNodeHoldsSaysWhatItCannotSee(t *testing.T) {
 	m.AddImage(Image{Pool: "rbd", Image: "x"}, "idx")
 	m.Put(Image{Pool: "rbd"}, record.HeartbeatObject("node-old"), []byte(`{"format":2,"node_id":"node-old","seq":4,"agent_version":"0.9"}`))
 	holds, errs := b.NodeHolds(ctx, "node-old")
-	if len(holds) != 0 || len(errs) != 1 || !strings.Contains(errs[0].Error(), "written by an agent (0.9) that does not list its holds: fence them one at a time") {
+	var unlisted *UnlistedHoldsError
+	if len(holds) != 0 || len(errs) != 1 || !errors.As(errs[0], &unlisted) || unlisted.Node != "node-old" || unlisted.Place != "rbd" || unlisted.AgentVersion != "0.9" {
 		t.Fatalf("an old agent's heartbeat: %v %v", holds, errs)
 	}
 	if _, errs := b.FenceNode(ctx, "node-old"); len(errs) != 1 {
