@@ -233,7 +233,7 @@ func CeilSeconds(d time.Duration) time.Duration {
 // The admin calls' refusals, as facts: what a caller does next is said by the admin layer
 // (agent/admin, nextStep), not here.
 
-// NotFencedError: a forced release refused because a holder's hold is not fenced (ErrInvalid).
+// NotFencedError is a forced release refused because a holder's hold is not fenced (ErrInvalid).
 type NotFencedError struct {
 	Image Image
 	Node  string
@@ -245,7 +245,7 @@ func (e *NotFencedError) Error() string {
 
 func (e *NotFencedError) Unwrap() error { return ErrInvalid }
 
-// FencedElsewhereError: an unfence asked of a node whose agent fenced none of the image's
+// FencedElsewhereError is an unfence asked of a node whose agent fenced none of the image's
 // mappings made outside rbd-owner; Node's did (ErrNoClaim).
 type FencedElsewhereError struct {
 	Image Image
@@ -258,7 +258,7 @@ func (e *FencedElsewhereError) Error() string {
 
 func (e *FencedElsewhereError) Unwrap() error { return ErrNoClaim }
 
-// StillMappedError: an unfence refused because a fenced mapping made outside rbd-owner is still
+// StillMappedError is an unfence refused because a fenced mapping made outside rbd-owner is still
 // mapped on this node (ErrBusy).
 type StillMappedError struct {
 	Image  Image
@@ -272,7 +272,7 @@ func (e *StillMappedError) Error() string {
 
 func (e *StillMappedError) Unwrap() error { return ErrBusy }
 
-// UnlistedHoldsError: a place where a node's heartbeat does not list its holds (written by an
+// UnlistedHoldsError is a place where a node's heartbeat does not list its holds (written by an
 // agent from before the list), so they cannot be found through it.
 type UnlistedHoldsError struct {
 	Node         string
