@@ -266,11 +266,11 @@ package-check: package debs
 
 # gofmt, go vet, golangci-lint (.golangci.yml; pinned in its own module, tools/lint/go.mod, so
 # that its dependencies stay out of the agent's; the first run builds it, a few minutes on 2
-# cores), and shellcheck over every shell script in tests/, packaging/, model/ and .ci/
+# cores; with the build tag lab, so that the lab's scenarios are checked too), and shellcheck over every shell script in tests/, packaging/, model/ and .ci/
 lint: deps
-	@out=$$(gofmt -l agent); [ -z "$$out" ] || { echo "gofmt needed:"; echo "$$out"; exit 1; }
-	$(GO) vet -tags "$(CEPH_TAG)" ./...
-	$(GO) tool -modfile=tools/lint/go.mod golangci-lint run --build-tags "$(CEPH_TAG)" ./...
+	@out=$$(gofmt -l agent tests); [ -z "$$out" ] || { echo "gofmt needed:"; echo "$$out"; exit 1; }
+	$(GO) vet -tags "$(CEPH_TAG) lab" ./...
+	$(GO) tool -modfile=tools/lint/go.mod golangci-lint run --build-tags "$(CEPH_TAG),lab" ./...
 	@tests/import-graph -q
 	@tests/lint-shell
 

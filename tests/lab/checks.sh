@@ -26,9 +26,7 @@ check() { local name=$1; shift; local o
 check_within() { local secs=$1 name=$2; shift 2
   if within "$secs" "$@"; then pass "$name"; return 0; fi
   fail "$name" "not true within ${secs}s: $*" "$("$@" 2>&1)"; return 1; }
-jf() { jq -r "$1" <<< "$OUT"; }
 out_has() { grep -qi -- "$1" <<< "$OUT"; }
-not_out_has() { ! grep -qi -- "$1" <<< "$OUT"; }
 
 # ---- predicates (each a plain function of its arguments) --------------------------------------
 holders() { claim_json "$@" | jq -r '[.holders[]? | "\(.node_id)@\(.epoch)"] | join(",")'; }
@@ -67,44 +65,11 @@ fences_in_force() {
   if [ -z "$till" ] || [ $(( $(date -d "$till" +%s) - $(date +%s) )) -lt 20 ]; then echo "$1: not listed, or listed until $till"; return 1; fi
   rbd_osds_current
 }
-# cut_off_in LISTING ADDR: ADDR is cut off by an entry of LISTING (`osd blocklist ls` output): its
-# own, its ip's whole-node ip:0/0, or the range of that one ip (a cover while it is lengthened)
-cut_off_in() { local ip=${2%%:*}; grep -qE -- "^(${2//./\\.}|${ip//./\\.}:0/0|cidr:${ip//./\\.}:0/32) " <<< "$1"; }
-# fence_watch_start ADDR FILE: look at the cluster's blocklist about once a second in the
-# background, one line per look into FILE: "EPOCH ok" or "EPOCH missing" (ADDR not cut off) or
-# "EPOCH unread". FENCE_WATCH holds the loop's pid.
-fence_watch_start() {
-  : > "$2"
-  ( while :; do
-      l=$(ceph osd blocklist ls 2>/dev/null) || { echo "$(date +%s) unread" >> "$2"; sleep 1; continue; }
-      if cut_off_in "$l" "$1"; then echo "$(date +%s) ok"; else echo "$(date +%s) missing"; fi >> "$2"
-      sleep 1
-    done ) &
-  FENCE_WATCH=$!
-}
-fence_watch_stop() { is_pid "${FENCE_WATCH:-}" && kill "$FENCE_WATCH" 2>/dev/null; wait "$FENCE_WATCH" 2>/dev/null; FENCE_WATCH=; }
-# fence_watch_clean FILE MIN: FILE has at least MIN looks and none found the address missing
-fence_watch_clean() {
-  local n m; n=$(grep -cE ' (ok|missing)$' "$1"); m=$(grep -c ' missing$' "$1")
-  echo "$n looks, $m missing"; [ "$n" -ge "$2" ] && [ "$m" = 0 ]
-}
-# listed_until ADDR: the expiry of ADDR's own entry, in seconds from now (fails when not listed)
-listed_until() {
-  local till; till=$(ceph osd blocklist ls 2>/dev/null | awk -v a="$1" '$1 == a {$1 = ""; print; exit}')
-  [ -n "$till" ] || return 1
-  echo $(( $(date -d "$till" +%s) - $(date +%s) ))
-}
-# listed_for_at_least ADDR SECONDS: ADDR's own entry has at least SECONDS of life left
-listed_for_at_least() { local l; l=$(listed_until "$1") || { echo "$1 not listed"; return 1; }; echo "$1: ${l}s left"; [ "$l" -ge "$2" ]; }
-# not_blocklisted ADDR: the cluster's blocklist (which answered) has no entry for ADDR
-not_blocklisted() { local l; l=$(ceph osd blocklist ls 2>/dev/null) || return 1; ! grep -qF -- "$1" <<< "$l"; }
 # guest_paused NODE / guest_running NODE: qemu stop / cont, and the monitor says so
 guest_paused() { hmp "$1" stop >/dev/null && hmp "$1" "info status" | grep -q paused; }
 guest_running() { hmp "$1" cont >/dev/null && hmp "$1" "info status" | grep -q running; }
 
 # ---- guest-side waits (scripts for inside t) ---------------------------------------------------
-# a guest-side wait: SCRIPT_COND polled every 0.1 s for at most N tenths (used inside t scripts)
-guest_until() { printf 'for i in $(seq %s); do %s && exit 0; sleep 0.1; done; exit 1' "$1" "$2"; }
 # guest_for SECONDS CMD: a guest script that runs CMD until it succeeds, for SECONDS on the
 # guest's clock whatever each try takes (for waits that are about time, such as a lease: a try
 # count made those depend on how fast the tries were)

@@ -168,8 +168,6 @@ claim_json() {
   case $pool in */*) nsarg=(-N "${pool#*/}"); pool=${pool%%/*} ;; esac
   rados -p "$pool" "${nsarg[@]}" get "rbd-owner.claim.$1" - 2>/dev/null
 }
-# first_holder_field IMAGE FIELD: a field of the claim's first holder
-first_holder_field() { claim_json "$1" | jq -r ".holders[0].$2"; }
 # heartbeat_mark NODE [POOL[/NS]]: NODE's liveness record in the pool as "incarnation/seq"
 # ("none" when there is none); it changes at every renewal
 heartbeat_mark() {
