@@ -150,6 +150,9 @@ func (l *Lab) WaitLeaseUnrenewed(node string, pool ...string) error {
 	return nil
 }
 
+// auditFields are the journal fields Audit reads.
+const auditFields = "RBD_OWNER_EVENT,RBD_IMAGE,RBD_CLAIM_EPOCH,RBD_OWNER_NODE,REQUESTER_UID,PRIORITY,MESSAGE"
+
 // AuditLine is one audit entry of an agent's journal, the fields the scenarios look at.
 type AuditLine struct {
 	Event, Image, Epoch, Owner string
@@ -167,7 +170,10 @@ func (a AuditLine) String() string {
 // Audit is node's audit trail: the agent's journal entries with an RBD_OWNER_EVENT, oldest
 // first; journalArgs narrow it (journalctl's matches and options).
 func (l *Lab) Audit(node string, journalArgs ...string) ([]AuditLine, error) {
-	out, rc := l.On(node, "journalctl -u rbd-owner -o json --no-pager "+strings.Join(journalArgs, " "))
+	// (only the audit entries' fields, and only entries that have an event, cross the command
+	// channel: the whole journal is polled often and grows over the run)
+	out, rc := l.On(node, "journalctl -u rbd-owner -o json --no-pager --output-fields="+auditFields+" "+
+		strings.Join(journalArgs, " ")+" | grep -F '\"RBD_OWNER_EVENT\"'; exit ${PIPESTATUS[0]}")
 	if rc != 0 {
 		return nil, fmt.Errorf("journalctl on %s: exit %d: %s", node, rc, lastLine(out))
 	}
