@@ -403,12 +403,12 @@ func (e *e2e) quorumSizeIs(n int) func() error {
 func (e *e2e) osdsUpAre(n int) func() error {
 	return func() error {
 		var st struct {
-			Up int `json:"num_up_osds"`
+			Up flexInt `json:"num_up_osds"`
 		}
 		if err := e.CephJSON(&st, "osd", "stat"); err != nil {
 			return err
 		}
-		return Cond(st.Up == n, "%d OSDs up, want %d", st.Up, n)
+		return Cond(int(st.Up) == n, "%d OSDs up, want %d", st.Up, n)
 	}
 }
 

@@ -247,7 +247,7 @@ func entryOf(entries []record.BlockEntry, addr string) (record.BlockEntry, bool)
 // write may still be acknowledged.
 func (l *Lab) RBDOSDsCurrent() error {
 	var dump struct {
-		Epoch int `json:"epoch"`
+		Epoch flexInt `json:"epoch"`
 	}
 	if err := l.CephJSON(&dump, "osd", "dump"); err != nil {
 		return err
@@ -258,7 +258,7 @@ func (l *Lab) RBDOSDsCurrent() error {
 			return err
 		}
 		var st struct {
-			NewestMap int `json:"newest_map"`
+			NewestMap flexInt `json:"newest_map"`
 		}
 		if err := json.Unmarshal(out, &st); err != nil {
 			return fmt.Errorf("osd.%d status: %w", i, err)
@@ -267,6 +267,19 @@ func (l *Lab) RBDOSDsCurrent() error {
 			return fmt.Errorf("osd.%d has osdmap %d, the cluster %d", i, st.NewestMap, dump.Epoch)
 		}
 	}
+	return nil
+}
+
+// flexInt is a number Ceph prints as a JSON number or as a string (an OSD's admin socket status
+// gives newest_map as a string on Ceph 20.2, as a number on 16.2).
+type flexInt int
+
+func (n *flexInt) UnmarshalJSON(b []byte) error {
+	v, err := strconv.Atoi(strings.Trim(string(b), `"`))
+	if err != nil {
+		return fmt.Errorf("%s is not a number", b)
+	}
+	*n = flexInt(v)
 	return nil
 }
 
