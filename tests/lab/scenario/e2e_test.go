@@ -17,8 +17,9 @@ import (
 )
 
 // TestE2E is `make e2e` and `make e2e-prod`: every scenario as PASS/FAIL assertions on the lab
-// tests/lab/e2e brought up (LAB_DIR). The run's counts and steps go to E2E_RESULTS (JSON) for
-// the shell's closing line; without it this prints them itself.
+// tests/lab/e2e brought up (LAB_DIR). The run's counts and steps go to E2E_RESULTS (JSON, kept
+// current after every assertion, so that a run stopped or timed out still counts what it did)
+// for the shell's closing line; without it this prints them itself.
 func TestE2E(t *testing.T) {
 	dir := os.Getenv("LAB_DIR")
 	if dir == "" {
@@ -29,9 +30,11 @@ func TestE2E(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := &e2e{Suite: NewSuite(lab, os.Stdout), keyf: "/etc/ceph/ceph.client.rbdowner.keyring", chaos: os.Getenv("E2E_CHAOS") != "0"}
+	results := os.Getenv("E2E_RESULTS")
+	e.KeepResults(results)
 	defer func() {
-		if results := os.Getenv("E2E_RESULTS"); results != "" {
-			if err := e.WriteResults(results); err != nil {
+		if results != "" {
+			if err := e.Finish(); err != nil {
 				t.Errorf("results: %v", err)
 			}
 		} else {
@@ -78,30 +81,6 @@ func (e *e2e) cleanup() {
 	for i := len(e.closers) - 1; i >= 0; i-- {
 		e.closers[i]()
 	}
-}
-
-// WriteResults writes the run's counts, failed names and steps as JSON for tests/lab/e2e.
-func (s *Suite) WriteResults(path string) error {
-	s.StepDone()
-	type step struct {
-		Name    string  `json:"name"`
-		Seconds float64 `json:"seconds"`
-		Result  string  `json:"result"`
-	}
-	r := struct {
-		Passed int      `json:"passed"`
-		Failed int      `json:"failed"`
-		Fails  []string `json:"fails"`
-		Steps  []step   `json:"steps"`
-	}{Passed: s.Passed, Failed: s.Failed, Fails: s.Fails}
-	for _, st := range s.steps {
-		r.Steps = append(r.Steps, step{st.name, st.secs, st.result})
-	}
-	b, err := json.Marshal(r)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, b, 0o644)
 }
 
 // ---- the guest's answers, read with the agent's types --------------------------------------

@@ -33,6 +33,9 @@ type Suite struct {
 	step   string
 	stepT0 time.Time
 	inStep bool
+
+	results string // where the results are kept ("" for nowhere)
+	saveErr error
 }
 
 type stepTime struct {
@@ -83,12 +86,14 @@ func (s *Suite) StepEnd(result string) {
 func (s *Suite) Pass(name string) {
 	s.Passed++
 	fmt.Fprintf(s.out, "PASS: %s\n", name)
+	s.save(false)
 }
 
 // Fail counts a failed assertion and prints what it saw (the last 30 lines of details).
 func (s *Suite) Fail(name string, details ...string) {
 	s.Failed++
 	s.Fails = append(s.Fails, name)
+	defer s.save(false)
 	fmt.Fprintf(s.out, "FAIL: %s\n", name)
 	lines := strings.Split(strings.TrimRight(strings.Join(details, "\n"), "\n"), "\n")
 	if len(lines) > 30 {
@@ -210,5 +215,53 @@ func (s *Suite) Close(name string) {
 	fmt.Fprintf(s.out, "%d passed, %d failed\n", s.Passed, s.Failed)
 	if s.timeline != nil {
 		_ = s.timeline.Close()
+	}
+}
+
+// KeepResults has the run's counts, failed names and steps written to path as JSON after every
+// assertion and step ("done": false until Finish): what tests/lab/e2e's closing line counts.
+func (s *Suite) KeepResults(path string) { s.results = path }
+
+// Finish ends the current step and writes the results as done.
+func (s *Suite) Finish() error {
+	s.StepDone()
+	s.save(true)
+	return s.saveErr
+}
+
+// save writes the results (to a temporary file renamed into place: a reader never sees half of
+// them); the first error is kept for Finish.
+func (s *Suite) save(done bool) {
+	if s.results == "" {
+		return
+	}
+	type step struct {
+		Name    string  `json:"name"`
+		Seconds float64 `json:"seconds"`
+		Result  string  `json:"result"`
+	}
+	r := struct {
+		Passed int      `json:"passed"`
+		Failed int      `json:"failed"`
+		Fails  []string `json:"fails"`
+		Steps  []step   `json:"steps"`
+		Done   bool     `json:"done"`
+	}{Passed: s.Passed, Failed: s.Failed, Fails: s.Fails, Done: done}
+	for _, st := range s.steps {
+		r.Steps = append(r.Steps, step{st.name, st.secs, st.result})
+	}
+	if s.inStep {
+		r.Steps = append(r.Steps, step{s.step, time.Since(s.stepT0).Seconds(), "unfinished"})
+	}
+	b, err := json.Marshal(r)
+	if err == nil {
+		tmp := s.results + ".tmp"
+		if err = os.WriteFile(tmp, b, 0o644); err == nil {
+			err = os.Rename(tmp, s.results)
+		}
+	}
+	if err != nil && s.saveErr == nil {
+		s.saveErr = err
+		s.Logf("results: %v", err)
 	}
 }
