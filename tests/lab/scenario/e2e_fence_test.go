@@ -340,11 +340,13 @@ func (e *e2e) frozenCleanup() {
 		if rc != 0 {
 			return fmt.Errorf("rbd-owner unmap --json rbd/img1: exit %d: %s", rc, e.Out)
 		}
-		var r api.UnmapResponse
+		var r struct {
+			Unmapped *bool `json:"unmapped"` // api.UnmapResponse's field, required here
+		}
 		if err := e.JSON(&r); err != nil {
 			return err
 		}
-		return Cond(!r.Unmapped, "unmapped=true: %s", e.Out)
+		return Cond(r.Unmapped != nil && !*r.Unmapped, "want unmapped=false: %s", e.Out)
 	})
 }
 

@@ -10,9 +10,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -64,24 +66,37 @@ func (e *e2e) oldKeys() {
 	e.StepDone()
 }
 
-// acked is the number of the last block the rot1 writer had acknowledged (-1: none yet).
-func (e *e2e) acked() int {
-	out, _ := e.On(nodeA, "cat /run/rot1.acked 2>/dev/null || echo -1")
+// acked is the number of the last block the rot1 writer had acknowledged (-1: none yet); an
+// error when it cannot be read (the writer rewrites the file at every block: a read may find it
+// empty).
+func (e *e2e) acked() (int, error) {
+	out, rc := e.On(nodeA, "cat /run/rot1.acked 2>/dev/null || echo -1")
 	n, err := strconv.Atoi(strings.TrimSpace(out))
-	if err != nil {
-		return -1
+	if rc != 0 || err != nil {
+		return 0, fmt.Errorf("/run/rot1.acked: %q (exit %d)", out, rc)
 	}
-	return n
+	return n, nil
 }
 
-// writesGoOn: the rot1 writer acknowledges another block within d.
+// writesGoOn: the rot1 writer acknowledges another block within d (from the first count read).
 func (e *e2e) writesGoOn(d time.Duration) func() error {
 	return func() error {
-		a, b := e.acked(), -1
-		for end := time.Now().Add(d); time.Now().Before(end); {
+		end := time.Now().Add(d)
+		a, err := e.acked()
+		for err != nil && time.Now().Before(end) {
+			time.Sleep(200 * time.Millisecond)
+			a, err = e.acked()
+		}
+		if err != nil {
+			return err
+		}
+		b := a
+		for time.Now().Before(end) {
 			time.Sleep(500 * time.Millisecond)
-			if b = e.acked(); b > a {
-				return nil
+			if n, err := e.acked(); err == nil {
+				if b = n; b > a {
+					return nil
+				}
 			}
 		}
 		return fmt.Errorf("acknowledged: %d, then %d", a, b)
@@ -365,11 +380,23 @@ func (e *e2e) runChaos(logPath, seed, secs, faults string) error {
 	defer f.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Second)
 	defer cancel()
+	// a TERM to this process (tests/lab/e2e stopped) ends the campaign as its deadline does,
+	// its own trap healing the lab, instead of leaving its process group running
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM)
+	defer stop()
 	cmd := exec.CommandContext(ctx, filepath.Join(e.Repo, "tests", "chaos", "run"), "1", seed)
 	cmd.Env = append(os.Environ(), "CHAOS_IN_LAB=1", "ROUND_SECONDS="+secs, "FAULTS="+faults)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.WaitDelay = 10 * time.Second
-	return cmd.Run()
+	// at the deadline the campaign's whole process group gets TERM, as `timeout` sent it: its
+	// own trap heals the lab and stops its samplers; KILL follows a minute later
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
+	cmd.WaitDelay = time.Minute
+	err = cmd.Run()
+	if cmd.Process != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // whatever of the group is left
+	}
+	return err
 }
 
 func envOr(k, def string) string {

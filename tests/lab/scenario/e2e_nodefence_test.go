@@ -425,7 +425,7 @@ func (e *e2e) faultDaemons(sig syscall.Signal, daemons ...string) []int {
 	for _, d := range daemons {
 		pid, err := e.DaemonPID(d)
 		if err != nil {
-			e.Logf("%s: %v", d, err)
+			e.Fail("the lab stops "+d, err.Error())
 			continue
 		}
 		pids = append(pids, pid)
@@ -438,7 +438,7 @@ func (e *e2e) faultDaemons(sig syscall.Signal, daemons ...string) []int {
 func (e *e2e) signalPIDs(sig syscall.Signal, pids []int) {
 	for _, pid := range pids {
 		if err := syscall.Kill(pid, sig); err != nil {
-			e.Logf("kill -%d %d: %v", sig, pid, err)
+			e.Fail(fmt.Sprintf("kill -%d %d", sig, pid), err.Error())
 		}
 	}
 }

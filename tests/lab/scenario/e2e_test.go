@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
@@ -33,6 +34,10 @@ func TestE2E(t *testing.T) {
 	results := os.Getenv("E2E_RESULTS")
 	e.KeepResults(results)
 	defer func() {
+		// a part that panics ends the story: counted as a failure, never as a finished run
+		if r := recover(); r != nil {
+			e.Fail(fmt.Sprintf("the story stopped: panic: %v", r), string(debug.Stack()))
+		}
 		if results != "" {
 			if err := e.Finish(); err != nil {
 				t.Errorf("results: %v", err)
@@ -124,9 +129,14 @@ func (e *e2e) device(node, image string) (api.Device, error) {
 	return api.Device{}, fmt.Errorf("%s's status lists no device of %s", node, image)
 }
 
-// clientAddr is the kernel client address of node's device dev (/dev/rbdN).
+// clientAddr is the kernel client address of node's device dev (/dev/rbdN); "" when it cannot be
+// read (every check of an address refuses "").
 func (e *e2e) clientAddr(node, dev string) string {
-	out, _ := e.On(node, "cat /sys/bus/rbd/devices/"+strings.TrimPrefix(dev, "/dev/rbd")+"/client_addr")
+	out, rc := e.On(node, "cat /sys/bus/rbd/devices/"+strings.TrimPrefix(dev, "/dev/rbd")+"/client_addr")
+	if rc != 0 || strings.ContainsAny(out, " \n") {
+		e.Logf("client address of %s on %s: exit %d: %s", dev, node, rc, out)
+		return ""
+	}
 	return out
 }
 
@@ -146,9 +156,9 @@ func (e *e2e) until(d time.Duration, node, script string) error {
 }
 
 // writeFails is a guest script: an O_DIRECT write to dev fails with an error (exit 1), not a hang
-// (124).
+// (124); 2 when dev is not a block device (a failed write there would prove nothing).
 func writeFails(dev string) string {
-	return fmt.Sprintf(`timeout 90 dd if=/dev/zero of=%s bs=4k count=1 oflag=direct 2>&1; rc=$?; [ $rc = 0 ] && exit 0; [ $rc = 124 ] && exit 124; exit 1`, dev)
+	return fmt.Sprintf(`[ -b '%[1]s' ] || { echo "no block device '%[1]s'"; exit 2; }; timeout 90 dd if=/dev/zero of=%[1]s bs=4k count=1 oflag=direct 2>&1; rc=$?; [ $rc = 0 ] && exit 0; [ $rc = 124 ] && exit 124; exit 1`, dev)
 }
 
 // ---- audit entries ---------------------------------------------------------------------------

@@ -126,7 +126,14 @@ func (l *Lab) HeartbeatMark(node string, pool ...string) string {
 
 // HeartbeatMoved checks that node's heartbeat is no longer mark.
 func (l *Lab) HeartbeatMoved(node, mark string, pool ...string) error {
-	if now := l.HeartbeatMark(node, pool...); now == mark {
+	h, err := l.Heartbeat(node, pool...)
+	switch {
+	case err != nil:
+		return err
+	case h == nil:
+		return fmt.Errorf("%s has no heartbeat", node)
+	}
+	if now := fmt.Sprintf("%s/%d", h.Incarnation, h.Seq); now == mark {
 		return fmt.Errorf("%s's heartbeat is still %s", node, mark)
 	}
 	return nil
@@ -192,7 +199,10 @@ func (l *Lab) Audit(node string, journalArgs ...string) ([]AuditLine, error) {
 		}
 		a := AuditLine{Event: ev, Image: orDash(field(f, "RBD_IMAGE")), Epoch: orDash(field(f, "RBD_CLAIM_EPOCH")),
 			Owner: orDash(field(f, "RBD_OWNER_NODE")), UID: orDash(field(f, "REQUESTER_UID")), Message: field(f, "MESSAGE")}
-		a.Priority, _ = strconv.Atoi(field(f, "PRIORITY"))
+		var perr error
+		if a.Priority, perr = strconv.Atoi(field(f, "PRIORITY")); perr != nil {
+			a.Priority = -1 // matches no priority: not an error entry, not a warning
+		}
 		lines = append(lines, a)
 	}
 	return lines, nil
@@ -300,6 +310,9 @@ func (l *Lab) Blocklisted(addr string) error {
 
 // NotBlocklisted checks that the cluster's blocklist (which answered) has no entry of addr's own.
 func (l *Lab) NotBlocklisted(addr string) error {
+	if addr == "" {
+		return errors.New("not blocklisted: no address given")
+	}
 	bl, err := l.Blocklist()
 	if err != nil {
 		return err
